@@ -1,0 +1,27 @@
+# Single entry point. `make demo` and `make test` are the two commands of the README.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help setup demo test bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+setup:  ## install what is missing (Debian packages, .venv, Horovod wheel cache); idempotent
+	scripts/setup.sh
+
+demo: setup  ## set up, then run the main job on the embedded synthetic default
+	scripts/demo.sh
+
+test: setup  ## set up, then run the whole pytest suite (prints passed/failed/skipped and skip reasons)
+	scripts/run_tests.sh
+
+bench: setup  ## run every benchmark under bench/ (JSON in bench/results/, a table on stdout)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) "$$b"; done
+
+clean:  ## remove build outputs (keeps .venv and the wheel cache)
+	rm -rf .pytest_cache build
+	if [ -f tensorflow-dot-based-interact/Makefile ]; then $(MAKE) -C tensorflow-dot-based-interact clean; fi

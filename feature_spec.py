@@ -1,0 +1,322 @@
+"""FeatureSpec: the YAML description of a split-binary dataset (reference §4.1-4.5).
+
+A spec names every feature with its dtype (and cardinality for categoricals), groups the features
+into channels (categorical, numerical, label) and says which files of each mapping (train, test)
+hold them. Paths in the spec are relative to the directory of the YAML file.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import yaml
+
+CATEGORICAL_CHANNEL = "categorical"
+NUMERICAL_CHANNEL = "numerical"
+LABEL_CHANNEL = "label"
+CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL)
+
+SPLIT_BINARY = "split_binary"
+CSV = "csv"
+TRAIN_MAPPING = "train"
+TEST_MAPPING = "test"
+MAPPINGS = (TRAIN_MAPPING, TEST_MAPPING)
+
+DTYPE_SELECTOR = "dtype"
+CARDINALITY_SELECTOR = "cardinality"
+TYPE_SELECTOR = "type"
+FEATURES_SELECTOR = "features"
+FILES_SELECTOR = "files"
+AUTO_CARDINALITY = "auto"
+
+CATEGORICAL_DTYPES = ("int8", "int16", "int32")
+NUMERICAL_DTYPE = "float16"
+LABEL_DTYPE = "bool"
+DEFAULT_SPEC_NAME = "feature_spec.yaml"
+
+
+class FeatureSpecError(ValueError):
+    """A feature spec or its files are invalid; the message names the file and feature."""
+
+
+def get_categorical_feature_type(cardinality: int) -> str:
+    """Smallest of int8/int16/int32 whose max is strictly greater than the cardinality (§4.5)."""
+    for dtype in CATEGORICAL_DTYPES:
+        if cardinality < np.iinfo(dtype).max:
+            return dtype
+    raise FeatureSpecError(f"cardinality {cardinality} does not fit in int32")
+
+
+@dataclass
+class FeatureSpec:
+    """The four sections of a feature spec plus the directory its paths are relative to."""
+
+    feature_spec: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    source_spec: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    channel_spec: Dict[str, List[str]] = field(default_factory=dict)
+    metadata: Dict[str, Any] = field(default_factory=dict)
+    base_directory: str = "."
+    path: Optional[str] = None
+
+    # ------------------------------------------------------------------ I/O
+    @classmethod
+    def from_yaml(cls, path: str) -> "FeatureSpec":
+        """Load a spec; a missing file, bad YAML or a wrong top-level shape raise FeatureSpecError."""
+        if not os.path.isfile(path):
+            raise FeatureSpecError(f"{path}: feature spec file not found")
+        try:
+            with open(path) as f:
+                raw = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise FeatureSpecError(f"{path}: YAML syntax error: {e}") from None
+        if not isinstance(raw, dict):
+            raise FeatureSpecError(f"{path}: the top level must be a mapping with feature_spec, "
+                                   f"source_spec and channel_spec")
+        unknown = set(raw) - {"feature_spec", "source_spec", "channel_spec", "metadata"}
+        if unknown:
+            raise FeatureSpecError(f"{path}: unknown top-level keys {sorted(unknown)}")
+        for section in ("feature_spec", "source_spec", "channel_spec"):
+            if not isinstance(raw.get(section), dict):
+                raise FeatureSpecError(f"{path}: section '{section}' is missing or not a mapping")
+        metadata = raw.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise FeatureSpecError(f"{path}: section 'metadata' must be a mapping")
+        spec = cls(feature_spec=raw["feature_spec"], source_spec=raw["source_spec"],
+                   channel_spec=raw["channel_spec"], metadata=metadata,
+                   base_directory=os.path.dirname(os.path.abspath(path)), path=path)
+        for name, props in spec.feature_spec.items():
+            if not isinstance(props, dict):
+                raise FeatureSpecError(f"{path}: feature '{name}' must map to a dict of properties")
+        return spec
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"feature_spec": self.feature_spec, "source_spec": self.source_spec,
+                "channel_spec": self.channel_spec, "metadata": self.metadata}
+
+    def to_yaml(self, output_path: Optional[str] = None) -> str:
+        """Write the spec (default: `<base_directory>/feature_spec.yaml`) atomically; return the path."""
+        output_path = output_path or os.path.join(self.base_directory, DEFAULT_SPEC_NAME)
+        os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+        tmp = output_path + ".tmp"
+        with open(tmp, "w") as f:
+            yaml.safe_dump(copy.deepcopy(self.to_dict()), f)
+        os.replace(tmp, output_path)
+        return output_path
+
+    # ------------------------------------------------------------ defaults
+    @classmethod
+    def get_default_feature_spec(cls, number_of_numerical_features: int,
+                                 categorical_feature_cardinalities: Sequence[int],
+                                 base_directory: str = ".") -> "FeatureSpec":
+        """The Criteo-style spec of §4.3: num_i, cat_i.bin, label; one file per chunk."""
+        numerical_names = [f"num_{i}" for i in range(number_of_numerical_features)]
+        categorical_names = [f"cat_{i}.bin" for i in range(len(categorical_feature_cardinalities))]
+        features: Dict[str, Dict[str, Any]] = {name: {DTYPE_SELECTOR: NUMERICAL_DTYPE}
+                                               for name in numerical_names}
+        for name, card in zip(categorical_names, categorical_feature_cardinalities):
+            features[name] = {DTYPE_SELECTOR: get_categorical_feature_type(int(card)),
+                              CARDINALITY_SELECTOR: int(card)}
+        features["label"] = {DTYPE_SELECTOR: LABEL_DTYPE}
+        sources: Dict[str, List[Dict[str, Any]]] = {}
+        for mapping in MAPPINGS:
+            chunks = []
+            if numerical_names:
+                chunks.append({TYPE_SELECTOR: SPLIT_BINARY, FEATURES_SELECTOR: list(numerical_names),
+                               FILES_SELECTOR: [f"{mapping}/numerical.bin"]})
+            chunks.append({TYPE_SELECTOR: SPLIT_BINARY, FEATURES_SELECTOR: ["label"],
+                           FILES_SELECTOR: [f"{mapping}/label.bin"]})
+            for i, name in enumerate(categorical_names):
+                chunks.append({TYPE_SELECTOR: SPLIT_BINARY, FEATURES_SELECTOR: [name],
+                               FILES_SELECTOR: [f"{mapping}/cat_{i}.bin"]})
+            sources[mapping] = chunks
+        channels = {CATEGORICAL_CHANNEL: categorical_names, NUMERICAL_CHANNEL: numerical_names,
+                    LABEL_CHANNEL: ["label"]}
+        return cls(feature_spec=features, source_spec=sources, channel_spec=channels, metadata={},
+                   base_directory=base_directory)
+
+    # -------------------------------------------------------------- queries
+    @property
+    def categorical_names(self) -> List[str]:
+        return list(self.channel_spec.get(CATEGORICAL_CHANNEL) or [])
+
+    @property
+    def numerical_names(self) -> List[str]:
+        return list(self.channel_spec.get(NUMERICAL_CHANNEL) or [])
+
+    @property
+    def label_name(self) -> str:
+        return self.channel_spec[LABEL_CHANNEL][0]
+
+    @property
+    def cardinalities(self) -> List[int]:
+        return [int(self.feature_spec[name][CARDINALITY_SELECTOR]) for name in self.categorical_names]
+
+    def dtype_of(self, feature: str) -> np.dtype:
+        return np.dtype(self.feature_spec[feature][DTYPE_SELECTOR])
+
+    def file_of(self, mapping: str, feature: str) -> str:
+        """Absolute path of the file holding `feature` in `mapping`."""
+        for chunk in self.source_spec[mapping]:
+            if feature in chunk[FEATURES_SELECTOR]:
+                return self.resolve(chunk[FILES_SELECTOR][0])
+        raise FeatureSpecError(f"{self._where()}: feature '{feature}' has no file in mapping '{mapping}'")
+
+    def resolve(self, relative_path: str) -> str:
+        return os.path.join(self.base_directory, relative_path)
+
+    def num_samples(self, mapping: str) -> int:
+        """Samples in a mapping, from the label file's size (files were checked to agree)."""
+        return os.path.getsize(self.file_of(mapping, self.label_name)) // self.dtype_of(self.label_name).itemsize
+
+    def _where(self) -> str:
+        return self.path or os.path.join(self.base_directory, DEFAULT_SPEC_NAME)
+
+    # ----------------------------------------------------------- validation
+    def check_feature_spec(self, chunk_type: str = SPLIT_BINARY) -> None:
+        """Every rule of §4.2 plus: cardinality fits the dtype. Raises FeatureSpecError."""
+        where = self._where()
+        self._check_features(where, chunk_type)
+        self._check_channels(where)
+        for name in self.categorical_names:
+            card = self.feature_spec[name].get(CARDINALITY_SELECTOR)
+            if chunk_type == CSV and card == AUTO_CARDINALITY:
+                continue
+            if isinstance(card, bool) or not isinstance(card, int) or card <= 0:
+                raise FeatureSpecError(f"{where}: categorical feature '{name}' needs a positive integer "
+                                       f"cardinality, got {card!r}")
+        self._check_mappings(where, chunk_type)
+
+    def _check_features(self, where: str, chunk_type: str) -> None:
+        for name, props in self.feature_spec.items():
+            if DTYPE_SELECTOR not in props:
+                if chunk_type == CSV:
+                    continue
+                raise FeatureSpecError(f"{where}: feature '{name}' has no dtype")
+            try:
+                np.dtype(props[DTYPE_SELECTOR])
+            except TypeError:
+                raise FeatureSpecError(f"{where}: feature '{name}' has unknown dtype "
+                                       f"'{props[DTYPE_SELECTOR]}'") from None
+
+    def _check_channels(self, where: str) -> None:
+        if set(self.channel_spec) != set(CHANNELS):
+            missing = sorted(set(CHANNELS) - set(self.channel_spec))
+            extra = sorted(set(self.channel_spec) - set(CHANNELS))
+            raise FeatureSpecError(f"{where}: channel_spec must have exactly the channels "
+                                   f"{list(CHANNELS)} (missing {missing}, unexpected {extra})")
+        for channel in CHANNELS:
+            names = self.channel_spec[channel] or []
+            if not isinstance(names, list):
+                raise FeatureSpecError(f"{where}: channel '{channel}' must be a list of feature names")
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise FeatureSpecError(f"{where}: channel '{channel}' lists {duplicates} more than once")
+            for name in names:
+                if name not in self.feature_spec:
+                    raise FeatureSpecError(f"{where}: feature '{name}' of channel '{channel}' is not "
+                                           f"defined in feature_spec")
+        labels = self.channel_spec[LABEL_CHANNEL] or []
+        if len(labels) != 1:
+            raise FeatureSpecError(f"{where}: channel 'label' must hold exactly one feature, got {labels}")
+        in_channels = [n for c in CHANNELS for n in (self.channel_spec[c] or [])]
+        if len(in_channels) != len(set(in_channels)):
+            twice = sorted({n for n in in_channels if in_channels.count(n) > 1})
+            raise FeatureSpecError(f"{where}: features {twice} appear in more than one channel")
+        unused = sorted(set(self.feature_spec) - set(in_channels))
+        if unused:
+            raise FeatureSpecError(f"{where}: features {unused} are in feature_spec but in no channel")
+
+    def _check_mappings(self, where: str, chunk_type: str) -> None:
+        if set(self.source_spec) != set(MAPPINGS):
+            raise FeatureSpecError(f"{where}: source_spec must have exactly the mappings {list(MAPPINGS)}, "
+                                   f"got {sorted(self.source_spec)}")
+        all_features = set(self.feature_spec)
+        for mapping, chunks in self.source_spec.items():
+            if not isinstance(chunks, list):
+                raise FeatureSpecError(f"{where}: mapping '{mapping}' must be a list of chunks")
+            seen: List[str] = []
+            for chunk in chunks:
+                self._check_chunk(where, mapping, chunk, chunk_type)
+                seen.extend(chunk[FEATURES_SELECTOR])
+            repeated = sorted({n for n in seen if seen.count(n) > 1})
+            if repeated:
+                raise FeatureSpecError(f"{where}: mapping '{mapping}' lists features {repeated} in more "
+                                       f"than one chunk")
+            missing = sorted(all_features - set(seen))
+            if missing:
+                raise FeatureSpecError(f"{where}: mapping '{mapping}' has no file for features {missing}")
+            unknown = sorted(set(seen) - all_features)
+            if unknown:
+                raise FeatureSpecError(f"{where}: mapping '{mapping}' names features {unknown} that are "
+                                       f"not defined in feature_spec")
+
+    def _check_chunk(self, where: str, mapping: str, chunk: Any, chunk_type: str) -> None:
+        if not isinstance(chunk, dict):
+            raise FeatureSpecError(f"{where}: mapping '{mapping}' has a chunk that is not a mapping")
+        features = chunk.get(FEATURES_SELECTOR) or []
+        label = f"{where}: mapping '{mapping}', chunk {features}"
+        if chunk.get(TYPE_SELECTOR) != chunk_type:
+            raise FeatureSpecError(f"{label}: type must be '{chunk_type}', got {chunk.get(TYPE_SELECTOR)!r}")
+        if not features:
+            raise FeatureSpecError(f"{label}: a chunk needs at least one feature")
+        files = chunk.get(FILES_SELECTOR) or []
+        if len(files) != 1:
+            raise FeatureSpecError(f"{label}: a chunk needs exactly one file, got {files}")
+        if chunk_type != SPLIT_BINARY:
+            return
+        categorical = [f for f in features if f in self.categorical_names]
+        numerical = [f for f in features if f in self.numerical_names]
+        if categorical:
+            if len(features) != 1:
+                raise FeatureSpecError(f"{label}: a categorical chunk must hold exactly one feature")
+            name = features[0]
+            dtype = str(self.dtype_of(name))
+            if dtype not in CATEGORICAL_DTYPES:
+                raise FeatureSpecError(f"{label}: categorical feature '{name}' has dtype {dtype}; "
+                                       f"split-binary supports {list(CATEGORICAL_DTYPES)}")
+            card = self.feature_spec[name].get(CARDINALITY_SELECTOR)
+            if isinstance(card, int) and card - 1 > np.iinfo(dtype).max:
+                raise FeatureSpecError(f"{label}: cardinality {card} of feature '{name}' does not fit "
+                                       f"its dtype {dtype}")
+        elif numerical:
+            if features != self.numerical_names:
+                raise FeatureSpecError(f"{label}: the numerical chunk must hold all numerical features in "
+                                       f"channel_spec order {self.numerical_names}")
+            for name in features:
+                if str(self.dtype_of(name)) != NUMERICAL_DTYPE:
+                    raise FeatureSpecError(f"{label}: numerical feature '{name}' must be float16, "
+                                           f"got {self.dtype_of(name)}")
+        else:
+            if features != [self.label_name]:
+                raise FeatureSpecError(f"{label}: the label chunk must hold only the label feature")
+            if str(self.dtype_of(self.label_name)) != LABEL_DTYPE:
+                raise FeatureSpecError(f"{label}: label feature '{self.label_name}' must be bool, "
+                                       f"got {self.dtype_of(self.label_name)}")
+
+    def check_files(self, mappings: Sequence[str] = MAPPINGS) -> Dict[str, int]:
+        """Every file exists, holds whole records and agrees on the sample count; returns the counts."""
+        counts: Dict[str, int] = {}
+        for mapping in mappings:
+            per_file: Dict[str, int] = {}
+            for chunk in self.source_spec[mapping]:
+                path = self.resolve(chunk[FILES_SELECTOR][0])
+                features = chunk[FEATURES_SELECTOR]
+                if not os.path.isfile(path):
+                    raise FeatureSpecError(f"{path}: file of feature(s) {features} (mapping '{mapping}') "
+                                           f"not found")
+                record = sum(self.dtype_of(f).itemsize for f in features)
+                size = os.path.getsize(path)
+                if size % record:
+                    raise FeatureSpecError(f"{path}: size {size} B is not a whole number of {record}-byte "
+                                           f"records of feature(s) {features}; the file is truncated")
+                per_file[path] = size // record
+            if len(set(per_file.values())) > 1:
+                listing = ", ".join(f"{os.path.relpath(p, self.base_directory)}={n}"
+                                    for p, n in per_file.items())
+                raise FeatureSpecError(f"{self._where()}: files of mapping '{mapping}' hold different "
+                                       f"numbers of samples: {listing}")
+            counts[mapping] = next(iter(per_file.values()), 0)
+        return counts
