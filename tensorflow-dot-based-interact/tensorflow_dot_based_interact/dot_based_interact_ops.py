@@ -1,0 +1,84 @@
+"""Python wrapper of the compiled `DotBasedInteract` op, with its gradient registered.
+
+The library `_dot_based_interact_ops.so` sits next to this file once `make` has run. It is
+loaded on first use, so importing this module never fails; `is_built()` tells whether it can.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from types import ModuleType
+
+import tensorflow as tf
+from tensorflow.python.framework import kernels
+
+LIBRARY_PATH = Path(__file__).resolve().parent / "_dot_based_interact_ops.so"
+BUILD_HINT = "run `make setup` or `make -C tensorflow-dot-based-interact cpu`"
+SUPPORTED_DTYPES = (tf.float32, tf.float16)
+
+
+class OpNotBuiltError(RuntimeError):
+    """The op library is missing (not built yet) or cannot be loaded."""
+
+
+@functools.lru_cache(maxsize=None)
+def load_op_library() -> ModuleType:
+    """Load the op library once; raise OpNotBuiltError with the build command if absent."""
+    if not LIBRARY_PATH.exists():
+        raise OpNotBuiltError(f"{LIBRARY_PATH} does not exist: {BUILD_HINT}")
+    try:
+        return tf.load_op_library(str(LIBRARY_PATH))
+    except tf.errors.NotFoundError as error:
+        raise OpNotBuiltError(f"{LIBRARY_PATH} does not load ({error.message}): rebuild it, {BUILD_HINT}") from error
+
+
+def is_built() -> bool:
+    """True when the op library exists and loads into this TensorFlow."""
+    try:
+        load_op_library()
+    except OpNotBuiltError:
+        return False
+    return True
+
+
+def has_gpu_kernels() -> bool:
+    """True when the loaded library registered CUDA kernels (the `make gpu` build)."""
+    load_op_library()
+    registered = kernels.get_registered_kernels_for_op("DotBasedInteract").kernel
+    return any(kernel.device_type == "GPU" for kernel in registered)
+
+
+def _check_inputs(inputs: tf.Tensor, bottom_mlp_output: tf.Tensor) -> None:
+    """Clear errors for inputs the op would otherwise reject with a generic type error."""
+    if inputs.dtype not in SUPPORTED_DTYPES:
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"DotBasedInteract supports float32 and float16 inputs, got {inputs.dtype.name}")
+    if bottom_mlp_output.dtype != inputs.dtype:
+        raise tf.errors.InvalidArgumentError(
+            None, None, "DotBasedInteract needs input and bottom_mlp_output of the same dtype, got "
+                        f"{inputs.dtype.name} and {bottom_mlp_output.dtype.name}")
+
+
+def dot_based_interact(inputs: tf.Tensor, bottom_mlp_output: tf.Tensor | None = None) -> tf.Tensor:
+    """Dot interaction of `inputs` [B, F, D] (row 0 = bottom-MLP output) in the unified layout.
+
+    Output [B, round_up(D + F(F-1)/2, 8)]: row 0 of `inputs`, the strictly-lower Gram entries
+    in row-major order, zeros. As in the reference op, the forward pass copies row 0 of `inputs`
+    and never reads `bottom_mlp_output`; its gradient is the first D upstream columns. When
+    `bottom_mlp_output` is omitted it is row 0 of `inputs`, so gradients reach that row twice,
+    exactly as in the TF-ops implementation.
+    """
+    inputs = tf.convert_to_tensor(inputs)
+    if bottom_mlp_output is None:
+        # A wrong-rank input goes to the op as is: its shape check names the problem.
+        bottom_mlp_output = inputs[:, 0, :] if inputs.shape.rank == 3 else inputs
+    bottom_mlp_output = tf.convert_to_tensor(bottom_mlp_output)
+    _check_inputs(inputs, bottom_mlp_output)
+    return load_op_library().dot_based_interact(input=inputs, bottom_mlp_output=bottom_mlp_output)
+
+
+@tf.RegisterGradient("DotBasedInteract")
+def _dot_based_interact_grad(op: tf.Operation, upstream_grad: tf.Tensor) -> list[tf.Tensor]:
+    """Gradients for (input, bottom_mlp_output) from the `DotBasedInteractGrad` op."""
+    grad, bottom_mlp_grad = load_op_library().dot_based_interact_grad(input=op.inputs[0], upstream_grad=upstream_grad)
+    return [grad, bottom_mlp_grad]

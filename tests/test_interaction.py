@@ -1,0 +1,230 @@
+"""Dot interaction: the TF-ops layout against NumPy, and the compiled op against the TF ops.
+
+The op tests use the real compiled CPU kernel; they skip (with the reason) when the op library
+is not built, which CI never sees because `make setup` builds it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import interaction
+
+FP32_RTOL = 1e-5
+# fp16: inputs are exact halves, so the op differs from an fp32 computation only by its final
+# rounding (half epsilon 2^-10) plus fp32 summation order.
+FP16_RTOL = 2e-3
+
+
+def random_inputs(shape: tuple[int, int, int], dtype: tf.DType = tf.float32, seed: int = 0) -> tf.Tensor:
+    """Uniform [-1, 1) values of `shape`, exactly representable in `dtype`."""
+    values = np.random.default_rng(seed).uniform(-1.0, 1.0, size=shape).astype(dtype.as_numpy_dtype)
+    return tf.constant(values)
+
+
+def numpy_interaction(values: np.ndarray) -> np.ndarray:
+    """The unified layout spelled out element by element."""
+    batch, num_vectors, dim = values.shape
+    width = interaction.interaction_output_width(num_vectors, dim)
+    out = np.zeros((batch, width), dtype=np.float64)
+    out[:, :dim] = values[:, 0, :]
+    column = dim
+    for i in range(1, num_vectors):
+        for j in range(i):
+            out[:, column] = np.einsum("bd,bd->b", values[:, i, :], values[:, j, :])
+            column += 1
+    return out
+
+
+def assert_close(actual: tf.Tensor, expected: tf.Tensor, rtol: float) -> None:
+    """Relative check; the absolute floor is rtol times the RMS of `expected` (sums may cancel)."""
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = float(np.sqrt(np.mean(np.square(expected)))) or 1.0
+    np.testing.assert_allclose(np.asarray(actual, dtype=np.float64), expected, rtol=rtol, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("num_vectors, dim, width", [(27, 128, 480), (1, 5, 8), (2, 8, 16), (4, 3, 16), (3, 2, 8)])
+def test_output_width(num_vectors: int, dim: int, width: int) -> None:
+    assert interaction.interaction_output_width(num_vectors, dim) == width
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5), (2, 1, 3), (5, 9, 8)])
+def test_tensorflow_layout_matches_numpy(shape: tuple[int, int, int]) -> None:
+    inputs = random_inputs(shape)
+    assert_close(interaction.tensorflow_interaction(inputs), numpy_interaction(inputs.numpy()), FP32_RTOL)
+
+
+def test_tensorflow_interaction_in_tf_function_with_unknown_batch() -> None:
+    compiled = tf.function(interaction.tensorflow_interaction,
+                           input_signature=[tf.TensorSpec([None, 6, 4], tf.float32)])
+    inputs = random_inputs((7, 6, 4))
+    assert_close(compiled(inputs), numpy_interaction(inputs.numpy()), FP32_RTOL)
+
+
+def test_tensorflow_interaction_float16() -> None:
+    inputs = random_inputs((4, 5, 8), tf.float16)
+    result = interaction.tensorflow_interaction(inputs)
+    assert result.dtype == tf.float16
+    assert_close(result, numpy_interaction(inputs.numpy().astype(np.float64)), FP16_RTOL)
+
+
+def test_tensorflow_interaction_gradient() -> None:
+    inputs = random_inputs((2, 4, 3), tf.float64)
+    theoretical, numerical = tf.test.compute_gradient(interaction.tensorflow_interaction, [inputs])
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-6, atol=1e-6)
+
+
+def test_dummy_keeps_width_and_averages_vectors() -> None:
+    inputs = random_inputs((3, 5, 8))
+    result = interaction.dummy_interaction(inputs).numpy()
+    means = inputs.numpy().mean(axis=2)
+    assert result.shape == (3, interaction.interaction_output_width(5, 8))
+    np.testing.assert_allclose(result[:, :8], inputs.numpy()[:, 0, :])
+    np.testing.assert_allclose(result[:, 8 + 2], means[:, 2] * means[:, 1], rtol=1e-6)
+    assert not result[:, 8 + 10:].any()
+
+
+def test_tensorflow_rejects_rank_2() -> None:
+    with pytest.raises(ValueError, match="rank 3"):
+        interaction.tensorflow_interaction(tf.zeros([4, 5]))
+
+
+def test_unknown_name_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown interaction 'fast'"):
+        interaction.make_interaction("fast")
+
+
+def test_auto_resolves_to_an_available_implementation() -> None:
+    resolved = interaction.resolve_interaction_name("auto")
+    expected = "custom_cpu" if interaction.custom_op_available() else "tensorflow"
+    if interaction.custom_op_has_gpu():
+        expected = "custom_cuda"
+    assert resolved == expected
+    inputs = random_inputs((2, 3, 8))
+    assert_close(interaction.make_interaction("auto")(inputs), numpy_interaction(inputs.numpy()), FP32_RTOL)
+
+
+def test_custom_cuda_without_gpu_gives_clear_error() -> None:
+    if interaction.custom_op_has_gpu():
+        pytest.skip("a GPU and CUDA kernels are present")
+    with pytest.raises(interaction.InteractionUnavailableError, match="make"):
+        interaction.make_interaction("custom_cuda")
+
+
+# ---- the compiled op -------------------------------------------------------------------------
+
+requires_op = pytest.mark.skipif(
+    not interaction.custom_op_available(),
+    reason=f"custom interaction op not built: {interaction.BUILD_HINT}")
+
+OP_SHAPES = [
+    (16, 32, 32), (17, 31, 37), (15, 31, 37),           # the reference's base sets
+    (16, 31, 31), (16, 32, 33), (255, 32, 32),          # F 31-32 x D 31-33, B 16 and 255
+    (16, 33, 31), (16, 33, 33),                         # F = 33
+    (16, 31, 255), (16, 32, 256), (255, 32, 257),       # D 255-257
+    (16, 33, 257),                                      # both out of tensor-core limits
+    (2048, 27, 128),                                    # Criteo
+    (3, 1, 5), (4, 2, 3),                               # tiny: no pairs / one pair
+]
+
+
+def forward_and_gradient(fn, inputs: tf.Tensor, upstream: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Output of `fn` and the gradient of sum(output * upstream) w.r.t. the inputs."""
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        output = fn(inputs)
+        loss = tf.reduce_sum(output * upstream)
+    return output, tape.gradient(loss, inputs)
+
+
+@requires_op
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", OP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_op_matches_tensorflow(shape: tuple[int, int, int], dtype: tf.DType) -> None:
+    inputs = random_inputs(shape, dtype, seed=1)
+    width = interaction.interaction_output_width(shape[1], shape[2])
+    upstream = random_inputs((shape[0], width, 1), dtype, seed=2)[:, :, 0]
+    op_output, op_grad = forward_and_gradient(interaction.make_interaction("custom_cpu"), inputs, upstream)
+    # The reference runs in fp32 on the same (exact) values: fp16 error is then the op's alone.
+    ref_output, ref_grad = forward_and_gradient(
+        interaction.tensorflow_interaction, tf.cast(inputs, tf.float32), tf.cast(upstream, tf.float32))
+    assert op_output.dtype == dtype and op_grad.dtype == dtype
+    assert op_output.shape == (shape[0], width)
+    rtol = FP32_RTOL if dtype == tf.float32 else FP16_RTOL
+    assert_close(op_output, ref_output, rtol)
+    assert_close(op_grad, ref_grad, rtol)
+    assert not op_output.numpy()[:, shape[2] + shape[1] * (shape[1] - 1) // 2:].any()
+
+
+@requires_op
+@pytest.mark.parametrize("shape", [(2, 3, 4), (1, 5, 3), (3, 2, 9)])
+def test_op_compute_gradient(shape: tuple[int, int, int]) -> None:
+    op = interaction.make_interaction("custom_cpu")
+    theoretical, numerical = tf.test.compute_gradient(op, [random_inputs(shape, seed=3)], delta=1e-2)
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-3, atol=1e-3)
+
+
+@requires_op
+def test_op_second_input_gradient_is_pass_through() -> None:
+    package = interaction._import_op_package()
+    inputs = random_inputs((3, 4, 8))
+    bottom = random_inputs((3, 8), seed=5)
+    upstream = random_inputs((3, 16, 1), seed=6)[:, :, 0]
+    with tf.GradientTape() as tape:
+        tape.watch(bottom)
+        loss = tf.reduce_sum(package.dot_based_interact(inputs, bottom) * upstream)
+    np.testing.assert_array_equal(tape.gradient(loss, bottom), upstream[:, :8])
+
+
+@requires_op
+def test_op_in_tf_function_with_unknown_batch() -> None:
+    op = interaction.make_interaction("custom_cpu")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5, 8], tf.float32)])
+    def forward_backward(inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            output = op(inputs)
+        return output, tape.gradient(tf.reduce_sum(output), inputs)
+
+    inputs = random_inputs((6, 5, 8))
+    output, grad = forward_backward(inputs)
+    ref_output, ref_grad = forward_and_gradient(interaction.tensorflow_interaction, inputs, tf.ones_like(output))
+    assert output.shape == (6, 16)
+    assert_close(output, ref_output, FP32_RTOL)
+    assert_close(grad, ref_grad, FP32_RTOL)
+
+
+@requires_op
+def test_op_is_deterministic() -> None:
+    op = interaction.make_interaction("custom_cpu")
+    inputs = random_inputs((64, 27, 128))
+    np.testing.assert_array_equal(op(inputs), op(inputs))
+
+
+@requires_op
+@pytest.mark.parametrize("bad_input, message", [
+    (tf.zeros([4, 8]), "rank 3"),
+    (tf.zeros([0, 3, 8]), "empty batch"),
+    (tf.zeros([4, 0, 8]), "at least one vector"),
+    (tf.zeros([4, 3, 0]), "dim"),
+])
+def test_op_rejects_bad_input(bad_input: tf.Tensor, message: str) -> None:
+    package = interaction._import_op_package()
+    with tf.device("/CPU:0"), pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        package.dot_based_interact(bad_input)
+
+
+@requires_op
+def test_op_rejects_mismatched_dtypes() -> None:
+    package = interaction._import_op_package()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same dtype"):
+        package.dot_based_interact(tf.zeros([2, 3, 8]), tf.zeros([2, 8], tf.float16))
+
+
+@requires_op
+def test_op_rejects_mismatched_bottom_shape() -> None:
+    package = interaction._import_op_package()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bottom_mlp_output"):
+        package.dot_based_interact(tf.zeros([2, 3, 8]), tf.zeros([2, 7]))
