@@ -1,0 +1,155 @@
+"""The communication layer: rank, size and collectives over Horovod, or a single process.
+
+Under `horovodrun`, `mpirun` or `srun --mpi=pmix` every call goes through Horovod. Launched
+plainly (`python main.py`), the module runs as one process without importing Horovod, and every
+collective is the identity, so library code never branches on the world size itself.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+# Environment variables that launchers set; any of them above 1 means "launched with peers".
+_WORLD_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+
+_hvd: Any = None
+_initialised = False
+
+TensorLike = Union[tf.Tensor, tf.Variable]
+
+
+class DistributedError(RuntimeError):
+    """The process was launched with peers but Horovod cannot serve them."""
+
+
+def _launched_world_size() -> int:
+    sizes = [int(os.environ[v]) for v in _WORLD_SIZE_VARIABLES if os.environ.get(v, "").isdigit()]
+    return max(sizes, default=1)
+
+
+def init() -> None:
+    """Initialise Horovod when the process has peers (idempotent); otherwise stay single-process."""
+    global _hvd, _initialised
+    if _initialised:
+        return
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as e:
+        if _launched_world_size() > 1:
+            raise DistributedError(f"launched with {_launched_world_size()} processes but Horovod cannot be "
+                                   f"imported ({e}); run `make setup`") from e
+        hvd = None
+    if hvd is not None:
+        hvd.init()
+        _hvd = hvd
+    _initialised = True
+
+
+def _horovod() -> Any:
+    """Horovod when it serves more than one process, else None (collectives become identities)."""
+    init()
+    if _hvd is not None and _hvd.size() > 1:
+        return _hvd
+    return None
+
+
+def rank() -> int:
+    init()
+    return _hvd.rank() if _hvd is not None else 0
+
+
+def size() -> int:
+    init()
+    return _hvd.size() if _hvd is not None else 1
+
+
+def local_rank() -> int:
+    init()
+    return _hvd.local_rank() if _hvd is not None else 0
+
+
+def local_size() -> int:
+    init()
+    return _hvd.local_size() if _hvd is not None else 1
+
+
+def is_distributed() -> bool:
+    return size() > 1
+
+
+def allreduce(tensor: TensorLike, average: bool = True, name: Optional[str] = None) -> tf.Tensor:
+    """Sum, or average, a tensor (or tf.IndexedSlices) over all ranks."""
+    hvd = _horovod()
+    if hvd is None:
+        return tf.identity(tensor) if not isinstance(tensor, tf.IndexedSlices) else tensor
+    return hvd.allreduce(tensor, op=hvd.Average if average else hvd.Sum, name=name)
+
+
+def grouped_allreduce(tensors: Sequence[TensorLike], average: bool = True) -> List[tf.Tensor]:
+    """Allreduce a list of dense tensors in one fused collective."""
+    hvd = _horovod()
+    if hvd is None:
+        return [tf.identity(t) for t in tensors]
+    return list(hvd.grouped_allreduce(list(tensors), op=hvd.Average if average else hvd.Sum))
+
+
+def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None,
+             name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Send `splits[r]` rows (axis 0) to rank r; return the received rows and the received splits.
+
+    With `splits=None` the rows are divided equally. Differentiable: the gradient is the reverse
+    exchange, so it works inside `tf.GradientTape` and `tf.function`.
+    """
+    hvd = _horovod()
+    if hvd is None:
+        rows = tf.shape(tensor, out_type=tf.int32)[:1]
+        return tf.identity(tensor), (tf.cast(splits, tf.int32) if splits is not None else rows)
+    return hvd.alltoall(tensor, splits=splits, name=name)
+
+
+def allgather(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:
+    """Concatenate every rank's tensor along axis 0, in rank order (sizes may differ)."""
+    hvd = _horovod()
+    if hvd is None:
+        return tf.identity(tensor)
+    return hvd.allgather(tensor, name=name)
+
+
+def broadcast(tensor: TensorLike, root_rank: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """Every rank receives root_rank's value."""
+    hvd = _horovod()
+    if hvd is None:
+        return tf.identity(tensor)
+    return hvd.broadcast(tensor, root_rank=root_rank, name=name)
+
+
+def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0) -> None:
+    """Assign root_rank's values to the given variables on every rank (initial dense weights)."""
+    hvd = _horovod()
+    if hvd is not None and variables:
+        hvd.broadcast_variables(list(variables), root_rank=root_rank)
+
+
+def allgather_object(obj: Any) -> List[Any]:
+    """Gather a picklable Python object from every rank, in rank order."""
+    hvd = _horovod()
+    if hvd is None:
+        return [obj]
+    return hvd.allgather_object(obj)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+    """Return root_rank's picklable object on every rank."""
+    hvd = _horovod()
+    if hvd is None:
+        return obj
+    return hvd.broadcast_object(obj, root_rank=root_rank)
+
+
+def barrier() -> None:
+    """Block until every rank reaches this point."""
+    hvd = _horovod()
+    if hvd is not None:
+        hvd.allreduce(tf.constant(0, tf.int32), op=hvd.Sum, name="barrier").numpy()

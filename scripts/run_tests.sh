@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run the whole pytest suite in .venv; print the summary line with the skip count and reasons.
+set -euo pipefail
+
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
+  cat <<'USAGE'
+Usage: scripts/run_tests.sh [pytest args...]
+
+Runs pytest over tests/ with the project's .venv. Skipped tests are listed with their reasons
+(-rs). Under CI (CI=true) a missing component fails its test instead of skipping it.
+USAGE
+  exit 0
+fi
+
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO_DIR}"
+export PATH="${REPO_DIR}/.venv/bin:${PATH}"
+export TF_CPP_MIN_LOG_LEVEL=2
+if [[ "${CI:-}" == "true" ]]; then export DLRM_REQUIRE_ALL=1; fi
+
+set +e
+python -m pytest tests -rs -p no:cacheprovider --durations=15 "$@"
+status=$?
+set -e
+if [[ ${status} -eq 5 ]]; then
+  echo "error: pytest collected no tests" >&2
+fi
+exit "${status}"

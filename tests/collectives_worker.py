@@ -1,0 +1,45 @@
+"""Runs on every rank under horovodrun: exercises distributed.py and saves what each rank got."""
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import distributed as dist
+
+
+@tf.function
+def exchange_with_gradient(x: tf.Tensor, splits: tf.Tensor, weights: tf.Tensor):
+    """alltoall inside tf.function, and the gradient of sum(received * weights) w.r.t. x."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        received, received_splits = dist.alltoall(x, splits=splits)
+        loss = tf.reduce_sum(received * weights)
+    return received, received_splits, tape.gradient(loss, x)
+
+
+def main(output_prefix: str) -> None:
+    dist.init()
+    rank, size = dist.rank(), dist.size()
+    base = tf.constant([1.0, 2.0, 3.0]) * (rank + 1)
+    results = {
+        "rank": np.array(rank), "size": np.array(size), "local_rank": np.array(dist.local_rank()),
+        "allreduce_sum": dist.allreduce(base, average=False).numpy(),
+        "allreduce_avg": dist.allreduce(base, average=True).numpy(),
+        "allgather": dist.allgather(tf.fill([rank + 1, 2], float(rank))).numpy(),
+        "broadcast": dist.broadcast(tf.constant([10.0 + rank, 20.0 + rank]), root_rank=1).numpy(),
+        "allgather_object": np.array(dist.allgather_object({"rank": rank})[::-1][0]["rank"]),
+    }
+    # Rank r sends splits[r][d] rows to rank d; row values encode (source rank, row index).
+    splits = tf.constant([[1, 3], [2, 2]][rank], dtype=tf.int32)
+    x = tf.constant([[100.0 * rank + i, -(100.0 * rank + i)] for i in range(4)])
+    received_rows = int(tf.reduce_sum([[1, 2], [3, 2]][rank]))
+    weights = tf.reshape(tf.range(received_rows * 2, dtype=tf.float32), [received_rows, 2]) + 1000.0 * rank
+    received, received_splits, grad = exchange_with_gradient(x, splits, weights)
+    results.update(alltoall=received.numpy(), alltoall_splits=received_splits.numpy(),
+                   alltoall_grad=grad.numpy())
+    dist.barrier()
+    np.savez(f"{output_prefix}.rank{rank}.npz", **results)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,65 @@
+"""distributed.py over real `horovodrun -np 2` (Gloo and MPI), and as a single process."""
+import os
+
+import numpy as np
+import pytest
+
+from multiproc import assert_ok, run_horovod
+
+# What rank r sends and receives in collectives_worker.py's alltoall.
+SENT_ROWS = {0: [0.0, 1.0, 2.0, 3.0], 1: [100.0, 101.0, 102.0, 103.0]}
+RECEIVED_ROWS = {0: [0.0, 100.0, 101.0], 1: [1.0, 2.0, 3.0, 102.0, 103.0]}
+RECEIVED_SPLITS = {0: [1, 2], 1: [3, 2]}
+
+
+def _weights(rank: int) -> np.ndarray:
+    rows = len(RECEIVED_ROWS[rank])
+    return np.arange(rows * 2, dtype=np.float32).reshape(rows, 2) + 1000.0 * rank
+
+
+def _expected_gradient(rank: int) -> np.ndarray:
+    """d(sum(received*w))/dx: each sent row gets the weight row at the place it landed."""
+    grad = np.zeros((4, 2), np.float32)
+    for i, value in enumerate(SENT_ROWS[rank]):
+        for dest in (0, 1):
+            if value in RECEIVED_ROWS[dest]:
+                grad[i] = _weights(dest)[RECEIVED_ROWS[dest].index(value)]
+    return grad
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_collectives_two_processes(tmp_path, transport):
+    prefix = str(tmp_path / "out")
+    assert_ok(run_horovod(["tests/collectives_worker.py", prefix], np=2, transport=transport, timeout=240))
+    base = np.array([1.0, 2.0, 3.0], np.float32)
+    for rank in (0, 1):
+        got = np.load(f"{prefix}.rank{rank}.npz")
+        assert int(got["rank"]) == rank and int(got["size"]) == 2 and int(got["local_rank"]) == rank
+        np.testing.assert_array_equal(got["allreduce_sum"], base * 3)
+        np.testing.assert_array_equal(got["allreduce_avg"], base * 1.5)
+        np.testing.assert_array_equal(got["allgather"], np.array([[0, 0], [1, 1], [1, 1]], np.float32))
+        np.testing.assert_array_equal(got["broadcast"], np.array([11.0, 21.0], np.float32))
+        assert int(got["allgather_object"]) == 1
+        expected_rows = np.array([[v, -v] for v in RECEIVED_ROWS[rank]], np.float32)
+        np.testing.assert_array_equal(got["alltoall"], expected_rows)
+        np.testing.assert_array_equal(got["alltoall_splits"], RECEIVED_SPLITS[rank])
+        np.testing.assert_array_equal(got["alltoall_grad"], _expected_gradient(rank))
+
+
+def test_single_process_collectives_are_identities():
+    import tensorflow as tf
+
+    import distributed as dist
+
+    assert os.environ.get("HOROVOD_SIZE") is None
+    dist.init()
+    assert (dist.rank(), dist.size(), dist.local_rank(), dist.is_distributed()) == (0, 1, 0, False)
+    x = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    np.testing.assert_array_equal(dist.allreduce(x).numpy(), x.numpy())
+    received, splits = dist.alltoall(x)
+    np.testing.assert_array_equal(received.numpy(), x.numpy())
+    np.testing.assert_array_equal(splits.numpy(), [3])
+    np.testing.assert_array_equal(dist.allgather(x).numpy(), x.numpy())
+    np.testing.assert_array_equal(dist.broadcast(x).numpy(), x.numpy())
+    assert dist.allgather_object("a") == ["a"] and dist.broadcast_object({"k": 1}) == {"k": 1}
+    dist.barrier()

@@ -1,0 +1,50 @@
+"""The dllogger-format logger writes parseable DLLL lines on rank 0 only."""
+import datetime
+import io
+
+from utils import DllLogger, StepTimer, read_dllogger_file
+
+
+def test_dllogger_file_format(tmp_path):
+    path = tmp_path / "logs" / "dlrm.json"
+    out = io.StringIO()
+    logger = DllLogger(str(path), enabled=True, stdout=out)
+    logger.log_parameters({"batch_size": 64, "optimizer": "sgd"})
+    logger.metadata("auc", {"unit": None, "format": "0:.5f"})
+    logger.log(step=(), data={"auc": 0.7654321, "throughput": 1234.5})
+    logger.log(step=(1, 10), data={"loss": 0.5})
+    logger.close()
+
+    lines = path.read_text().splitlines()
+    assert all(line.startswith("DLLL {") for line in lines)
+    records = list(read_dllogger_file(str(path)))
+    assert [r["type"] for r in records] == ["LOG", "METADATA", "LOG", "LOG"]
+    for record in records:
+        float(record["timestamp"])
+        float(record["elapsedtime"])
+        datetime.datetime.fromisoformat(record["datetime"])
+    assert records[0]["step"] == "PARAMETER" and records[0]["data"]["batch_size"] == 64
+    assert records[1] == {**records[1], "metric": "auc", "metadata": {"unit": None, "format": "0:.5f"}}
+    assert records[2]["step"] == [] and records[2]["data"] == {"auc": 0.7654321, "throughput": 1234.5}
+    assert records[3]["step"] == [1, 10]
+    assert "auc : 0.76543" in out.getvalue()
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    path = tmp_path / "rank1.json"
+    out = io.StringIO()
+    logger = DllLogger(str(path), enabled=False, stdout=out)
+    logger.log(step=(), data={"auc": 0.5})
+    logger.close()
+    assert not path.exists() and out.getvalue() == ""
+
+
+def test_step_timer_skips_warmup():
+    timer = StepTimer(warmup_steps=2)
+    for step in range(5):
+        timer.step_done(step)
+    assert timer.mean_step_time() >= 0.0
+    assert timer.measured_steps == 3
+    short = StepTimer(warmup_steps=10)
+    short.step_done(0)
+    assert short.mean_step_time() != short.mean_step_time()
