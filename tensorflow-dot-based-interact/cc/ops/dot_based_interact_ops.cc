@@ -1,0 +1,81 @@
+// Registration of DotBasedInteract and DotBasedInteractGrad (signatures as in NVIDIA's op).
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "../kernels/interact_layout.h"
+
+namespace dot_based_interact {
+namespace {
+
+using tensorflow::shape_inference::DimensionHandle;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+// Output width D + F(F-1)/2 rounded up to 8, unknown while F or D is unknown.
+tensorflow::Status OutputWidthDim(InferenceContext* context, ShapeHandle input, DimensionHandle* width) {
+  const DimensionHandle vectors = context->Dim(input, 1);
+  const DimensionHandle dim = context->Dim(input, 2);
+  if (!context->ValueKnown(vectors) || !context->ValueKnown(dim)) {
+    *width = context->UnknownDim();
+    return tensorflow::OkStatus();
+  }
+  *width = context->MakeDim(OutputWidth(context->Value(vectors), context->Value(dim)));
+  return tensorflow::OkStatus();
+}
+
+tensorflow::Status ForwardShape(InferenceContext* context) {
+  ShapeHandle input;
+  ShapeHandle bottom;
+  TF_RETURN_IF_ERROR(context->WithRank(context->input(0), 3, &input));
+  TF_RETURN_IF_ERROR(context->WithRank(context->input(1), 2, &bottom));
+  DimensionHandle batch;
+  DimensionHandle dim;
+  TF_RETURN_IF_ERROR(context->Merge(context->Dim(input, 0), context->Dim(bottom, 0), &batch));
+  TF_RETURN_IF_ERROR(context->Merge(context->Dim(input, 2), context->Dim(bottom, 1), &dim));
+  DimensionHandle width;
+  TF_RETURN_IF_ERROR(OutputWidthDim(context, input, &width));
+  context->set_output(0, context->Matrix(batch, width));
+  return tensorflow::OkStatus();
+}
+
+tensorflow::Status GradShape(InferenceContext* context) {
+  ShapeHandle input;
+  ShapeHandle upstream;
+  TF_RETURN_IF_ERROR(context->WithRank(context->input(0), 3, &input));
+  TF_RETURN_IF_ERROR(context->WithRank(context->input(1), 2, &upstream));
+  DimensionHandle batch;
+  TF_RETURN_IF_ERROR(context->Merge(context->Dim(input, 0), context->Dim(upstream, 0), &batch));
+  DimensionHandle width;
+  TF_RETURN_IF_ERROR(OutputWidthDim(context, input, &width));
+  TF_RETURN_IF_ERROR(context->Merge(context->Dim(upstream, 1), width, &width));
+  context->set_output(0, input);
+  context->set_output(1, context->Matrix(batch, context->Dim(input, 2)));
+  return tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("DotBasedInteract")
+    .Attr("T: {float, half}")
+    .Input("input: T")
+    .Input("bottom_mlp_output: T")
+    .Output("output: T")
+    .SetShapeFn(ForwardShape)
+    .Doc(R"doc(
+DLRM dot interaction. input [B, F, D] (row 0 = bottom-MLP output); output [B, W] with
+W = D + F(F-1)/2 rounded up to 8: [input row 0, strictly-lower Gram entries row-major, zeros].
+bottom_mlp_output [B, D] is not read; it receives the pass-through gradient.
+)doc");
+
+REGISTER_OP("DotBasedInteractGrad")
+    .Attr("T: {float, half}")
+    .Input("input: T")
+    .Input("upstream_grad: T")
+    .Output("grad: T")
+    .Output("bottom_mlp_grad: T")
+    .SetShapeFn(GradShape)
+    .Doc(R"doc(
+Gradient of DotBasedInteract: grad [B, F, D] w.r.t. input (interaction terms only) and
+bottom_mlp_grad [B, D] = the first D columns of upstream_grad.
+)doc");
+
+}  // namespace dot_based_interact
