@@ -195,11 +195,13 @@ class FeatureSpec:
                 if chunk_type == CSV:
                     continue
                 raise FeatureSpecError(f"{where}: feature '{name}' has no dtype")
+            dtype = props[DTYPE_SELECTOR]
             try:
-                np.dtype(props[DTYPE_SELECTOR])
-            except TypeError:
-                raise FeatureSpecError(f"{where}: feature '{name}' has unknown dtype "
-                                       f"'{props[DTYPE_SELECTOR]}'") from None
+                if not isinstance(dtype, str):
+                    raise TypeError(dtype)
+                np.dtype(dtype)
+            except (TypeError, ValueError):
+                raise FeatureSpecError(f"{where}: feature '{name}' has unknown dtype {dtype!r}") from None
 
     def _check_channels(self, where: str) -> None:
         if set(self.channel_spec) != set(CHANNELS):
@@ -258,12 +260,14 @@ class FeatureSpec:
             raise FeatureSpecError(f"{where}: mapping '{mapping}' has a chunk that is not a mapping")
         features = chunk.get(FEATURES_SELECTOR) or []
         label = f"{where}: mapping '{mapping}', chunk {features}"
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+            raise FeatureSpecError(f"{label}: 'features' must be a list of feature names")
         if chunk.get(TYPE_SELECTOR) != chunk_type:
             raise FeatureSpecError(f"{label}: type must be '{chunk_type}', got {chunk.get(TYPE_SELECTOR)!r}")
         if not features:
             raise FeatureSpecError(f"{label}: a chunk needs at least one feature")
         files = chunk.get(FILES_SELECTOR) or []
-        if len(files) != 1:
+        if not isinstance(files, list) or len(files) != 1 or not isinstance(files[0], str):
             raise FeatureSpecError(f"{label}: a chunk needs exactly one file, got {files}")
         if chunk_type != SPLIT_BINARY:
             return
@@ -320,3 +324,11 @@ class FeatureSpec:
                                        f"numbers of samples: {listing}")
             counts[mapping] = next(iter(per_file.values()), 0)
         return counts
+
+
+def get_default_feature_spec(number_of_numerical_features: int,
+                             categorical_feature_cardinalities: Sequence[int],
+                             base_directory: str = ".") -> FeatureSpec:
+    """Module-level spelling of `FeatureSpec.get_default_feature_spec` (the reference's name)."""
+    return FeatureSpec.get_default_feature_spec(number_of_numerical_features,
+                                                categorical_feature_cardinalities, base_directory)

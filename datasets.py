@@ -1,0 +1,438 @@
+"""Split-binary reading and writing, and the learnable synthetic data (reference §4.4-4.9).
+
+The reader serves one mapping (`train` or `test`) of a split-binary dataset as a tf.data
+pipeline of prebatched reads: for batch k it `pread`s, from every file the rank needs, exactly
+the bytes of that batch (the global batch of the categorical features it owns, its local slice
+of the numerical features and labels) straight into 64-byte aligned numpy buffers, which
+TensorFlow adopts without a copy, then decodes them in the graph (float16 -> compute dtype,
+bool -> float32, int8/int16 -> int32).
+
+The synthetic data comes from a fixed random "teacher" (see `SyntheticTeacher`), so a model
+trained on it can learn something and its AUC can be compared with the teacher's.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
+                          NUMERICAL_DTYPE, FeatureSpec)
+
+BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without copying
+PREFETCH_BATCHES = 2
+
+
+class DataError(ValueError):
+    """The data (not the spec) is unusable: ids out of range, a batch larger than the data, ..."""
+
+
+def local_slice(global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
+    """Rows [lo, hi) of a global batch that `rank` owns; the one formula used everywhere."""
+    return (rank * global_batch) // world_size, ((rank + 1) * global_batch) // world_size
+
+
+def aligned_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array whose data is BUFFER_ALIGNMENT-aligned (so TF need not copy it)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % BUFFER_ALIGNMENT
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def _pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
+    """Fill `buffer` with the bytes of the file at `offset`; a short file is a DataError."""
+    view = memoryview(buffer.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        count = os.preadv(fd, [view[done:]], offset + done)
+        if count == 0:
+            raise DataError(f"{path}: unexpected end of file at byte {offset + done}; "
+                            f"the file was truncated while reading")
+        done += count
+
+
+@dataclass(frozen=True)
+class _FileColumn:
+    """One split-binary file the reader pulls from: its dtype, values per sample, rows it wants."""
+    path: str
+    dtype: np.dtype
+    width: int
+    global_rows: bool  # True: the whole global batch, False: only this rank's local slice
+
+
+class SplitBinaryReader:
+    """Batches of one mapping of a split-binary dataset, as a rank needs them.
+
+    Categorical features are read for the whole global batch (model-parallel input) or for the
+    rank's local slice (`data_parallel_categoricals`); numerical features and labels always for the
+    local slice. With `drop_remainder` the last partial batch is dropped (training); otherwise it
+    is served with fewer rows (evaluation covers every sample).
+    """
+
+    def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
+                 rank: int = 0, world_size: int = 1,
+                 categorical_ids: Optional[Sequence[int]] = None,
+                 data_parallel_categoricals: bool = False, drop_remainder: bool = True,
+                 numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None):
+        self.spec = spec
+        self.mapping = mapping
+        self.global_batch_size = global_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_remainder = drop_remainder
+        self.numerical_dtype = numerical_dtype
+        self.num_samples = (num_samples if num_samples is not None
+                            else spec.check_files([mapping])[mapping])
+        if drop_remainder:
+            self.num_batches = self.num_samples // global_batch_size
+        else:
+            self.num_batches = math.ceil(self.num_samples / global_batch_size)
+        names = spec.categorical_names
+        ids = range(len(names)) if categorical_ids is None else categorical_ids
+        self.categorical_features = [names[i] for i in ids]
+        self.num_numerical = len(spec.numerical_names)
+
+        columns = [self._column(spec.label_name, width=1, global_rows=False)]
+        if self.num_numerical:
+            columns.append(self._column(spec.numerical_names[0], width=self.num_numerical,
+                                        global_rows=False))
+        self._categorical_columns = [
+            self._column(name, width=1, global_rows=not data_parallel_categoricals)
+            for name in self.categorical_features]
+        self._columns = columns + self._categorical_columns
+        self._fds = [os.open(column.path, os.O_RDONLY) for column in self._columns]
+        weakref.finalize(self, _close_all, list(self._fds))
+
+    def _column(self, feature: str, width: int, global_rows: bool) -> _FileColumn:
+        return _FileColumn(path=self.spec.file_of(self.mapping, feature),
+                           dtype=self.spec.dtype_of(feature), width=width, global_rows=global_rows)
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def batch_rows(self, batch_index: int) -> Tuple[int, int]:
+        """First sample and number of samples of global batch `batch_index`."""
+        start = batch_index * self.global_batch_size
+        return start, min(self.global_batch_size, self.num_samples - start)
+
+    def read_batch(self, batch_index: int) -> List[np.ndarray]:
+        """Raw arrays of one batch: labels, numericals (if any), then the categoricals."""
+        start, size = self.batch_rows(int(batch_index))
+        lo, hi = local_slice(size, self.rank, self.world_size)
+        arrays = []
+        for fd, column in zip(self._fds, self._columns):
+            first, rows = (start, size) if column.global_rows else (start + lo, hi - lo)
+            buffer = aligned_empty((rows, column.width), column.dtype)
+            _pread_into(fd, column.path, buffer, first * column.width * column.dtype.itemsize)
+            arrays.append(buffer if column.width > 1 else buffer.reshape(rows))
+        return arrays
+
+    def _decode(self, raw: Sequence[tf.Tensor]):
+        """Graph-side decoding of `read_batch`'s arrays into the (features, labels) element."""
+        static_size = self.global_batch_size if self.drop_remainder else None
+        lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
+        local_size = hi - lo if self.drop_remainder else None
+        labels = tf.reshape(tf.cast(raw[0], tf.float32), [-1, 1])
+        labels.set_shape([local_size, 1])
+        if self.num_numerical:
+            numerical = tf.cast(raw[1], self.numerical_dtype)
+        else:
+            numerical = tf.zeros([tf.shape(labels)[0], 0], self.numerical_dtype)
+        numerical.set_shape([local_size, self.num_numerical])
+        categorical = []
+        first_categorical = len(raw) - len(self._categorical_columns)
+        for column, tensor in zip(self._categorical_columns, raw[first_categorical:]):
+            ids = tf.cast(tensor, tf.int32)
+            ids.set_shape([static_size if column.global_rows else local_size])
+            categorical.append(ids)
+        features = {"numerical_features": numerical, "categorical_features": tuple(categorical)}
+        return features, labels
+
+    def dataset(self, shuffle_batch_order: bool = False, seed: int = 0) -> tf.data.Dataset:
+        """One epoch of batches; iterate it again for the next epoch (reshuffled when enabled)."""
+        order = tf.data.Dataset.range(self.num_batches)
+        if shuffle_batch_order:
+            order = order.shuffle(max(self.num_batches, 1), seed=seed, reshuffle_each_iteration=True)
+        raw_types = [tf.as_dtype(column.dtype) for column in self._columns]
+
+        def load(batch_index):
+            return self._decode(tf.numpy_function(self.read_batch, [batch_index], raw_types,
+                                                  stateful=False))
+
+        options = tf.data.Options()
+        options.deterministic = True
+        return (order.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                .prefetch(PREFETCH_BATCHES).with_options(options))
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
+                             chunk_samples: int = 1 << 22) -> None:
+    """Check every categorical id lies in [0, cardinality); raise DataError naming the culprit."""
+    for mapping in mappings:
+        for name, cardinality in zip(spec.categorical_names, spec.cardinalities):
+            path = spec.file_of(mapping, name)
+            dtype = spec.dtype_of(name)
+            total = os.path.getsize(path) // dtype.itemsize
+            for start in range(0, total, chunk_samples):
+                ids = np.fromfile(path, dtype=dtype, count=min(chunk_samples, total - start),
+                                  offset=start * dtype.itemsize)
+                bad = np.flatnonzero((ids < 0) | (ids >= cardinality))
+                if bad.size:
+                    sample = start + int(bad[0])
+                    raise DataError(f"{path}: feature '{name}' (mapping '{mapping}') has id "
+                                    f"{int(ids[bad[0]])} at sample {sample}, outside "
+                                    f"[0, {cardinality}) given by its cardinality; "
+                                    f"{bad.size} bad ids in this chunk")
+
+
+# --------------------------------------------------------------------------- writing
+class SplitBinaryWriter:
+    """Writes one dataset directory (spec + train/test files) atomically.
+
+    Arrays are appended to files in a staging directory next to the destination; `commit`
+    moves them into place and writes the spec, so a failed run leaves nothing half-written.
+    Existing destination files are refused unless `overwrite`.
+    """
+
+    def __init__(self, spec: FeatureSpec, overwrite: bool = False,
+                 spec_file_name: str = DEFAULT_SPEC_NAME):
+        self.spec = spec
+        self.spec_file_name = spec_file_name
+        self.destination = spec.base_directory
+        self._relative_paths = sorted({chunk[FILES_SELECTOR][0]
+                                       for chunks in spec.source_spec.values() for chunk in chunks})
+        existing = [p for p in self._relative_paths + [spec_file_name]
+                    if os.path.exists(os.path.join(self.destination, p))]
+        if existing and not overwrite:
+            raise FileExistsError(f"{self.destination}: output already holds {existing}; refusing to "
+                                  f"overwrite or append (pass --overwrite to replace them)")
+        os.makedirs(self.destination, exist_ok=True)
+        self._staging = tempfile.mkdtemp(prefix=".staging-", dir=self.destination)
+        self._files: Dict[str, object] = {}
+
+    def _file(self, mapping: str, feature: str):
+        relative = next(chunk[FILES_SELECTOR][0] for chunk in self.spec.source_spec[mapping]
+                        if feature in chunk[FEATURES_SELECTOR])
+        if relative not in self._files:
+            path = os.path.join(self._staging, relative)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._files[relative] = open(path, "wb")
+        return self._files[relative]
+
+    def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
+               categoricals: Sequence[np.ndarray]) -> None:
+        """Append samples: numerical [n, n_num], labels [n] (0/1), one id array per categorical."""
+        spec = self.spec
+        if spec.numerical_names:
+            numerical = np.ascontiguousarray(numerical, dtype=NUMERICAL_DTYPE)
+            numerical.tofile(self._file(mapping, spec.numerical_names[0]))
+        np.asarray(labels).astype(LABEL_DTYPE).tofile(self._file(mapping, spec.label_name))
+        for name, ids in zip(spec.categorical_names, categoricals):
+            np.asarray(ids).astype(spec.dtype_of(name)).tofile(self._file(mapping, name))
+
+    def commit(self) -> str:
+        """Move the files into place, write the spec; return the spec's path."""
+        for handle in self._files.values():
+            handle.close()
+        for relative in self._relative_paths:
+            staged = os.path.join(self._staging, relative)
+            if not os.path.exists(staged):  # a mapping that received no samples
+                os.makedirs(os.path.dirname(staged), exist_ok=True)
+                open(staged, "wb").close()
+            final = os.path.join(self.destination, relative)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(staged, final)
+        shutil.rmtree(self._staging)
+        return self.spec.to_yaml(os.path.join(self.destination, self.spec_file_name))
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        for handle in self._files.values():
+            handle.close()
+        shutil.rmtree(self._staging, ignore_errors=True)
+
+    def __enter__(self) -> "SplitBinaryWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+# ------------------------------------------------------------------ synthetic teacher
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a well-mixed uint64 hash of each element (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * _MIX_1
+    x = (x ^ (x >> np.uint64(27))) * _MIX_2
+    return x ^ (x >> np.uint64(31))
+
+
+def _hashed_uniform(ids: np.ndarray, key: int, dim: int) -> np.ndarray:
+    """[len(ids), dim] values, uniform with mean 0 and variance 1, a pure function of (key, id)."""
+    with np.errstate(over="ignore"):
+        base = _mix64(np.asarray(ids, dtype=np.uint64) * _GOLDEN + np.uint64(key))
+        columns = [_mix64(base + np.uint64(k + 1) * _GOLDEN) for k in range(dim)]
+    bits = np.stack(columns, axis=1) >> np.uint64(11)
+    unit = bits.astype(np.float64) * 2.0 ** -53
+    return ((2.0 * unit - 1.0) * math.sqrt(3.0)).astype(np.float32)
+
+
+class SyntheticTeacher:
+    """A fixed random model that labels synthetic samples, built so a DLRM can represent it.
+
+    logit = LOGIT_SCALE * mean-normalised sum of the components that exist:
+      * numerical: w . z, with z the numericals standardised from U[0,1) and |w| = 1;
+      * unary:     sum_i u_i[x_i] / sqrt(m), one random scalar per categorical id;
+      * pairwise:  sum over the ring of pairs (i, i+1 mod m) of <e_i[x_i], e_j[x_j]> / sqrt(P),
+                   with TEACHER_DIM-wide random embeddings (a DLRM's dot interaction).
+    Each component has unit variance; the scale puts the teacher's AUC near 0.8. Teacher values
+    are hashes of (seed, feature, id), so any cardinality works without storing tables.
+    """
+
+    TEACHER_DIM = 4
+    LOGIT_SCALE = 1.3
+
+    def __init__(self, num_numerical: int, cardinalities: Sequence[int], seed: int):
+        self.num_numerical = num_numerical
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.seed = int(seed)
+        rng = np.random.default_rng([self.seed, 0x7EAC])
+        weights = rng.standard_normal(num_numerical)
+        self.numerical_weights = (weights / max(np.linalg.norm(weights), 1e-12)).astype(np.float32)
+        m = len(self.cardinalities)
+        self.pairs = [(i, (i + 1) % m) for i in range(m)] if m > 2 else ([(0, 1)] if m == 2 else [])
+        self.num_components = (num_numerical > 0) + (m > 0) + (len(self.pairs) > 0)
+
+    def _values(self, kind: int, feature: int, ids: np.ndarray, dim: int) -> np.ndarray:
+        """Teacher values of one feature's ids; small tables are built once and gathered."""
+        key = (self.seed * 1_000_003 + kind) * 1_000_003 + feature
+        cardinality = self.cardinalities[feature]
+        if cardinality <= ids.size:
+            return _hashed_uniform(np.arange(cardinality), key, dim)[ids]
+        return _hashed_uniform(ids, key, dim)
+
+    def logits(self, numerical: np.ndarray, categoricals: Sequence[np.ndarray]) -> np.ndarray:
+        """Teacher logits of samples (numericals as stored, i.e. float16-rounded)."""
+        n = len(categoricals[0]) if categoricals else len(numerical)
+        total = np.zeros(n, np.float32)
+        if self.num_numerical:
+            standardised = (np.asarray(numerical, np.float32) - 0.5) * math.sqrt(12.0)
+            total += standardised @ self.numerical_weights
+        if categoricals:
+            unary = sum(self._values(1, i, ids, 1)[:, 0] for i, ids in enumerate(categoricals))
+            total += unary / math.sqrt(len(categoricals))
+        if self.pairs:
+            scale = self.TEACHER_DIM ** -0.5  # entries of variance 1/sqrt(d) give unit-variance dots
+            embeddings = {i: self._values(2, i, ids, self.TEACHER_DIM)
+                          for i, ids in enumerate(categoricals)}
+            pairwise = sum(np.einsum("nd,nd->n", embeddings[i], embeddings[j]) for i, j in self.pairs)
+            total += pairwise * scale / math.sqrt(len(self.pairs))
+        return total * (self.LOGIT_SCALE / math.sqrt(max(self.num_components, 1)))
+
+    def sample(self, num_samples: int, rng: np.random.Generator):
+        """Draw samples: (numerical float16 [n, n_num], labels bool [n], ids list, probabilities)."""
+        numerical = rng.random((num_samples, self.num_numerical), dtype=np.float32).astype(np.float16)
+        categoricals = [rng.integers(0, c, num_samples, dtype=np.int64) for c in self.cardinalities]
+        probabilities = 1.0 / (1.0 + np.exp(-self.logits(numerical, categoricals)))
+        labels = rng.random(num_samples, dtype=np.float32) < probabilities
+        return numerical, labels, categoricals, probabilities
+
+
+def exact_auc(labels: np.ndarray, scores: np.ndarray,
+              sample_weight: Optional[np.ndarray] = None) -> float:
+    """ROC AUC over all samples (ties counted half), as a float."""
+    from sklearn.metrics import roc_auc_score
+    return float(roc_auc_score(labels, scores, sample_weight=sample_weight))
+
+
+def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_samples: int,
+                            seed: int, overwrite: bool = False,
+                            chunk_samples: int = 1 << 20) -> float:
+    """Write teacher-labelled split-binary data for `spec`; store and return the test teacher AUC."""
+    spec.check_feature_spec()
+    teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
+    rng = np.random.default_rng(seed)
+    with SplitBinaryWriter(spec, overwrite=overwrite) as writer:
+        test_labels, test_probabilities = [], []
+        for mapping, total in (("train", num_train_samples), ("test", num_test_samples)):
+            for start in range(0, total, chunk_samples):
+                numerical, labels, ids, probabilities = teacher.sample(
+                    min(chunk_samples, total - start), rng)
+                writer.append(mapping, numerical, labels, ids)
+                if mapping == "test":
+                    test_labels.append(labels)
+                    test_probabilities.append(probabilities.astype(np.float32))
+        labels = np.concatenate(test_labels) if test_labels else np.zeros(0, bool)
+        teacher_auc = (exact_auc(labels, np.concatenate(test_probabilities))
+                       if 0 < labels.sum() < labels.size else float("nan"))
+        spec.metadata = dict(spec.metadata, teacher_auc=teacher_auc)
+        writer.commit()
+    return teacher_auc
+
+
+@dataclass
+class SyntheticSplit:
+    """An in-memory pool of global batches, cycled to the requested number of batches."""
+    numerical: np.ndarray          # [pool_batches, b, n_num] float16
+    labels: np.ndarray             # [pool_batches, b] bool
+    categoricals: List[np.ndarray]  # each [pool_batches, b] int32
+    num_batches: int
+    teacher_auc: Optional[float]
+
+
+MAX_SYNTHETIC_POOL_BYTES = 256 << 20
+
+
+def make_synthetic_split(teacher: SyntheticTeacher, global_batch_size: int, num_batches: int,
+                         rng: np.random.Generator,
+                         max_pool_bytes: int = MAX_SYNTHETIC_POOL_BYTES) -> SyntheticSplit:
+    """Draw as many distinct batches as fit in `max_pool_bytes` (cycled beyond that)."""
+    sample_bytes = 2 * teacher.num_numerical + 1 + 4 * len(teacher.cardinalities)
+    affordable = max(1, max_pool_bytes // (sample_bytes * global_batch_size))
+    pool_batches = max(1, min(num_batches, affordable))
+    numerical, labels, ids, probabilities = teacher.sample(pool_batches * global_batch_size, rng)
+    shape = (pool_batches, global_batch_size)
+    uses = np.bincount(np.arange(num_batches) % pool_batches, minlength=pool_batches)
+    weights = np.repeat(uses, global_batch_size)
+    auc = exact_auc(labels, probabilities, weights) if 0 < labels.sum() < labels.size else None
+    return SyntheticSplit(numerical=numerical.reshape(shape + (teacher.num_numerical,)),
+                          labels=labels.reshape(shape),
+                          categoricals=[i.astype(np.int32).reshape(shape) for i in ids],
+                          num_batches=num_batches, teacher_auc=auc)
+
+
+def synthetic_dataset(split: SyntheticSplit, categorical_ids: Sequence[int], rank: int,
+                      world_size: int, data_parallel_categoricals: bool,
+                      numerical_dtype: tf.DType) -> tf.data.Dataset:
+    """The split as (features, labels) batches for one rank, same layout as SplitBinaryReader."""
+    global_batch = split.labels.shape[1]
+    lo, hi = local_slice(global_batch, rank, world_size)
+    cat_lo, cat_hi = (lo, hi) if data_parallel_categoricals else (0, global_batch)
+    pool = {
+        "numerical_features": tf.cast(split.numerical[:, lo:hi], numerical_dtype),
+        "categorical_features": tuple(tf.constant(split.categoricals[i][:, cat_lo:cat_hi])
+                                      for i in categorical_ids),
+    }
+    labels = tf.constant(split.labels[:, lo:hi, None].astype(np.float32))
+    return (tf.data.Dataset.from_tensor_slices((pool, labels)).repeat()
+            .take(split.num_batches).prefetch(PREFETCH_BATCHES))
