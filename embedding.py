@@ -1,0 +1,182 @@
+"""Embedding tables (reference §3): multitable, fused, and the split of the largest tables to the CPU.
+
+Every layer here takes a tuple of int32 id tensors, one `[B]` tensor per table in feature order,
+and returns `[B, n_tables, D]` in the layer's compute dtype. Each layer also exposes its tables
+as `TableSlice`s (a variable and a row range), so checkpoints read and write every table, and the
+optimizer slots that share its layout, in the global per-table layout whatever the
+implementation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+EMBEDDING_TYPES = ("multitable", "fused")
+
+
+@dataclass(frozen=True)
+class TableSlice:
+    """Rows [row_start, row_end) of `variable` hold one whole table."""
+    variable: tf.Variable
+    row_start: int
+    row_end: int
+
+
+def table_bytes(rows: int, dim: int, dtype: tf.DType) -> int:
+    return rows * dim * dtype.size
+
+
+def uniform_table_init(rows: int, dim: int, dtype: tf.DType) -> tf.Tensor:
+    """U(-sqrt(1/N), sqrt(1/N)) for a table of N rows (§2.7), generated on the CPU."""
+    limit = math.sqrt(1.0 / rows)
+    with tf.device("/CPU:0"):
+        return tf.cast(tf.random.uniform([rows, dim], -limit, limit, dtype=tf.float32), dtype)
+
+
+class MultiTableEmbedding(tf.keras.layers.Layer):
+    """One variable per table; one gather per table."""
+
+    def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
+                 trainable: bool = True, output_dtype: Optional[tf.DType] = None,
+                 name: str = "multitable_embedding") -> None:
+        super().__init__(name=name, dtype=table_dtype, trainable=trainable)
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.dim = dim
+        self.output_dtype = output_dtype or table_dtype
+        self.tables: List[tf.Variable] = []
+
+    def build(self, input_shape=None) -> None:
+        for i, rows in enumerate(self.cardinalities):
+            self.tables.append(self.add_weight(
+                name=f"table_{i}", shape=[rows, self.dim], dtype=self.dtype,
+                initializer=lambda shape, dtype, rows=rows: uniform_table_init(rows, self.dim, tf.as_dtype(dtype)),
+                trainable=self.trainable))
+        super().build(input_shape)
+
+    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        vectors = [tf.gather(table, table_ids) for table, table_ids in zip(self.tables, ids)]
+        return tf.cast(tf.stack(vectors, axis=1), self.output_dtype)
+
+    def table_slices(self) -> List[TableSlice]:
+        return [TableSlice(table, 0, rows) for table, rows in zip(self.tables, self.cardinalities)]
+
+
+class FusedEmbedding(tf.keras.layers.Layer):
+    """All tables concatenated in one variable; ids are offset by each table's first row."""
+
+    def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
+                 trainable: bool = True, output_dtype: Optional[tf.DType] = None,
+                 name: str = "fused_embedding") -> None:
+        super().__init__(name=name, dtype=table_dtype, trainable=trainable)
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.dim = dim
+        self.output_dtype = output_dtype or table_dtype
+        self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)]).astype(np.int64)
+        self.table: Optional[tf.Variable] = None
+
+    def build(self, input_shape=None) -> None:
+        def initializer(shape, dtype):
+            dtype = tf.as_dtype(dtype)
+            return tf.concat([uniform_table_init(rows, self.dim, dtype) for rows in self.cardinalities], 0)
+
+        self.table = self.add_weight(name="fused_table", shape=[int(self.offsets[-1]), self.dim],
+                                     dtype=self.dtype, initializer=initializer, trainable=self.trainable)
+        super().build(input_shape)
+
+    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        offsets = tf.constant(self.offsets[:-1], tf.int64)
+        fused_ids = tf.stack([tf.cast(t, tf.int64) for t in ids], axis=1) + offsets
+        return tf.cast(tf.gather(self.table, fused_ids), self.output_dtype)
+
+    def table_slices(self) -> List[TableSlice]:
+        return [TableSlice(self.table, int(self.offsets[i]), int(self.offsets[i + 1]))
+                for i in range(len(self.cardinalities))]
+
+
+def _make_group(embedding_type: str, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType,
+                trainable: bool, output_dtype: tf.DType, name: str) -> tf.keras.layers.Layer:
+    if embedding_type not in EMBEDDING_TYPES:
+        raise ValueError(f"embedding type must be one of {EMBEDDING_TYPES}, got {embedding_type!r}")
+    cls = MultiTableEmbedding if embedding_type == "multitable" else FusedEmbedding
+    return cls(cardinalities, dim, table_dtype=table_dtype, trainable=trainable,
+               output_dtype=output_dtype, name=name)
+
+
+def split_by_memory(cardinalities: Sequence[int], dim: int, dtype: tf.DType,
+                    device_budget_bytes: Optional[int]) -> Tuple[List[int], List[int]]:
+    """(device table ids, cpu table ids): the smallest tables fill the device budget, the rest go
+    to the CPU. `None` means no budget (everything on the device)."""
+    order = sorted(range(len(cardinalities)), key=lambda i: (cardinalities[i], i))
+    device, cpu, used = [], [], 0
+    for i in order:
+        size = table_bytes(cardinalities[i], dim, dtype)
+        if device_budget_bytes is None or (not cpu and used + size <= device_budget_bytes):
+            device.append(i)
+            used += size
+        else:
+            cpu.append(i)
+    return sorted(device), sorted(cpu)
+
+
+class DualEmbeddingGroup(tf.keras.layers.Layer):
+    """Tables on the accelerator up to a memory budget, the largest ones on the CPU (fp32 there).
+
+    Both parts are looked up and the vectors are put back in feature order, so the output is the
+    same whatever the split; only placement changes.
+    """
+
+    def __init__(self, cardinalities: Sequence[int], dim: int, *, device_embedding_type: str = "fused",
+                 cpu_embedding_type: str = "multitable", device_budget_bytes: Optional[int] = None,
+                 table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
+                 trainable: bool = True, name: str = "embedding") -> None:
+        super().__init__(name=name, trainable=trainable)
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.dim = dim
+        self.device_ids, self.cpu_ids = split_by_memory(self.cardinalities, dim, table_dtype,
+                                                        device_budget_bytes)
+        self.device_group = (_make_group(device_embedding_type, [self.cardinalities[i] for i in self.device_ids],
+                                         dim, table_dtype, trainable, output_dtype, "device_tables")
+                             if self.device_ids else None)
+        with tf.device("/CPU:0"):
+            self.cpu_group = (_make_group(cpu_embedding_type, [self.cardinalities[i] for i in self.cpu_ids],
+                                          dim, tf.float32, trainable, output_dtype, "cpu_tables")
+                              if self.cpu_ids else None)
+        order = self.device_ids + self.cpu_ids
+        self._restore_order = np.argsort(order).astype(np.int32)
+
+    def build(self, input_shape=None) -> None:
+        if self.device_group is not None:
+            self.device_group.build(None)
+        if self.cpu_group is not None:
+            with tf.device("/CPU:0"):
+                self.cpu_group.build(None)
+        super().build(input_shape)
+
+    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        parts = []
+        if self.device_group is not None:
+            parts.append(self.device_group([ids[i] for i in self.device_ids]))
+        if self.cpu_group is not None:
+            with tf.device("/CPU:0"):
+                parts.append(self.cpu_group([ids[i] for i in self.cpu_ids]))
+        vectors = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+        if not self.cpu_ids or not self.device_ids:
+            return vectors
+        return tf.gather(vectors, self._restore_order, axis=1)
+
+    def table_slices(self) -> List[TableSlice]:
+        """One slice per table, in feature order."""
+        slices: List[Optional[TableSlice]] = [None] * len(self.cardinalities)
+        for group, ids in ((self.device_group, self.device_ids), (self.cpu_group, self.cpu_ids)):
+            if group is not None:
+                for table_id, table_slice in zip(ids, group.table_slices()):
+                    slices[table_id] = table_slice
+        return slices  # type: ignore[return-value]
+
+    def placement(self) -> List[str]:
+        """'device' or 'cpu' for every table, in feature order (for start-up logging)."""
+        return ["cpu" if i in self.cpu_ids else "device" for i in range(len(self.cardinalities))]

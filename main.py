@@ -1,0 +1,373 @@
+"""DLRM for TensorFlow 2: train, eval, inference and deploy (reference §1).
+
+Flags keep the reference's names, types and defaults (V3 set plus V4 additions). They are
+defined before TensorFlow is imported so that `--xla` can set TF_XLA_FLAGS first. Launch with
+`python main.py ...` (one process) or `horovodrun -np N python main.py ...`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_enum("mode", "train", ["inference", "eval", "train", "deploy"], "Select task to be performed")
+flags.DEFINE_float("learning_rate", 24, "Learning rate (peak after warmup) of every optimizer")
+flags.DEFINE_integer("batch_size", 64 * 1024, "Global training batch size (split evenly across ranks)")
+flags.DEFINE_integer("valid_batch_size", 64 * 1024, "Global batch size for evaluation and inference")
+flags.DEFINE_bool("run_eagerly", False, "Disable all tf.function graph compilation")
+flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "Top MLP layer widths")
+flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"], "Bottom MLP layer widths (last = embedding_dim)")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"],
+                  "sgd for everything, or Adam for the MLPs with lazy Adam for the embeddings")
+flags.DEFINE_string("save_checkpoint_path", None,
+                    "Directory to save checkpoints to (step_<N> subdirectories; the newest K are kept)")
+flags.DEFINE_string("restore_checkpoint_path", None,
+                    "Checkpoint directory, or a root of step_<N> directories (the newest is used)")
+flags.DEFINE_integer("checkpoint_every_n_steps", 0, "Also save every N training steps (0: only at the end)")
+flags.DEFINE_integer("keep_checkpoints", 3, "Number of newest checkpoints kept under --save_checkpoint_path")
+flags.DEFINE_string("saved_model_output_path", None, "Export a SavedModel here (after training or in deploy mode)")
+flags.DEFINE_bool("save_input_signature", False,
+                  "Kept for compatibility: the SavedModel always carries the serving input signature")
+flags.DEFINE_string("saved_model_input_path", None, "Load a SavedModel for eval or inference instead of building")
+flags.DEFINE_bool("cpu", False, "Run on the CPU: every table and layer placed on /CPU:0")
+flags.DEFINE_enum("gpu_embedding_type", "fused", ["multitable", "fused"],
+                  "Implementation of the tables that fit the device memory budget")
+flags.DEFINE_enum("cpu_embedding_type", "multitable", ["multitable", "fused"],
+                  "Implementation of the tables offloaded to CPU memory")
+flags.DEFINE_bool("amp", False, "Mixed precision (float16 compute, float32 weights) with static loss scaling")
+flags.DEFINE_bool("fp16", False, "Pure float16 policy, for inference and export only")
+flags.DEFINE_bool("xla", False, "Enable XLA auto-clustering (TF_XLA_FLAGS=--tf_xla_auto_jit=fusible)")
+flags.DEFINE_integer("loss_scale", 1024, "Static loss scale used with --amp")
+flags.DEFINE_integer("auc_thresholds", None,
+                     "Use the reference's approximate AUC with this many thresholds (default: exact AUC)")
+flags.DEFINE_integer("epochs", 1, "Number of passes over the training data")
+flags.DEFINE_integer("max_steps", -1, "Stop after this many training steps in total (-1: all epochs); "
+                                      "inference: number of batches (1000 when -1)")
+flags.DEFINE_bool("embedding_trainable", True, "If False, the embedding tables are frozen")
+flags.DEFINE_enum("dot_interaction", "auto", ["custom_cuda", "custom_cpu", "tensorflow", "dummy", "auto"],
+                  "Interaction implementation; auto picks the fastest available and says which")
+flags.DEFINE_integer("embedding_dim", 128, "Width of every embedding vector")
+flags.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (spread evenly over its steps)")
+flags.DEFINE_float("print_freq", 100, "Steps between progress lines (and the 2x warm-up of the timer)")
+flags.DEFINE_integer("warmup_steps", 8000, "Linear learning-rate warmup length")
+flags.DEFINE_integer("decay_start_step", 48000, "Step at which polynomial decay starts")
+flags.DEFINE_integer("decay_steps", 24000, "Polynomial decay length (the rate is 0 afterwards)")
+flags.DEFINE_integer("profiler_start_step", None, "Start the TF profiler at this step, for 100 steps")
+flags.DEFINE_integer("profiled_rank", 1, "Rank that runs the profiler")
+flags.DEFINE_integer("inter_op_parallelism", None, "TF inter-op thread count")
+flags.DEFINE_integer("intra_op_parallelism", None, "TF intra-op thread count")
+flags.DEFINE_integer("tf_gpu_memory_limit_gb", 26,
+                     "Memory budget (GiB) for device-resident tables; larger tables are offloaded to "
+                     "CPU memory. With --cpu every table is placed in CPU memory")
+flags.DEFINE_string("log_path", "dlrm_tf_log.json", "Path of the dllogger JSON log")
+flags.DEFINE_string("dataset_path", None, "Dataset directory (holds the feature spec)")
+flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name inside --dataset_path")
+flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic"], "Split-binary files or in-memory synthetic")
+flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
+                  "Synthetic data shaped by --dataset_path/--feature_spec")
+flags.DEFINE_integer("synthetic_dataset_train_batches", 64008, "Synthetic train length in batches")
+flags.DEFINE_integer("synthetic_dataset_valid_batches", 1350, "Synthetic eval length in batches")
+flags.DEFINE_list("synthetic_dataset_cardinalities", 26 * ["1000"], "Synthetic table sizes")
+flags.DEFINE_integer("synthetic_dataset_num_numerical_features", 13, "Synthetic numerical feature count")
+flags.DEFINE_string("dist_strategy", "memory_balanced",
+                    "Table placement for model-parallel embeddings: memory_balanced, basic, memory_optimized")
+flags.DEFINE_integer("column_slice_threshold", 10 * 1000 * 1000 * 1000,
+                     "Tables with more elements are column-sliced across ranks (model-parallel embeddings)")
+flags.DEFINE_bool("shuffle_batch_order", False, "Shuffle the order of training batches (seeded)")
+flags.DEFINE_integer("seed", 12345, "Seed of weight initialisation, synthetic data and batch shuffling")
+flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bitwise reproducible runs)")
+flags.DEFINE_bool("validate_data", False, "Check every categorical id against its cardinality before training")
+
+MODEL_PARALLEL_FLAGS = ("dist_strategy", "column_slice_threshold")
+
+
+class UsageError(ValueError):
+    """A flag value or combination is invalid; the message names the flag."""
+
+
+def validate_flags(world_size: int, has_gpu: bool) -> None:
+    """The reference's incompatible combinations (§1.1) and this implementation's own limits."""
+    if FLAGS.restore_checkpoint_path and FLAGS.saved_model_input_path:
+        raise UsageError("--restore_checkpoint_path and --saved_model_input_path cannot be used together")
+    if FLAGS.saved_model_input_path and FLAGS.mode in ("train", "deploy"):
+        raise UsageError(f"--saved_model_input_path serves eval and inference only, not --mode {FLAGS.mode}")
+    if FLAGS.amp and FLAGS.fp16:
+        raise UsageError("--amp and --fp16 are mutually exclusive")
+    if FLAGS.fp16 and FLAGS.mode == "train":
+        raise UsageError("--fp16 is for inference and export only; train with --amp instead")
+    if FLAGS.dot_interaction == "custom_cuda" and (FLAGS.cpu or not has_gpu):
+        raise UsageError("--dot_interaction custom_cuda needs a GPU; use custom_cpu, tensorflow or auto"
+                         + (" (--cpu is set)" if FLAGS.cpu else " (no GPU is visible)"))
+    if FLAGS.mode == "deploy" and not FLAGS.saved_model_output_path:
+        raise UsageError("--mode deploy needs --saved_model_output_path")
+    if FLAGS.dataset_type == "tf_raw" and not FLAGS.dataset_path and not FLAGS.saved_model_input_path:
+        raise UsageError("--dataset_path is required with --dataset_type tf_raw")
+    if FLAGS.synthetic_dataset_use_feature_spec and not FLAGS.dataset_path:
+        raise UsageError("--synthetic_dataset_use_feature_spec needs --dataset_path")
+    if FLAGS.print_freq <= 0:
+        raise UsageError(f"--print_freq must be positive, got {FLAGS.print_freq}")
+    if FLAGS.epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, got {FLAGS.epochs}")
+    if FLAGS.loss_scale <= 0:
+        raise UsageError(f"--loss_scale must be positive, got {FLAGS.loss_scale}")
+    if FLAGS.auc_thresholds is not None and FLAGS.auc_thresholds < 2:
+        raise UsageError(f"--auc_thresholds must be at least 2, got {FLAGS.auc_thresholds}")
+    if FLAGS.checkpoint_every_n_steps < 0 or FLAGS.keep_checkpoints < 1:
+        raise UsageError("--checkpoint_every_n_steps must be >= 0 and --keep_checkpoints >= 1")
+    if FLAGS.checkpoint_every_n_steps and not FLAGS.save_checkpoint_path:
+        raise UsageError("--checkpoint_every_n_steps needs --save_checkpoint_path")
+    for name in ("batch_size", "valid_batch_size", "embedding_dim", "tf_gpu_memory_limit_gb"):
+        if FLAGS[name].value < (0 if name == "tf_gpu_memory_limit_gb" else 1):
+            raise UsageError(f"--{name} must be positive, got {FLAGS[name].value}")
+    for name in ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities"):
+        try:
+            values = [int(v) for v in FLAGS[name].value]
+        except ValueError:
+            raise UsageError(f"--{name} must be a comma-separated list of integers, got "
+                             f"{','.join(FLAGS[name].value)}") from None
+        if not values or min(values) < 1:
+            raise UsageError(f"--{name} needs positive integers, got {values}")
+    if FLAGS.dist_strategy not in ("memory_balanced", "basic", "memory_optimized"):
+        raise UsageError(f"--dist_strategy must be memory_balanced, basic or memory_optimized, "
+                         f"got {FLAGS.dist_strategy!r}")
+    if world_size > 1:
+        set_flags = [f"--{name}" for name in MODEL_PARALLEL_FLAGS if FLAGS[name].present]
+        if set_flags:
+            raise UsageError(f"{', '.join(set_flags)}: model-parallel table placement is not implemented "
+                             f"yet; with {world_size} ranks every table is replicated (data parallel)")
+        if FLAGS.mode == "deploy":
+            raise UsageError("--mode deploy runs on a single process; launch it without horovodrun")
+
+
+def _ints(values) -> list:
+    return [int(v) for v in values]
+
+
+def configure_tensorflow(local_rank: int) -> None:
+    """Devices, threads, precision policy, eager mode and determinism, before any op runs."""
+    import tensorflow as tf
+
+    if FLAGS.cpu:
+        tf.config.set_visible_devices([], "GPU")
+    else:
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+            tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
+    if FLAGS.inter_op_parallelism:
+        tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_parallelism)
+    if FLAGS.intra_op_parallelism:
+        tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_parallelism)
+    if FLAGS.amp:
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    elif FLAGS.fp16:
+        tf.keras.mixed_precision.set_global_policy("float16")
+    tf.config.run_functions_eagerly(FLAGS.run_eagerly)
+    tf.keras.utils.set_random_seed(FLAGS.seed)
+    if FLAGS.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def build_pipelines(rank: int, world_size: int, compute_dtype):
+    from dataloader import create_input_pipelines
+
+    return create_input_pipelines(
+        dataset_type=FLAGS.dataset_type, dataset_path=FLAGS.dataset_path, feature_spec_name=FLAGS.feature_spec,
+        train_batch_size=FLAGS.batch_size, eval_batch_size=FLAGS.valid_batch_size, rank=rank,
+        world_size=world_size, local_categorical_ids=None, data_parallel_input=True,
+        shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed, compute_dtype=compute_dtype,
+        num_train_batches=FLAGS.synthetic_dataset_train_batches,
+        num_eval_batches=FLAGS.synthetic_dataset_valid_batches,
+        cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities),
+        num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
+        use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec, validate_data=FLAGS.validate_data)
+
+
+def build_model_config(spec, interaction_name: str):
+    from model import DlrmConfig
+
+    budget = 0 if FLAGS.cpu else FLAGS.tf_gpu_memory_limit_gb * (1 << 30)
+    return DlrmConfig(
+        num_numerical_features=len(spec.numerical_names), cardinalities=spec.cardinalities,
+        embedding_dim=FLAGS.embedding_dim, bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims),
+        top_mlp_dims=_ints(FLAGS.top_mlp_dims), interaction=interaction_name,
+        embedding_type=FLAGS.gpu_embedding_type, cpu_embedding_type=FLAGS.cpu_embedding_type,
+        embedding_device_budget_bytes=budget, embedding_trainable=FLAGS.embedding_trainable,
+        table_dtype="float16" if FLAGS.fp16 else "float32")
+
+
+def training_state(model, optimizers, scheduler, spec):
+    """The variables a checkpoint saves and restores, named in the global per-table layout."""
+    from checkpoint import TrainingState, slot_slices
+
+    dense_optimizer, embedding_optimizer = optimizers
+    tables = model.table_slices()
+    counters = {"lr_schedule_step": scheduler.step, "dense_optimizer_iterations": dense_optimizer.iterations}
+    if embedding_optimizer is not dense_optimizer:
+        counters["embedding_optimizer_iterations"] = embedding_optimizer.iterations
+    dense = model.dense_weight_map()
+    return TrainingState(
+        model_config=model.config.shape_fields() | {"optimizer": FLAGS.optimizer},
+        feature_names=spec.categorical_names, tables=tables,
+        table_slots=[slot_slices(embedding_optimizer.slot_variables(t.variable), t) for t in tables],
+        dense=dense, dense_slots={name: dense_optimizer.slot_variables(v) for name, v in dense.items()},
+        counters=counters)
+
+
+def log_final(logger, data: dict) -> None:
+    formats = {"auc": ":.5f", "validation_loss": ":.5f", "train_loss": ":.5f", "test_loss": ":.5f",
+               "throughput": ":.2e", "mean_step_time_ms": ":.3f", "mean_inference_throughput": ":.2e"}
+    for metric, value in data.items():
+        if metric in formats:
+            logger.metadata(metric, {"format": formats[metric]})
+        elif "latency" in metric:
+            logger.metadata(metric, {"unit": "s", "format": ":.5f"})
+    logger.log(step=(), data=data)
+
+
+def run_mode(rank: int, world_size: int, logger) -> None:
+    import tensorflow as tf
+
+    import checkpoint
+    import distributed as dist
+    import interaction
+    import saved_model
+    from lr_scheduler import LearningRateScheduler
+    from model import Dlrm
+    from optimizers import make_optimizers
+    from trainer import Evaluator, LoopConfig, Trainer, train_loop
+    from utils import print_rank0
+
+    compute_dtype = tf.float16 if (FLAGS.amp or FLAGS.fp16) else tf.float32
+    pipelines = build_pipelines(rank, world_size, compute_dtype)
+    spec = pipelines.feature_spec
+    if pipelines.teacher_auc is not None:
+        print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
+
+    if FLAGS.saved_model_input_path:
+        evaluator = Evaluator(saved_model.load_predict_fn(FLAGS.saved_model_input_path), FLAGS.auc_thresholds)
+        run_evaluation_modes(evaluator, pipelines, logger, rank)
+        return
+
+    interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
+    print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
+                rank=rank)
+    model = Dlrm(build_model_config(spec, interaction_name))
+    model.build_weights()
+    placement = model.embedding.placement()
+    print_rank0(f"embedding tables: {placement.count('device')} on the device "
+                f"({FLAGS.gpu_embedding_type}), {placement.count('cpu')} in CPU memory ({FLAGS.cpu_embedding_type})"
+                + (f"; replicated on {world_size} ranks" if world_size > 1 else ""), rank=rank)
+    dist.broadcast_variables(model.variables, root_rank=0)
+    optimizers = make_optimizers(FLAGS.optimizer)
+    scheduler = LearningRateScheduler(FLAGS.learning_rate, FLAGS.warmup_steps, FLAGS.decay_start_step,
+                                      FLAGS.decay_steps)
+    trainer = Trainer(model, *optimizers, scheduler, loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None,
+                      replicated_embeddings=world_size > 1)
+    state = training_state(model, optimizers, scheduler, spec)
+    if FLAGS.restore_checkpoint_path:
+        step = checkpoint.restore(FLAGS.restore_checkpoint_path, state)
+        print_rank0(f"restored {checkpoint.resolve(FLAGS.restore_checkpoint_path)} (step {step})", rank=rank)
+    evaluator = Evaluator.for_model(model, FLAGS.auc_thresholds)
+
+    if FLAGS.mode == "deploy":
+        print_rank0(f"deployed to: {saved_model.export(model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16)}",
+                    rank=rank)
+        return
+    if FLAGS.mode != "train":
+        run_evaluation_modes(evaluator, pipelines, logger, rank)
+        return
+
+    saved_steps = []
+
+    def save(step: int) -> None:
+        saved_steps.append(step)
+        if rank == 0:
+            path = checkpoint.save(FLAGS.save_checkpoint_path, step, state, keep=FLAGS.keep_checkpoints)
+            print(f"checkpoint saved: {path}", flush=True)
+        dist.barrier()
+
+    loop_config = LoopConfig(
+        epochs=FLAGS.epochs, steps_per_epoch=pipelines.train_steps, global_batch_size=FLAGS.batch_size,
+        max_steps=FLAGS.max_steps, evals_per_epoch=FLAGS.evals_per_epoch, print_freq=int(FLAGS.print_freq),
+        checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps, profiler_start_step=FLAGS.profiler_start_step,
+        profile_this_rank=rank == FLAGS.profiled_rank)
+    result = train_loop(trainer, evaluator, pipelines.train, pipelines.test, loop_config,
+                        save_checkpoint=save if FLAGS.save_checkpoint_path else None)
+    if FLAGS.save_checkpoint_path and result.steps not in saved_steps:
+        save(result.steps)
+    if FLAGS.saved_model_output_path and rank == 0:
+        print(f"SavedModel exported to: {saved_model.export(model, FLAGS.saved_model_output_path)}", flush=True)
+    mean_step = result.mean_step_time_s
+    log_final(logger, {"throughput": FLAGS.batch_size / mean_step if mean_step == mean_step else float("nan"),
+                       "mean_step_time_ms": mean_step * 1000, "auc": result.best_auc,
+                       "validation_loss": result.min_validation_loss, "train_loss": result.train_loss}
+              | ({"teacher_auc": pipelines.teacher_auc} if pipelines.teacher_auc is not None else {}))
+
+
+def run_evaluation_modes(evaluator, pipelines, logger, rank: int) -> None:
+    from trainer import percentiles
+
+    if FLAGS.mode == "eval":
+        result = evaluator.evaluate(pipelines.test)
+        log_final(logger, {"auc": result.auc, "test_loss": result.loss})
+        return
+    max_batches = FLAGS.max_steps if FLAGS.max_steps > 0 else 1000
+    latencies, result = evaluator.benchmark_inference(pipelines.test, max_batches, warmup_batches=10)
+    stats = percentiles(latencies)
+    log_final(logger, {"mean_inference_throughput": FLAGS.valid_batch_size / stats["mean"],
+                       "mean_inference_latency": stats["mean"], "p50_inference_latency": stats["p50"],
+                       "p90_inference_latency": stats["p90"], "p95_inference_latency": stats["p95"],
+                       "p99_inference_latency": stats["p99"], "auc": result.auc,
+                       "measured_batches": len(latencies)})
+
+
+def user_error_types() -> tuple:
+    """Exceptions caused by bad input: reported as one line and a non-zero exit, not a traceback."""
+    from checkpoint import CheckpointError
+    from feature_spec import FeatureSpecError
+    from interaction import InteractionUnavailableError
+    from trainer import NonFiniteLossError
+
+    return (UsageError, FeatureSpecError, CheckpointError, InteractionUnavailableError, NonFiniteLossError,
+            ValueError, FileNotFoundError)
+
+
+def run(argv) -> int:
+    del argv
+    if FLAGS.xla:
+        os.environ["TF_XLA_FLAGS"] = ("--tf_xla_auto_jit=fusible" + (" --tf_xla_cpu_global_jit" if FLAGS.cpu else "")
+                                      + " " + os.environ.get("TF_XLA_FLAGS", "")).strip()
+    import tensorflow as tf
+
+    import distributed as dist
+    from utils import DllLogger
+
+    dist.init()
+    rank, world_size = dist.rank(), dist.size()
+    has_gpu = bool(tf.config.list_physical_devices("GPU"))
+    logger = DllLogger(FLAGS.log_path, enabled=rank == 0)
+    try:
+        validate_flags(world_size, has_gpu)
+        configure_tensorflow(dist.local_rank())
+        own_flags = FLAGS.get_flags_for_module(sys.modules[__name__])
+        logger.log_parameters({flag.name: flag.value for flag in own_flags} | {"world_size": world_size})
+        run_mode(rank, world_size, logger)
+    except user_error_types() as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        logger.close()
+    return 0
+
+
+def main() -> None:
+    app.run(lambda argv: sys.exit(run(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The DLRM network (reference §2.2-2.7): bottom MLP, embeddings, dot interaction, top MLP.
+
+Inputs are the dict the input pipelines produce: `numerical_features` `[B, n_num]` and
+`categorical_features`, a tuple of int32 `[B]` id tensors in feature order. The output is the
+logit `[B, 1]` in float32.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+import embedding
+import interaction
+
+NUMERICAL_KEY = "numerical_features"
+CATEGORICAL_KEY = "categorical_features"
+
+
+@dataclass
+class DlrmConfig:
+    """Everything that fixes the shapes of the weights (stored in checkpoint manifests)."""
+    num_numerical_features: int
+    cardinalities: List[int]
+    embedding_dim: int = 128
+    bottom_mlp_dims: List[int] = field(default_factory=lambda: [512, 256, 128])
+    top_mlp_dims: List[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
+    interaction: str = "tensorflow"
+    embedding_type: str = "fused"
+    cpu_embedding_type: str = "multitable"
+    embedding_device_budget_bytes: Optional[int] = None
+    embedding_trainable: bool = True
+    table_dtype: str = "float32"
+
+    def validate(self) -> None:
+        """Shape rules of the reference, each as one clear message naming the flag."""
+        if self.num_numerical_features < 1:
+            raise ValueError("the model needs at least one numerical feature for the bottom MLP "
+                             f"(the dataset has {self.num_numerical_features})")
+        if not self.cardinalities:
+            raise ValueError("the model needs at least one categorical feature")
+        if not self.bottom_mlp_dims or self.bottom_mlp_dims[-1] != self.embedding_dim:
+            raise ValueError(f"the last --bottom_mlp_dims entry ({self.bottom_mlp_dims[-1:]}) must equal "
+                             f"--embedding_dim ({self.embedding_dim})")
+        if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
+            raise ValueError(f"the last --top_mlp_dims entry must be 1 (one logit), got {self.top_mlp_dims}")
+        if any(d < 1 for d in self.bottom_mlp_dims + self.top_mlp_dims + [self.embedding_dim]):
+            raise ValueError("layer widths and --embedding_dim must be positive")
+
+    def shape_fields(self) -> Dict[str, Any]:
+        """The fields two checkpoints must agree on to hold the same weights."""
+        fields = asdict(self)
+        for free in ("interaction", "embedding_type", "cpu_embedding_type",
+                     "embedding_device_budget_bytes", "embedding_trainable"):
+            fields.pop(free)
+        return fields
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+class Mlp(tf.keras.layers.Layer):
+    """Dense stack with the reference's initialisers; ReLU on every layer unless the last is linear."""
+
+    def __init__(self, widths: Sequence[int], linear_last: bool, name: str) -> None:
+        super().__init__(name=name)
+        self.dense_layers = []
+        for i, width in enumerate(widths):
+            last = i == len(widths) - 1
+            self.dense_layers.append(tf.keras.layers.Dense(
+                width, activation=None if (last and linear_last) else "relu",
+                kernel_initializer=tf.keras.initializers.GlorotNormal(),
+                bias_initializer=tf.keras.initializers.RandomNormal(stddev=math.sqrt(1.0 / width)),
+                name=f"dense_{i}"))
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        for layer in self.dense_layers:
+            x = layer(x)
+        return x
+
+
+class Dlrm(tf.keras.Model):
+    """Bottom MLP -> [bottom output, embeddings] -> dot interaction -> top MLP -> logit."""
+
+    def __init__(self, config: DlrmConfig, embedding_layer: Optional[tf.keras.layers.Layer] = None) -> None:
+        super().__init__(name="dlrm")
+        config.validate()
+        self.config = config
+        self.padded_numerical = _round_up(config.num_numerical_features, 8)
+        self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp")
+        self.embedding = embedding_layer or embedding.DualEmbeddingGroup(
+            config.cardinalities, config.embedding_dim,
+            device_embedding_type=config.embedding_type, cpu_embedding_type=config.cpu_embedding_type,
+            device_budget_bytes=config.embedding_device_budget_bytes,
+            table_dtype=tf.as_dtype(config.table_dtype), output_dtype=self.compute_dtype,
+            trainable=config.embedding_trainable)
+        self.interact = interaction.make_interaction(config.interaction)
+        self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp")
+
+    def call(self, inputs: Dict[str, Any], training: bool = False) -> tf.Tensor:
+        numerical = tf.cast(inputs[NUMERICAL_KEY], self.compute_dtype)
+        padding = self.padded_numerical - self.config.num_numerical_features
+        if padding:
+            numerical = tf.pad(numerical, [[0, 0], [0, padding]])
+        bottom = self.bottom_mlp(numerical)
+        vectors = tf.cast(self.embedding(tuple(inputs[CATEGORICAL_KEY])), bottom.dtype)
+        interactions = self.interact(tf.concat([tf.expand_dims(bottom, 1), vectors], axis=1))
+        return tf.cast(self.top_mlp(interactions), tf.float32)
+
+    def build_weights(self) -> None:
+        """Create every variable by running one forward pass on a batch of zeros."""
+        zeros = {NUMERICAL_KEY: tf.zeros([1, self.config.num_numerical_features]),
+                 CATEGORICAL_KEY: tuple(tf.zeros([1], tf.int32) for _ in self.config.cardinalities)}
+        self(zeros, training=False)
+
+    @property
+    def embedding_variables(self) -> List[tf.Variable]:
+        return list(self.embedding.trainable_variables)
+
+    @property
+    def dense_variables(self) -> List[tf.Variable]:
+        return self.bottom_mlp.trainable_variables + self.top_mlp.trainable_variables
+
+    def table_slices(self) -> List[embedding.TableSlice]:
+        return self.embedding.table_slices()
+
+    def dense_weight_map(self) -> Dict[str, tf.Variable]:
+        """Stable, implementation-independent names for the MLP weights (checkpoint file names)."""
+        names = {}
+        for mlp in (self.bottom_mlp, self.top_mlp):
+            for i, layer in enumerate(mlp.dense_layers):
+                names[f"{mlp.name}_layer_{i}_kernel"] = layer.kernel
+                names[f"{mlp.name}_layer_{i}_bias"] = layer.bias
+        return names

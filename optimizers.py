@@ -1,0 +1,133 @@
+"""SGD, Adam and lazy Adam with explicit slot variables.
+
+Slots are plain variables with the shape of their parameter, so a checkpoint stores them in the
+same (global) layout as the tables and a resumed run continues exactly. Lazy Adam (the role of
+tensorflow_addons.LazyAdam, a retired package) updates only the rows an IndexedSlices gradient
+touches: moments and parameters of untouched embedding rows stay as they are.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+Gradient = Union[tf.Tensor, tf.IndexedSlices]
+
+
+def _slot_name(variable: tf.Variable, slot: str) -> str:
+    return variable.name.split(":")[0].replace("/", "_") + "_" + slot
+
+
+class Optimizer(tf.Module):
+    """Applies gradients with a learning rate given per call (the schedule is owned elsewhere)."""
+
+    slot_names: Tuple[str, ...] = ()
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+        self.slots: Dict[str, Dict[str, tf.Variable]] = {}
+        self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_iterations")
+
+    def build(self, variables: Sequence[tf.Variable]) -> None:
+        """Create zero slots for every variable (idempotent), on the variable's device."""
+        for variable in variables:
+            if variable.name in self.slots:
+                continue
+            with tf.init_scope(), tf.device(variable.device):
+                self.slots[variable.name] = {
+                    slot: tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                      name=_slot_name(variable, slot))
+                    for slot in self.slot_names}
+
+    def slot_variables(self, variable: tf.Variable) -> Dict[str, tf.Variable]:
+        return self.slots.get(variable.name, {})
+
+    def apply(self, grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]], learning_rate: tf.Tensor) -> None:
+        self.iterations.assign_add(1)
+        for grad, variable in grads_and_vars:
+            if grad is None:
+                continue
+            if isinstance(grad, tf.IndexedSlices):
+                self._apply_sparse(grad, variable, learning_rate)
+            else:
+                self._apply_dense(grad, variable, learning_rate)
+
+    def _apply_dense(self, grad: tf.Tensor, variable: tf.Variable, learning_rate: tf.Tensor) -> None:
+        raise NotImplementedError
+
+    def _apply_sparse(self, grad: tf.IndexedSlices, variable: tf.Variable, learning_rate: tf.Tensor) -> None:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """Plain SGD (momentum 0), as the reference's default optimizer."""
+
+    def __init__(self, name: str = "sgd") -> None:
+        super().__init__(name)
+
+    def _apply_dense(self, grad, variable, learning_rate):
+        variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)
+
+    def _apply_sparse(self, grad, variable, learning_rate):
+        variable.scatter_sub(tf.IndexedSlices(tf.cast(learning_rate, variable.dtype) * grad.values,
+                                              grad.indices, grad.dense_shape))
+
+
+class Adam(Optimizer):
+    """Adam with bias correction; sparse gradients are applied lazily (touched rows only)."""
+
+    slot_names = ("m", "v")
+
+    def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 name: str = "adam") -> None:
+        super().__init__(name)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def _corrected_rate(self, variable: tf.Variable, learning_rate: tf.Tensor) -> tf.Tensor:
+        t = tf.cast(self.iterations, variable.dtype)
+        return (tf.cast(learning_rate, variable.dtype) * tf.sqrt(1.0 - tf.pow(self.beta_2, t))
+                / (1.0 - tf.pow(self.beta_1, t)))
+
+    def _apply_dense(self, grad, variable, learning_rate):
+        slots = self.slots[variable.name]
+        m = slots["m"].assign(self.beta_1 * slots["m"] + (1.0 - self.beta_1) * grad)
+        v = slots["v"].assign(self.beta_2 * slots["v"] + (1.0 - self.beta_2) * tf.square(grad))
+        variable.assign_sub(self._corrected_rate(variable, learning_rate) * m / (tf.sqrt(v) + self.epsilon))
+
+    def _apply_sparse(self, grad, variable, learning_rate):
+        slots = self.slots[variable.name]
+        values, indices = _merge_duplicates(grad)
+        m_rows = self.beta_1 * tf.gather(slots["m"], indices) + (1.0 - self.beta_1) * values
+        v_rows = self.beta_2 * tf.gather(slots["v"], indices) + (1.0 - self.beta_2) * tf.square(values)
+        slots["m"].scatter_update(tf.IndexedSlices(m_rows, indices))
+        slots["v"].scatter_update(tf.IndexedSlices(v_rows, indices))
+        step = self._corrected_rate(variable, learning_rate) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
+        variable.scatter_sub(tf.IndexedSlices(step, indices))
+
+
+def _merge_duplicates(grad: tf.IndexedSlices) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Sum the gradient rows of repeated indices so each touched row is updated once."""
+    unique, positions = tf.unique(grad.indices)
+    summed = tf.math.unsorted_segment_sum(grad.values, positions, tf.shape(unique)[0])
+    return summed, unique
+
+
+def make_optimizers(name: str) -> Tuple[Optimizer, Optimizer]:
+    """(dense optimizer, embedding optimizer): one shared SGD, or Adam + lazy Adam."""
+    if name == "sgd":
+        shared = SGD()
+        return shared, shared
+    if name == "adam":
+        return Adam(name="adam_dense"), Adam(name="lazy_adam_embedding")
+    raise ValueError(f"--optimizer must be 'sgd' or 'adam', got {name!r}")
+
+
+def all_slot_variables(optimizers: Sequence[Optimizer]) -> List[tf.Variable]:
+    seen, result = set(), []
+    for optimizer in optimizers:
+        if id(optimizer) in seen:
+            continue
+        seen.add(id(optimizer))
+        for slots in optimizer.slots.values():
+            result.extend(slots.values())
+    return result

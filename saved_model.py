@@ -1,0 +1,73 @@
+"""SavedModel export for serving, and loading one back for eval and inference (reference §6.2).
+
+The exported signature `serving_default` takes `numerical_features` float32 `[B, n_num]` and
+`categorical_features` int32 `[B, n_cat]` (feature-spec order) and returns `probabilities`
+and `logits`, both float32 `[B, 1]`. The export always uses the TF-ops interaction, which has the
+same layout as the custom op, so the SavedModel runs without the compiled op library.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import Callable, Dict
+
+import tensorflow as tf
+
+from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm
+
+SIGNATURE = "serving_default"
+
+
+class _Serving(tf.Module):
+    def __init__(self, model: Dlrm) -> None:
+        super().__init__(name="dlrm_serving")
+        self.model = model
+        config = model.config
+        self.serve = tf.function(self._serve, input_signature=[
+            tf.TensorSpec([None, config.num_numerical_features], tf.float32, name=NUMERICAL_KEY),
+            tf.TensorSpec([None, len(config.cardinalities)], tf.int32, name=CATEGORICAL_KEY)])
+
+    def _serve(self, numerical_features: tf.Tensor, categorical_features: tf.Tensor) -> Dict[str, tf.Tensor]:
+        ids = tuple(tf.unstack(categorical_features, num=len(self.model.config.cardinalities), axis=1))
+        logits = self.model({NUMERICAL_KEY: numerical_features, CATEGORICAL_KEY: ids}, training=False)
+        return {"probabilities": tf.sigmoid(logits), "logits": logits}
+
+
+def export(model: Dlrm, output_path: str, fp16: bool = False) -> str:
+    """Write a SavedModel of `model`'s current weights to `output_path` (replaced atomically)."""
+    config = dataclasses.replace(model.config, interaction="tensorflow",
+                                 table_dtype="float16" if fp16 else model.config.table_dtype,
+                                 embedding_device_budget_bytes=None)
+    serving_model = Dlrm(config)
+    serving_model.build_weights()
+    for source, target in zip(model.table_slices(), serving_model.table_slices()):
+        rows = source.variable[source.row_start:source.row_end]
+        target.variable[target.row_start:target.row_end].assign(tf.cast(rows, target.variable.dtype))
+    targets = serving_model.dense_weight_map()
+    for name, variable in model.dense_weight_map().items():
+        targets[name].assign(tf.cast(variable, targets[name].dtype))
+    module = _Serving(serving_model)
+    tmp = output_path.rstrip("/") + f".tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tf.saved_model.save(module, tmp, signatures={SIGNATURE: module.serve})
+    if os.path.exists(output_path):
+        shutil.rmtree(output_path)
+    os.rename(tmp, output_path)
+    return output_path
+
+
+def load_predict_fn(path: str) -> Callable[[Dict[str, tf.Tensor]], tf.Tensor]:
+    """A function from pipeline features to logits, backed by an exported SavedModel."""
+    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+        raise FileNotFoundError(f"{path}: not a SavedModel directory (no saved_model.pb)")
+    serve = tf.saved_model.load(path).signatures[SIGNATURE]
+
+    def predict(features: Dict[str, tf.Tensor]) -> tf.Tensor:
+        categorical = tf.stack([tf.cast(t, tf.int32) for t in features[CATEGORICAL_KEY]], axis=1)
+        outputs = serve(numerical_features=tf.cast(features[NUMERICAL_KEY], tf.float32),
+                        categorical_features=categorical)
+        return outputs["logits"]
+
+    return predict
+

@@ -1,0 +1,238 @@
+"""Training step, evaluation and the epoch loop (reference §2.11, §7).
+
+The step runs data parallel: each rank computes its local batch's loss; dense gradients are
+averaged over ranks with one fused allreduce; embedding gradients are averaged too while tables
+are replicated (a model-parallel embedding layer declares its gradients local instead).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+import distributed as dist
+import metrics
+from lr_scheduler import LearningRateScheduler
+from model import Dlrm
+from optimizers import Optimizer
+from utils import StepTimer, print_rank0
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or Inf; training stops and no checkpoint is written."""
+
+
+@dataclass
+class EvalResult:
+    auc: float
+    loss: float
+    num_samples: int
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    mean_step_time_s: float
+    train_loss: float
+    best_auc: float
+    min_validation_loss: float
+    evaluations: List[EvalResult] = field(default_factory=list)
+
+
+def _scale(gradient, factor: float):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * factor, gradient.indices, gradient.dense_shape)
+    return gradient * factor
+
+
+def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
+    """0-based steps within an epoch after which to evaluate (§7)."""
+    if evals_per_epoch <= 0:
+        return []
+    return sorted({int(round(x)) for x in np.linspace(0, steps_per_epoch - 1, evals_per_epoch + 1)[1:]})
+
+
+class Trainer:
+    """Owns the compiled train and predict functions of a model and its optimizers."""
+
+    def __init__(self, model: Dlrm, dense_optimizer: Optimizer, embedding_optimizer: Optimizer,
+                 scheduler: LearningRateScheduler, loss_scale: Optional[float] = None,
+                 replicated_embeddings: bool = True) -> None:
+        self.model = model
+        self.dense_optimizer = dense_optimizer
+        self.embedding_optimizer = embedding_optimizer
+        self.scheduler = scheduler
+        self.loss_scale = loss_scale
+        self.replicated_embeddings = replicated_embeddings
+        dense_optimizer.build(model.dense_variables)
+        embedding_optimizer.build(model.embedding_variables)
+        self.train_step = tf.function(self._train_step)
+
+    def _train_step(self, features: Dict[str, tf.Tensor], labels: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        learning_rate = self.scheduler.advance()
+        dense_vars, embedding_vars = self.model.dense_variables, self.model.embedding_variables
+        with tf.GradientTape() as tape:
+            logits = self.model(features, training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            scaled_loss = loss * self.loss_scale if self.loss_scale else loss
+        gradients = tape.gradient(scaled_loss, dense_vars + embedding_vars)
+        if self.loss_scale:
+            gradients = [_scale(g, 1.0 / self.loss_scale) for g in gradients]
+        dense_grads = dist.grouped_allreduce(gradients[:len(dense_vars)]) if dense_vars else []
+        embedding_grads = gradients[len(dense_vars):]
+        if self.replicated_embeddings:
+            embedding_grads = [dist.allreduce(g) for g in embedding_grads]
+        dense_pairs = list(zip(dense_grads, dense_vars))
+        embedding_pairs = list(zip(embedding_grads, embedding_vars))
+        if self.dense_optimizer is self.embedding_optimizer:
+            self.dense_optimizer.apply(dense_pairs + embedding_pairs, learning_rate)
+        else:
+            self.dense_optimizer.apply(dense_pairs, learning_rate)
+            self.embedding_optimizer.apply(embedding_pairs, learning_rate)
+        return dist.allreduce(loss), learning_rate
+
+
+PredictFn = Callable[[Dict[str, tf.Tensor]], tf.Tensor]
+
+
+class Evaluator:
+    """AUC and log loss over every sample of every rank, from any function that returns logits."""
+
+    def __init__(self, predict: PredictFn, auc_thresholds: Optional[int] = None) -> None:
+        self.predict = predict
+        self.auc_thresholds = auc_thresholds
+
+    @classmethod
+    def for_model(cls, model: Dlrm, auc_thresholds: Optional[int] = None) -> "Evaluator":
+        return cls(tf.function(lambda features: model(features, training=False)), auc_thresholds)
+
+    def _gather_predictions(self, dataset: tf.data.Dataset, max_batches: Optional[int] = None,
+                            latencies: Optional[List[float]] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """Logits and labels of every rank, concatenated; optionally per-batch fetch+forward latency."""
+        logits, labels = [], []
+        iterator = iter(dataset)
+        batch = 0
+        while max_batches is None or batch < max_batches:
+            start = time.perf_counter()
+            try:
+                features, batch_labels = next(iterator)
+            except StopIteration:
+                break
+            batch_logits = self.predict(features).numpy()
+            if latencies is not None:
+                latencies.append(time.perf_counter() - start)
+            logits.append(batch_logits.reshape(-1))
+            labels.append(batch_labels.numpy().reshape(-1))
+            batch += 1
+        local_logits = np.concatenate(logits) if logits else np.zeros([0], np.float32)
+        local_labels = np.concatenate(labels) if labels else np.zeros([0], np.float32)
+        return (dist.allgather(tf.constant(local_logits, tf.float32)).numpy(),
+                dist.allgather(tf.constant(local_labels, tf.float32)).numpy())
+
+    def _score(self, logits: np.ndarray, labels: np.ndarray) -> EvalResult:
+        auc = (metrics.threshold_auc(labels, logits, self.auc_thresholds) if self.auc_thresholds
+               else metrics.exact_auc(labels, logits))
+        return EvalResult(auc=auc, loss=metrics.log_loss_from_logits(labels, logits), num_samples=labels.size)
+
+    def evaluate(self, dataset: tf.data.Dataset) -> EvalResult:
+        """AUC and log loss over every sample of every rank."""
+        logits, labels = self._gather_predictions(dataset)
+        return self._score(logits, labels)
+
+    def benchmark_inference(self, dataset: tf.data.Dataset, max_batches: int,
+                            warmup_batches: int = 10) -> Tuple[List[float], EvalResult]:
+        """Per-batch latencies (fetch + forward) after warm-up, and the metrics of the batches run."""
+        latencies: List[float] = []
+        logits, labels = self._gather_predictions(dataset, max_batches, latencies)
+        return latencies[warmup_batches:], self._score(logits, labels)
+
+
+@dataclass
+class LoopConfig:
+    epochs: int
+    steps_per_epoch: int
+    global_batch_size: int
+    max_steps: int = -1
+    evals_per_epoch: int = 1
+    print_freq: int = 100
+    checkpoint_every_n_steps: int = 0
+    profiler_start_step: Optional[int] = None
+    profiler_logdir: str = "logdir"
+    profile_this_rank: bool = False
+
+
+def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset, test_dataset: tf.data.Dataset,
+               config: LoopConfig,
+               save_checkpoint: Optional[Callable[[int], None]] = None) -> TrainResult:
+    """Run epochs from the scheduler's current step (so a restored run resumes in place)."""
+    rank = dist.rank()
+    total_steps = config.epochs * config.steps_per_epoch
+    if config.max_steps >= 0:
+        total_steps = min(total_steps, config.max_steps)
+    start_step = int(trainer.scheduler.step.numpy())
+    timer = StepTimer(warmup_steps=start_step + 2 * config.print_freq)
+    evaluations: List[EvalResult] = []
+    points = set(eval_points(config.steps_per_epoch, config.evals_per_epoch))
+    train_loss = float("nan")
+    step = start_step
+    while step < total_steps:
+        epoch, offset = divmod(step, config.steps_per_epoch)
+        for features, labels in train_dataset.skip(offset):
+            if step >= total_steps:
+                break
+            _maybe_profile(config, step, rank)
+            loss, learning_rate = trainer.train_step(features, labels)
+            train_loss = float(loss.numpy())
+            if not math.isfinite(train_loss):
+                raise NonFiniteLossError(f"training loss is {train_loss} at step {step} (epoch {epoch}); "
+                                         f"stopping without writing a checkpoint")
+            timer.step_done(step)
+            in_epoch = step - epoch * config.steps_per_epoch
+            step += 1
+            if config.print_freq > 0 and step % config.print_freq == 0:
+                window = timer.close_window()
+                if window is not None:
+                    print_rank0(f"step={step}, throughput={config.global_batch_size / window / 1e6:.3f}M, "
+                                f"step_time={window * 1000:.3f} ms, learning_rate={float(learning_rate):.4f}, "
+                                f"loss={train_loss:.8f},", rank=rank)
+            if in_epoch in points:
+                result = evaluator.evaluate(test_dataset)
+                evaluations.append(result)
+                print_rank0(f"Evaluation completed, AUC: {result.auc:.6f}, test_loss: {result.loss:.6f}, "
+                            f"step: {step}, samples: {result.num_samples}", rank=rank)
+            if save_checkpoint and config.checkpoint_every_n_steps > 0 and step % config.checkpoint_every_n_steps == 0:
+                save_checkpoint(step)
+        else:
+            continue
+        break
+    aucs = [e.auc for e in evaluations if math.isfinite(e.auc)]
+    losses = [e.loss for e in evaluations]
+    return TrainResult(steps=step, mean_step_time_s=timer.mean_step_time(), train_loss=train_loss,
+                       best_auc=max(aucs, default=0.0), min_validation_loss=min(losses, default=float("nan")),
+                       evaluations=evaluations)
+
+
+def _maybe_profile(config: LoopConfig, step: int, rank: int) -> None:
+    if config.profiler_start_step is None or not config.profile_this_rank:
+        return
+    if step == config.profiler_start_step:
+        tf.profiler.experimental.start(config.profiler_logdir)
+    elif step == config.profiler_start_step + 100:
+        tf.profiler.experimental.stop()
+
+
+def percentiles(latencies: Sequence[float]) -> Dict[str, float]:
+    """Mean and p50/p90/p95/p99 of per-batch latencies, in seconds."""
+    values = np.asarray(latencies, np.float64)
+    if values.size == 0:
+        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"), "p95": float("nan"),
+                "p99": float("nan")}
+    return {"mean": float(values.mean()), "p50": float(np.percentile(values, 50)),
+            "p90": float(np.percentile(values, 90)), "p95": float(np.percentile(values, 95)),
+            "p99": float(np.percentile(values, 99))}
