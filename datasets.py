@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import weakref
@@ -49,6 +50,34 @@ def aligned_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
+class _ArenaPool:
+    """Reusable aligned byte arenas, one per batch in flight.
+
+    Fresh memory for every batch costs more (page faults and zeroing) than reading the batch
+    from the page cache, so batches are read into recycled arenas. An arena is recycled only once
+    no array viewing it is alive any more (TensorFlow holds the numpy arrays it adopted until it
+    drops the tensors), which its reference count tells.
+    """
+
+    MAX_POOLED = 8
+
+    def __init__(self, arena_bytes: int):
+        self.arena_bytes = arena_bytes
+        self._arenas: List[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> np.ndarray:
+        with self._lock:
+            for arena in self._arenas:
+                # References: the pool's list, this loop variable and getrefcount's argument.
+                if sys.getrefcount(arena) == 3:
+                    return arena
+            arena = aligned_empty((self.arena_bytes,), np.uint8).base
+            if len(self._arenas) < self.MAX_POOLED:
+                self._arenas.append(arena)
+            return arena
+
+
 def _pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
     """Fill `buffer` with the bytes of the file at `offset`; a short file is a DataError."""
     view = memoryview(buffer.reshape(-1).view(np.uint8))
@@ -61,15 +90,6 @@ def _pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
         done += count
 
 
-@dataclass(frozen=True)
-class _FileColumn:
-    """One split-binary file the reader pulls from: its dtype, values per sample, rows it wants."""
-    path: str
-    dtype: np.dtype
-    width: int
-    global_rows: bool  # True: the whole global batch, False: only this rank's local slice
-
-
 class SplitBinaryReader:
     """Batches of one mapping of a split-binary dataset, as a rank needs them.
 
@@ -77,6 +97,9 @@ class SplitBinaryReader:
     rank's local slice (`data_parallel_categoricals`); numerical features and labels always for the
     local slice. With `drop_remainder` the last partial batch is dropped (training); otherwise it
     is served with fewer rows (evaluation covers every sample).
+
+    Per batch, one aligned arena receives: the labels, the numericals, and one [features, rows]
+    block per categorical dtype, so few arrays cross into TensorFlow (each crossing has a cost).
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
@@ -84,13 +107,12 @@ class SplitBinaryReader:
                  categorical_ids: Optional[Sequence[int]] = None,
                  data_parallel_categoricals: bool = False, drop_remainder: bool = True,
                  numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None):
-        self.spec = spec
-        self.mapping = mapping
         self.global_batch_size = global_batch_size
         self.rank = rank
         self.world_size = world_size
         self.drop_remainder = drop_remainder
         self.numerical_dtype = numerical_dtype
+        self.data_parallel_categoricals = data_parallel_categoricals
         self.num_samples = (num_samples if num_samples is not None
                             else spec.check_files([mapping])[mapping])
         if drop_remainder:
@@ -102,20 +124,31 @@ class SplitBinaryReader:
         self.categorical_features = [names[i] for i in ids]
         self.num_numerical = len(spec.numerical_names)
 
-        columns = [self._column(spec.label_name, width=1, global_rows=False)]
-        if self.num_numerical:
-            columns.append(self._column(spec.numerical_names[0], width=self.num_numerical,
-                                        global_rows=False))
-        self._categorical_columns = [
-            self._column(name, width=1, global_rows=not data_parallel_categoricals)
-            for name in self.categorical_features]
-        self._columns = columns + self._categorical_columns
-        self._fds = [os.open(column.path, os.O_RDONLY) for column in self._columns]
-        weakref.finalize(self, _close_all, list(self._fds))
+        self._label_path = spec.file_of(mapping, spec.label_name)
+        self._numerical_path = (spec.file_of(mapping, spec.numerical_names[0])
+                                if self.num_numerical else None)
+        # Categorical features grouped by dtype: (dtype, [positions in categorical_features]).
+        self._groups: List[Tuple[np.dtype, List[int]]] = []
+        for position, name in enumerate(self.categorical_features):
+            dtype = spec.dtype_of(name)
+            group = next((g for g in self._groups if g[0] == dtype), None)
+            if group is None:
+                self._groups.append((dtype, [position]))
+            else:
+                group[1].append(position)
+        self._categorical_paths = [spec.file_of(mapping, name) for name in self.categorical_features]
+        self._fds = {path: os.open(path, os.O_RDONLY)
+                     for path in [self._label_path, self._numerical_path, *self._categorical_paths]
+                     if path is not None}
+        weakref.finalize(self, _close_all, list(self._fds.values()))
 
-    def _column(self, feature: str, width: int, global_rows: bool) -> _FileColumn:
-        return _FileColumn(path=self.spec.file_of(self.mapping, feature),
-                           dtype=self.spec.dtype_of(feature), width=width, global_rows=global_rows)
+        largest_local = max(hi - lo for lo, hi in (local_slice(global_batch_size, r, world_size)
+                                                   for r in range(world_size)))
+        largest_categorical = largest_local if data_parallel_categoricals else global_batch_size
+        arena_bytes = (_round_up(largest_local) + _round_up(largest_local * self.num_numerical * 2)
+                       + sum(_round_up(len(members) * largest_categorical * dtype.itemsize)
+                             for dtype, members in self._groups))
+        self._pool = _ArenaPool(arena_bytes + BUFFER_ALIGNMENT)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -126,22 +159,47 @@ class SplitBinaryReader:
         return start, min(self.global_batch_size, self.num_samples - start)
 
     def read_batch(self, batch_index: int) -> List[np.ndarray]:
-        """Raw arrays of one batch: labels, numericals (if any), then the categoricals."""
+        """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), then one
+        [features, rows] block per categorical dtype group."""
         start, size = self.batch_rows(int(batch_index))
         lo, hi = local_slice(size, self.rank, self.world_size)
-        arrays = []
-        for fd, column in zip(self._fds, self._columns):
-            first, rows = (start, size) if column.global_rows else (start + lo, hi - lo)
-            buffer = aligned_empty((rows, column.width), column.dtype)
-            _pread_into(fd, column.path, buffer, first * column.width * column.dtype.itemsize)
-            arrays.append(buffer if column.width > 1 else buffer.reshape(rows))
+        local_first, local_rows = start + lo, hi - lo
+        categorical_first, categorical_rows = ((local_first, local_rows)
+                                               if self.data_parallel_categoricals else (start, size))
+        arena = self._pool.acquire()
+        cursor = (-arena.ctypes.data) % BUFFER_ALIGNMENT
+
+        def carve(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            nonlocal cursor
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            view = arena[cursor:cursor + nbytes].view(dtype).reshape(shape)
+            cursor += _round_up(nbytes)
+            return view
+
+        labels = carve((local_rows,), np.dtype(LABEL_DTYPE))
+        self._pread(self._label_path, labels, local_first)
+        arrays = [labels]
+        if self.num_numerical:
+            numerical = carve((local_rows, self.num_numerical), np.dtype(NUMERICAL_DTYPE))
+            self._pread(self._numerical_path, numerical, local_first)
+            arrays.append(numerical)
+        for dtype, members in self._groups:
+            block = carve((len(members), categorical_rows), dtype)
+            for row, position in zip(block, members):
+                self._pread(self._categorical_paths[position], row, categorical_first)
+            arrays.append(block)
         return arrays
+
+    def _pread(self, path: str, buffer: np.ndarray, first_sample: int) -> None:
+        sample_bytes = buffer.nbytes // max(len(buffer), 1)
+        _pread_into(self._fds[path], path, buffer, first_sample * sample_bytes)
 
     def _decode(self, raw: Sequence[tf.Tensor]):
         """Graph-side decoding of `read_batch`'s arrays into the (features, labels) element."""
-        static_size = self.global_batch_size if self.drop_remainder else None
         lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
         local_size = hi - lo if self.drop_remainder else None
+        global_size = self.global_batch_size if self.drop_remainder else None
+        categorical_size = local_size if self.data_parallel_categoricals else global_size
         labels = tf.reshape(tf.cast(raw[0], tf.float32), [-1, 1])
         labels.set_shape([local_size, 1])
         if self.num_numerical:
@@ -149,12 +207,12 @@ class SplitBinaryReader:
         else:
             numerical = tf.zeros([tf.shape(labels)[0], 0], self.numerical_dtype)
         numerical.set_shape([local_size, self.num_numerical])
-        categorical = []
-        first_categorical = len(raw) - len(self._categorical_columns)
-        for column, tensor in zip(self._categorical_columns, raw[first_categorical:]):
-            ids = tf.cast(tensor, tf.int32)
-            ids.set_shape([static_size if column.global_rows else local_size])
-            categorical.append(ids)
+        categorical: List[Optional[tf.Tensor]] = [None] * len(self.categorical_features)
+        blocks = raw[len(raw) - len(self._groups):]
+        for (_, members), block in zip(self._groups, blocks):
+            for position, ids in zip(members, tf.unstack(tf.cast(block, tf.int32), num=len(members))):
+                ids.set_shape([categorical_size])
+                categorical[position] = ids
         features = {"numerical_features": numerical, "categorical_features": tuple(categorical)}
         return features, labels
 
@@ -163,7 +221,8 @@ class SplitBinaryReader:
         order = tf.data.Dataset.range(self.num_batches)
         if shuffle_batch_order:
             order = order.shuffle(max(self.num_batches, 1), seed=seed, reshuffle_each_iteration=True)
-        raw_types = [tf.as_dtype(column.dtype) for column in self._columns]
+        raw_types = [tf.bool] + ([tf.float16] if self.num_numerical else [])
+        raw_types += [tf.as_dtype(dtype) for dtype, _ in self._groups]
 
         def load(batch_index):
             return self._decode(tf.numpy_function(self.read_batch, [batch_index], raw_types,
@@ -173,6 +232,10 @@ class SplitBinaryReader:
         options.deterministic = True
         return (order.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
                 .prefetch(PREFETCH_BATCHES).with_options(options))
+
+
+def _round_up(nbytes: int) -> int:
+    return -(-nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 
 def _close_all(fds: Sequence[int]) -> None:
