@@ -282,7 +282,8 @@ class SplitBinaryWriter:
         existing = [p for p in self._relative_paths + [spec_file_name]
                     if os.path.exists(os.path.join(self.destination, p))]
         if existing and not overwrite:
-            raise FileExistsError(f"{self.destination}: output already holds {existing}; refusing to "
+            shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
+            raise FileExistsError(f"{self.destination}: output already holds {shown}; refusing to "
                                   f"overwrite or append (pass --overwrite to replace them)")
         os.makedirs(self.destination, exist_ok=True)
         self._staging = tempfile.mkdtemp(prefix=".staging-", dir=self.destination)
