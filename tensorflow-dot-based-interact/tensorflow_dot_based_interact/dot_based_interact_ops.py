@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import tensorflow as tf
 from tensorflow.python.framework import kernels
@@ -48,12 +49,12 @@ def has_gpu_kernels() -> bool:
     return any(kernel.device_type == "GPU" for kernel in registered)
 
 
-def _check_inputs(inputs: tf.Tensor, bottom_mlp_output: tf.Tensor) -> None:
-    """Clear errors for inputs the op would otherwise reject with a generic type error."""
+def _check_dtype(inputs: tf.Tensor, bottom_mlp_output: tf.Tensor | None = None) -> None:
+    """Clear errors for dtypes the op would otherwise reject with a generic type error."""
     if inputs.dtype not in SUPPORTED_DTYPES:
         raise tf.errors.InvalidArgumentError(
             None, None, f"DotBasedInteract supports float32 and float16 inputs, got {inputs.dtype.name}")
-    if bottom_mlp_output.dtype != inputs.dtype:
+    if bottom_mlp_output is not None and bottom_mlp_output.dtype != inputs.dtype:
         raise tf.errors.InvalidArgumentError(
             None, None, "DotBasedInteract needs input and bottom_mlp_output of the same dtype, got "
                         f"{inputs.dtype.name} and {bottom_mlp_output.dtype.name}")
@@ -64,17 +65,33 @@ def dot_based_interact(inputs: tf.Tensor, bottom_mlp_output: tf.Tensor | None = 
 
     Output [B, round_up(D + F(F-1)/2, 8)]: row 0 of `inputs`, the strictly-lower Gram entries
     in row-major order, zeros. As in the reference op, the forward pass copies row 0 of `inputs`
-    and never reads `bottom_mlp_output`; its gradient is the first D upstream columns. When
-    `bottom_mlp_output` is omitted it is row 0 of `inputs`, so gradients reach that row twice,
-    exactly as in the TF-ops implementation.
+    and never reads `bottom_mlp_output`, whose gradient is the first D upstream columns.
+    Without `bottom_mlp_output` (the usual case) that pass-through gradient goes to row 0 of
+    `inputs`, exactly as in the TF-ops implementation, folded into the one gradient kernel.
     """
     inputs = tf.convert_to_tensor(inputs)
     if bottom_mlp_output is None:
-        # A wrong-rank input goes to the op as is: its shape check names the problem.
-        bottom_mlp_output = inputs[:, 0, :] if inputs.shape.rank == 3 else inputs
+        _check_dtype(inputs)
+        return _interact_with_folded_bottom(inputs)
     bottom_mlp_output = tf.convert_to_tensor(bottom_mlp_output)
-    _check_inputs(inputs, bottom_mlp_output)
+    _check_dtype(inputs, bottom_mlp_output)
     return load_op_library().dot_based_interact(input=inputs, bottom_mlp_output=bottom_mlp_output)
+
+
+@tf.custom_gradient
+def _interact_with_folded_bottom(inputs: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
+    """The op with row 0 as its bottom-MLP output; one gradient kernel covers both uses of row 0."""
+    library = load_op_library()
+    # A wrong-rank input goes to the op as is: its shape check names the problem.
+    bottom = tf.stop_gradient(inputs[:, 0, :] if inputs.shape.rank == 3 else inputs)
+    output = library.dot_based_interact(input=inputs, bottom_mlp_output=bottom)
+
+    def gradient(upstream_grad: tf.Tensor) -> tf.Tensor:
+        grad, _ = library.dot_based_interact_grad(input=inputs, upstream_grad=upstream_grad,
+                                                  fold_bottom_mlp_grad=True)
+        return grad
+
+    return output, gradient
 
 
 @tf.RegisterGradient("DotBasedInteract")

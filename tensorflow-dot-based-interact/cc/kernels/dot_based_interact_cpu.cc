@@ -4,6 +4,7 @@
 // in L1, so each sample is computed in fp32 with 8-float SIMD vectors (GCC vector extensions)
 // and compiled for several x86-64 levels (target_clones), chosen at load time by the CPU.
 // Half inputs are widened to fp32 per sample and results rounded once at the end.
+// (x86-64 with GCC >= 12 or Clang: _Float16, vector extensions and target_clones.)
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -35,68 +36,160 @@ DBI_INLINE Vec Load(const float* source) {
 
 DBI_INLINE void Store(float* destination, Vec value) { std::memcpy(destination, &value, sizeof(value)); }
 
-DBI_INLINE float HorizontalSum(Vec value) {
-  float sum = 0.0f;
-  for (int lane = 0; lane < kLanes; ++lane) sum += value[lane];
-  return sum;
+typedef int32_t VecIndex __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// x[first] + y[second], indices into the 16 lanes of (x, y): one level of a reduction tree.
+DBI_INLINE Vec FoldPairs(Vec x, Vec y, VecIndex first, VecIndex second) {
+  return __builtin_shuffle(x, y, first) + __builtin_shuffle(x, y, second);
 }
 
-// Dot products of row `a` with the `kRows` consecutive rows starting at `b` (row stride `dim`).
-template <int kRows>
-DBI_INLINE void DotRows(const float* a, const float* b, int64_t dim, float* results) {
-  Vec sums[kRows] = {};
+DBI_INLINE float HorizontalSum(Vec value) {
+  value = FoldPairs(value, value, VecIndex{0, 1, 2, 3, 0, 1, 2, 3}, VecIndex{4, 5, 6, 7, 4, 5, 6, 7});
+  value = FoldPairs(value, value, VecIndex{0, 1, 0, 1, 0, 1, 0, 1}, VecIndex{2, 3, 2, 3, 2, 3, 2, 3});
+  return value[0] + value[1];
+}
+
+// Lane sums of v[0..3] into sums[0..3], sharing the shuffles of one reduction tree.
+DBI_INLINE void HorizontalSums4(const Vec* v, float* sums) {
+  const VecIndex low_halves{0, 1, 2, 3, 8, 9, 10, 11};
+  const VecIndex high_halves{4, 5, 6, 7, 12, 13, 14, 15};
+  const Vec ab = FoldPairs(v[0], v[1], low_halves, high_halves);  // [a a a a b b b b]
+  const Vec cd = FoldPairs(v[2], v[3], low_halves, high_halves);  // [c c c c d d d d]
+  const Vec abcd = FoldPairs(ab, cd, VecIndex{0, 1, 8, 9, 4, 5, 12, 13}, VecIndex{2, 3, 10, 11, 6, 7, 14, 15});
+  const Vec totals = FoldPairs(abcd, abcd, VecIndex{0, 2, 4, 6, 0, 2, 4, 6}, VecIndex{1, 3, 5, 7, 1, 3, 5, 7});
+  sums[0] = totals[0];  // totals = [a c b d ...]
+  sums[1] = totals[2];
+  sums[2] = totals[1];
+  sums[3] = totals[3];
+}
+
+// out[r * out_stride + c] = dot(a_r, b_c) for kA rows from `a` and kB rows from `b` (row stride
+// `dim`): each loaded chunk feeds several accumulators, so loads stay below the FMAs.
+template <int kA, int kB>
+DBI_INLINE void DotBlock(const float* a, const float* b, int64_t dim, float* out, int64_t out_stride) {
+  Vec sums[kA][kB] = {};
   int64_t d = 0;
   for (; d + kLanes <= dim; d += kLanes) {
-    const Vec a_chunk = Load(a + d);
-    for (int row = 0; row < kRows; ++row) sums[row] += a_chunk * Load(b + row * dim + d);
+    Vec b_chunks[kB];
+    for (int c = 0; c < kB; ++c) b_chunks[c] = Load(b + c * dim + d);
+    for (int r = 0; r < kA; ++r) {
+      const Vec a_chunk = Load(a + r * dim + d);
+      for (int c = 0; c < kB; ++c) sums[r][c] += a_chunk * b_chunks[c];
+    }
   }
-  for (int row = 0; row < kRows; ++row) {
-    float sum = HorizontalSum(sums[row]);
-    for (int64_t tail = d; tail < dim; ++tail) sum += a[tail] * b[row * dim + tail];
-    results[row] = sum;
+  for (int r = 0; r < kA; ++r) {
+    float totals[kB];
+    if constexpr (kB == 4) {
+      HorizontalSums4(sums[r], totals);
+    } else {
+      for (int c = 0; c < kB; ++c) totals[c] = HorizontalSum(sums[r][c]);
+    }
+    for (int c = 0; c < kB; ++c) {
+      for (int64_t tail = d; tail < dim; ++tail) totals[c] += a[r * dim + tail] * b[c * dim + tail];
+      out[r * out_stride + c] = totals[c];
+    }
   }
+}
+
+// Dots of rows i .. i+kA-1 with every row j < i, written at their PairColumn(0, ., j).
+template <int kA>
+DBI_INLINE void DotRowsWithEarlier(const float* sample, int64_t i, int64_t dim, float* pairs) {
+  constexpr int kB = 4;
+  const float* rows = sample + i * dim;
+  float* out = pairs + NumPairs(i);
+  int64_t j = 0;
+  for (; j + kB <= i; j += kB) DotBlock<kA, kB>(rows, sample + j * dim, dim, out + j, i);
+  for (; j < i; ++j) DotBlock<kA, 1>(rows, sample + j * dim, dim, out + j, i);
 }
 
 // pairs[PairColumn(0, i, j)] = dot(x_i, x_j) for all i > j, from one [F, D] fp32 sample.
+// Rows go two at a time; the pair (i+1, i) that only the second row has is done on its own.
 DBI_MULTIVERSIONED
 void SamplePairs(const float* sample, int64_t num_vectors, int64_t dim, float* pairs) {
-  constexpr int kBlock = 4;
-  for (int64_t i = 1; i < num_vectors; ++i) {
-    const float* row_i = sample + i * dim;
-    float* row_pairs = pairs + NumPairs(i);
-    int64_t j = 0;
-    for (; j + kBlock <= i; j += kBlock) DotRows<kBlock>(row_i, sample + j * dim, dim, row_pairs + j);
-    for (; j < i; ++j) DotRows<1>(row_i, sample + j * dim, dim, row_pairs + j);
+  int64_t i = 1;
+  for (; i + 2 <= num_vectors; i += 2) {
+    DotRowsWithEarlier<2>(sample, i, dim, pairs);
+    DotBlock<1, 1>(sample + (i + 1) * dim, sample + i * dim, dim, pairs + NumPairs(i + 1) + i, 0);
+  }
+  if (i < num_vectors) DotRowsWithEarlier<1>(sample, i, dim, pairs);
+}
+
+// out rows r < kRows = sum over p of coefficients[r * F + p] * x_p, for columns
+// [d, d + kChunks * kLanes) of one [F, D] sample.
+template <int kRows, int kChunks>
+DBI_INLINE void CombineRows(const float* coefficients, const float* sample, int64_t num_vectors, int64_t dim,
+                            int64_t d, float* out) {
+  Vec sums[kRows][kChunks] = {};
+  for (int64_t p = 0; p < num_vectors; ++p) {
+    Vec chunks[kChunks];
+    for (int c = 0; c < kChunks; ++c) chunks[c] = Load(sample + p * dim + d + c * kLanes);
+    for (int r = 0; r < kRows; ++r) {
+      const float coefficient = coefficients[r * num_vectors + p];
+      for (int c = 0; c < kChunks; ++c) sums[r][c] += coefficient * chunks[c];
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kChunks; ++c) Store(out + r * dim + d + c * kLanes, sums[r][c]);
   }
 }
 
-// grad_i = sum over j != i of g_ij x_j for one [F, D] fp32 sample; `pair_grads` holds g_ij
-// (i > j) in PairColumn order. Row i is complete once the loop has passed it.
-DBI_MULTIVERSIONED
-void SampleGrad(const float* sample, const float* pair_grads, int64_t num_vectors, int64_t dim, float* grad) {
-  std::fill(grad, grad + dim, 0.0f);
-  for (int64_t i = 1; i < num_vectors; ++i) {
-    const float* row_i = sample + i * dim;
-    const float* coefficients = pair_grads + NumPairs(i);
-    float* grad_i = grad + i * dim;
-    int64_t d = 0;
-    for (; d + kLanes <= dim; d += kLanes) {
-      const Vec x_i = Load(row_i + d);
-      Vec sum = {};
-      for (int64_t j = 0; j < i; ++j) {
-        sum += coefficients[j] * Load(sample + j * dim + d);
-        Store(grad + j * dim + d, Load(grad + j * dim + d) + coefficients[j] * x_i);
-      }
-      Store(grad_i + d, sum);
-    }
-    for (; d < dim; ++d) {
+// CombineRows over all D columns of kRows output rows, the last (< kLanes) columns in scalar.
+template <int kRows>
+DBI_INLINE void CombineAllColumns(const float* coefficients, const float* sample, int64_t num_vectors,
+                                  int64_t dim, float* out) {
+  constexpr int kChunks = 4;
+  int64_t d = 0;
+  for (; d + kChunks * kLanes <= dim; d += kChunks * kLanes) {
+    CombineRows<kRows, kChunks>(coefficients, sample, num_vectors, dim, d, out);
+  }
+  for (; d + kLanes <= dim; d += kLanes) CombineRows<kRows, 1>(coefficients, sample, num_vectors, dim, d, out);
+  for (int r = 0; r < kRows; ++r) {
+    for (int64_t tail = d; tail < dim; ++tail) {
       float sum = 0.0f;
-      for (int64_t j = 0; j < i; ++j) {
-        sum += coefficients[j] * sample[j * dim + d];
-        grad[j * dim + d] += coefficients[j] * row_i[d];
-      }
-      grad_i[d] = sum;
+      for (int64_t p = 0; p < num_vectors; ++p) sum += coefficients[r * num_vectors + p] * sample[p * dim + tail];
+      out[r * dim + tail] = sum;
     }
+  }
+}
+
+// grad = S x for one [F, D] fp32 sample, S the symmetric F x F matrix (zero diagonal) of the
+// pair gradients g_ij (i > j, in PairColumn order), built in `coefficients`.
+DBI_MULTIVERSIONED
+void SampleGrad(const float* sample, const float* pair_grads, int64_t num_vectors, int64_t dim,
+                float* coefficients, float* grad) {
+  for (int64_t i = 0; i < num_vectors; ++i) {
+    coefficients[i * num_vectors + i] = 0.0f;
+    for (int64_t j = 0; j < i; ++j) {
+      const float pair_grad = pair_grads[NumPairs(i) + j];
+      coefficients[i * num_vectors + j] = pair_grad;
+      coefficients[j * num_vectors + i] = pair_grad;
+    }
+  }
+  constexpr int kRows = 2;
+  int64_t k = 0;
+  for (; k + kRows <= num_vectors; k += kRows) {
+    CombineAllColumns<kRows>(coefficients + k * num_vectors, sample, num_vectors, dim, grad + k * dim);
+  }
+  if (k < num_vectors) CombineAllColumns<1>(coefficients + k * num_vectors, sample, num_vectors, dim, grad + k * dim);
+}
+
+// Half <-> fp32 conversions through _Float16, which the x86-64-v3+ clones vectorise (F16C).
+// Eigen::half holds the same 16 bits, so values are moved with memcpy.
+static_assert(sizeof(Eigen::half) == sizeof(_Float16), "Eigen::half must be 16 bits");
+DBI_MULTIVERSIONED
+void WidenHalves(const Eigen::half* values, int64_t count, float* widened) {
+  for (int64_t k = 0; k < count; ++k) {
+    _Float16 value;
+    std::memcpy(&value, values + k, sizeof(value));
+    widened[k] = static_cast<float>(value);
+  }
+}
+
+DBI_MULTIVERSIONED
+void NarrowToHalves(const float* values, int64_t count, Eigen::half* narrowed) {
+  for (int64_t k = 0; k < count; ++k) {
+    const _Float16 value = static_cast<_Float16>(values[k]);
+    std::memcpy(static_cast<void*>(narrowed + k), &value, sizeof(value));
   }
 }
 
@@ -106,14 +199,18 @@ const float* AsFloat(const T* values, int64_t count, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
     return values;
   } else {
-    std::transform(values, values + count, scratch, [](T value) { return static_cast<float>(value); });
+    WidenHalves(values, count, scratch);
     return scratch;
   }
 }
 
 template <typename T>
 void StoreAs(const float* values, int64_t count, T* destination) {
-  std::transform(values, values + count, destination, [](float value) { return static_cast<T>(value); });
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy(values, values + count, destination);
+  } else {
+    NarrowToHalves(values, count, destination);
+  }
 }
 
 // Runs `per_sample(begin, end)` over the batch on TF's intra-op thread pool.
@@ -149,24 +246,26 @@ struct DotBasedInteractFunctor<Eigen::ThreadPoolDevice, T> {
 
 template <typename T>
 struct DotBasedInteractGradFunctor<Eigen::ThreadPoolDevice, T> {
-  void operator()(tensorflow::OpKernelContext* context, const InteractShape& shape, const T* input,
-                  const T* upstream_grad, T* grad, T* bottom_mlp_grad) const {
+  void operator()(tensorflow::OpKernelContext* context, const InteractShape& shape, bool fold_bottom_mlp_grad,
+                  const T* input, const T* upstream_grad, T* grad, T* bottom_mlp_grad) const {
     const int64_t sample_size = shape.num_vectors * shape.dim;
     const int64_t num_pairs = NumPairs(shape.num_vectors);
     ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
-      std::vector<float> widened(std::is_same_v<T, float> ? 0 : sample_size + num_pairs);
+      std::vector<float> widened(std::is_same_v<T, float> ? 0 : sample_size + shape.dim + num_pairs);
       std::vector<float> sample_grad(std::is_same_v<T, float> ? 0 : sample_size);
+      std::vector<float> coefficients(shape.num_vectors * shape.num_vectors);
       for (int64_t b = begin; b < end; ++b) {
         const T* upstream_row = upstream_grad + b * shape.output_width;
         std::copy(upstream_row, upstream_row + shape.dim, bottom_mlp_grad + b * shape.dim);
         const float* sample = AsFloat(input + b * sample_size, sample_size, widened.data());
-        const float* pair_grads = AsFloat(upstream_row + shape.dim, num_pairs, widened.data() + sample_size);
-        if constexpr (std::is_same_v<T, float>) {
-          SampleGrad(sample, pair_grads, shape.num_vectors, shape.dim, grad + b * sample_size);
-        } else {
-          SampleGrad(sample, pair_grads, shape.num_vectors, shape.dim, sample_grad.data());
-          StoreAs(sample_grad.data(), sample_size, grad + b * sample_size);
+        const float* upstream = AsFloat(upstream_row, shape.dim + num_pairs, widened.data() + sample_size);
+        float* sample_grad_out = std::is_same_v<T, float> ? reinterpret_cast<float*>(grad + b * sample_size)
+                                                          : sample_grad.data();
+        SampleGrad(sample, upstream + shape.dim, shape.num_vectors, shape.dim, coefficients.data(), sample_grad_out);
+        if (fold_bottom_mlp_grad) {
+          for (int64_t d = 0; d < shape.dim; ++d) sample_grad_out[d] += upstream[d];
         }
+        if constexpr (!std::is_same_v<T, float>) StoreAs(sample_grad.data(), sample_size, grad + b * sample_size);
       }
     });
   }

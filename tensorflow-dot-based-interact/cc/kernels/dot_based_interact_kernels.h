@@ -65,11 +65,12 @@ struct DotBasedInteractFunctor {
 };
 
 // Backward: grad = S x per sample (S the symmetric matrix of upstream interaction gradients,
-// zero diagonal); bottom_mlp_grad = the first D upstream columns.
+// zero diagonal); bottom_mlp_grad = the first D upstream columns, also added to grad row 0
+// when `fold_bottom_mlp_grad`.
 template <typename Device, typename T>
 struct DotBasedInteractGradFunctor {
-  void operator()(tensorflow::OpKernelContext* context, const InteractShape& shape, const T* input,
-                  const T* upstream_grad, T* grad, T* bottom_mlp_grad) const;
+  void operator()(tensorflow::OpKernelContext* context, const InteractShape& shape, bool fold_bottom_mlp_grad,
+                  const T* input, const T* upstream_grad, T* grad, T* bottom_mlp_grad) const;
 };
 
 template <typename Device, typename T>
@@ -91,7 +92,9 @@ class DotBasedInteractOp : public tensorflow::OpKernel {
 template <typename Device, typename T>
 class DotBasedInteractGradOp : public tensorflow::OpKernel {
  public:
-  explicit DotBasedInteractGradOp(tensorflow::OpKernelConstruction* context) : OpKernel(context) {}
+  explicit DotBasedInteractGradOp(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("fold_bottom_mlp_grad", &fold_bottom_mlp_grad_));
+  }
 
   void Compute(tensorflow::OpKernelContext* context) override {
     const tensorflow::Tensor& input = context->input(0);
@@ -103,10 +106,13 @@ class DotBasedInteractGradOp : public tensorflow::OpKernel {
     tensorflow::Tensor* bottom_mlp_grad = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, input.shape(), &grad));
     OP_REQUIRES_OK(context, context->allocate_output(1, {shape.batch, shape.dim}, &bottom_mlp_grad));
-    DotBasedInteractGradFunctor<Device, T>()(context, shape, input.flat<T>().data(),
+    DotBasedInteractGradFunctor<Device, T>()(context, shape, fold_bottom_mlp_grad_, input.flat<T>().data(),
                                              upstream_grad.flat<T>().data(), grad->flat<T>().data(),
                                              bottom_mlp_grad->flat<T>().data());
   }
+
+ private:
+  bool fold_bottom_mlp_grad_ = false;
 };
 
 }  // namespace dot_based_interact

@@ -68,6 +68,7 @@ bottom_mlp_output [B, D] is not read; it receives the pass-through gradient.
 
 REGISTER_OP("DotBasedInteractGrad")
     .Attr("T: {float, half}")
+    .Attr("fold_bottom_mlp_grad: bool = false")
     .Input("input: T")
     .Input("upstream_grad: T")
     .Output("grad: T")
@@ -75,7 +76,9 @@ REGISTER_OP("DotBasedInteractGrad")
     .SetShapeFn(GradShape)
     .Doc(R"doc(
 Gradient of DotBasedInteract: grad [B, F, D] w.r.t. input (interaction terms only) and
-bottom_mlp_grad [B, D] = the first D columns of upstream_grad.
+bottom_mlp_grad [B, D] = the first D columns of upstream_grad. With fold_bottom_mlp_grad,
+bottom_mlp_grad is also added to grad row 0 (for callers whose bottom-MLP output is input row 0:
+one pass instead of a separate slice gradient and sum).
 )doc");
 
 }  // namespace dot_based_interact
