@@ -23,11 +23,6 @@ from feature_spec import (CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME, FEATURES
                           FILES_SELECTOR, FeatureSpec, FeatureSpecError)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("feature_spec_in", DEFAULT_SPEC_NAME, "CSV feature spec YAML")
-flags.DEFINE_string("output", "/data", "directory the spec's file paths are relative to")
-flags.DEFINE_integer("size", 1000, "rows per mapping")
-flags.DEFINE_integer("seed", 0, "random seed")
-flags.DEFINE_boolean("overwrite", False, "replace existing files instead of refusing")
 
 ROWS_PER_WRITE = 65536
 
@@ -82,6 +77,16 @@ def _write_chunk(target: str, features: List[str], spec: FeatureSpec, cardinalit
     os.replace(temporary, target)
 
 
+
+def define_flags() -> None:
+    """The command-line flags; defined only when run as a script, so the module imports cleanly."""
+    flags.DEFINE_string("feature_spec_in", DEFAULT_SPEC_NAME, "CSV feature spec YAML")
+    flags.DEFINE_string("output", "/data", "directory the spec's file paths are relative to")
+    flags.DEFINE_integer("size", 1000, "rows per mapping")
+    flags.DEFINE_integer("seed", 0, "random seed")
+    flags.DEFINE_boolean("overwrite", False, "replace existing files instead of refusing")
+
+
 def main(argv: List[str]) -> None:
     del argv
     try:
@@ -93,4 +98,5 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -36,20 +36,6 @@ CRITEO_VARIANTS = {
 CRITEO_NUMERICAL_FEATURES = 13
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("synthetic_dataset_num_entries", 32768 * 1024,
-                     "training samples (rounded down to whole batches)")
-flags.DEFINE_integer("synthetic_dataset_num_test_entries", None,
-                     "test samples (rounded down to whole batches); default: as many as training")
-flags.DEFINE_integer("synthetic_dataset_batch_size", 32768, "samples are written in whole batches")
-flags.DEFINE_integer("num_numerical_features", 13, "numerical features (without --feature_spec)")
-flags.DEFINE_list("synthetic_dataset_table_sizes", ",".join(["100000"] * 26),
-                  "comma-separated cardinalities (without --feature_spec or --variant)")
-flags.DEFINE_enum("variant", None, sorted(CRITEO_VARIANTS),
-                  "Criteo-shaped dimensions: 13 numerical features and the real cardinalities")
-flags.DEFINE_string("feature_spec", None, "feature spec YAML whose dimensions and file layout to use")
-flags.DEFINE_string("synthetic_dataset_dir", "/tmp/dlrm_synthetic_data", "output directory")
-flags.DEFINE_integer("seed", 12345, "seed of the teacher and of the samples")
-flags.DEFINE_boolean("overwrite", False, "replace existing output files instead of refusing")
 
 
 def parse_cardinalities(values: List[str]) -> List[int]:
@@ -76,6 +62,25 @@ def output_spec(output_dir: str, feature_spec_path: Optional[str], variant: Opti
                                                     CRITEO_VARIANTS[variant], output_dir)
     return FeatureSpec.get_default_feature_spec(num_numerical, parse_cardinalities(table_sizes),
                                                 output_dir)
+
+
+
+def define_flags() -> None:
+    """The command-line flags; defined only when run as a script, so the module imports cleanly."""
+    flags.DEFINE_integer("synthetic_dataset_num_entries", 32768 * 1024,
+                         "training samples (rounded down to whole batches)")
+    flags.DEFINE_integer("synthetic_dataset_num_test_entries", None,
+                         "test samples (rounded down to whole batches); default: as many as training")
+    flags.DEFINE_integer("synthetic_dataset_batch_size", 32768, "samples are written in whole batches")
+    flags.DEFINE_integer("num_numerical_features", 13, "numerical features (without --feature_spec)")
+    flags.DEFINE_list("synthetic_dataset_table_sizes", ",".join(["100000"] * 26),
+                      "comma-separated cardinalities (without --feature_spec or --variant)")
+    flags.DEFINE_enum("variant", None, sorted(CRITEO_VARIANTS),
+                      "Criteo-shaped dimensions: 13 numerical features and the real cardinalities")
+    flags.DEFINE_string("feature_spec", None, "feature spec YAML whose dimensions and file layout to use")
+    flags.DEFINE_string("synthetic_dataset_dir", "/tmp/dlrm_synthetic_data", "output directory")
+    flags.DEFINE_integer("seed", 12345, "seed of the teacher and of the samples")
+    flags.DEFINE_boolean("overwrite", False, "replace existing output files instead of refusing")
 
 
 def main(argv: List[str]) -> None:
@@ -105,4 +110,5 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -28,12 +28,6 @@ from feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CSV, DEFAULT_S
                           FeatureSpecError)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", "", "directory of the CSV dataset")
-flags.DEFINE_string("feature_spec_in", DEFAULT_SPEC_NAME, "input spec, relative to --input")
-flags.DEFINE_string("output", "/data", "output directory for the split-binary dataset")
-flags.DEFINE_string("feature_spec_out", DEFAULT_SPEC_NAME, "output spec name, inside --output")
-flags.DEFINE_integer("chunk_size", 65536, "CSV rows per chunk held in memory")
-flags.DEFINE_boolean("overwrite", False, "replace existing output files instead of refusing")
 
 
 def _read_chunks(spec: FeatureSpec, chunk: Dict, chunk_size: int) -> Iterator[pd.DataFrame]:
@@ -48,7 +42,6 @@ def _read_chunks(spec: FeatureSpec, chunk: Dict, chunk_size: int) -> Iterator[pd
                 raise DataError(f"{path}: {frame.shape[1]} columns, but the spec lists "
                                 f"{len(features)} features {features}")
             frame.columns = features
-            frame.attrs["path"] = path
             yield frame
     except pd.errors.EmptyDataError:
         return
@@ -133,12 +126,23 @@ def transcode(input_dir: str, output_dir: str, feature_spec_in: str = DEFAULT_SP
     with SplitBinaryWriter(out, overwrite=overwrite, spec_file_name=feature_spec_out) as writer:
         for mapping in MAPPINGS:
             for columns in _mapping_chunks(spec, mapping, chunk_size):
-                numerical = np.stack([columns[n].to_numpy(np.float32) for n in spec.numerical_names],
+                numerical = np.stack([columns[n].to_numpy(np.float64) for n in spec.numerical_names],
                                      axis=1) if spec.numerical_names else None
                 writer.append(mapping, numerical, columns[spec.label_name].to_numpy(np.int64),
                               [columns[n].to_numpy(np.int64) for n in spec.categorical_names])
         out.path = writer.commit()
     return out
+
+
+
+def define_flags() -> None:
+    """The command-line flags; defined only when run as a script, so the module imports cleanly."""
+    flags.DEFINE_string("input", "", "directory of the CSV dataset")
+    flags.DEFINE_string("feature_spec_in", DEFAULT_SPEC_NAME, "input spec, relative to --input")
+    flags.DEFINE_string("output", "/data", "output directory for the split-binary dataset")
+    flags.DEFINE_string("feature_spec_out", DEFAULT_SPEC_NAME, "output spec name, inside --output")
+    flags.DEFINE_integer("chunk_size", 65536, "CSV rows per chunk held in memory")
+    flags.DEFINE_boolean("overwrite", False, "replace existing output files instead of refusing")
 
 
 def main(argv: List[str]) -> None:
@@ -154,4 +158,5 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -1,0 +1,207 @@
+"""The bring-your-own-data tools: prepare_synthetic_dataset.py, gen_csv.py and transcode.py."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import datasets
+from feature_spec import FeatureSpec, FeatureSpecError
+from gen_csv import generate_csv
+from prepare_synthetic_dataset import CRITEO_VARIANTS
+from transcode import transcode
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_CSV_SPEC = os.path.join(REPO_ROOT, "tests", "transcoding", "small_csv.yaml")
+
+
+def run_tool(script, *args):
+    return subprocess.run([sys.executable, os.path.join(REPO_ROOT, script), *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def tree(directory):
+    """{relative path: bytes} of every file under `directory`."""
+    found = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, directory)] = f.read()
+    return found
+
+
+# ----------------------------------------------------------------- prepare_synthetic_dataset
+def test_prepare_synthetic_dataset_writes_teacher_auc_and_refuses_to_overwrite(tmp_path):
+    out = str(tmp_path / "synthetic")
+    args = ["--synthetic_dataset_dir", out, "--synthetic_dataset_num_entries", "4000",
+            "--synthetic_dataset_num_test_entries", "2000", "--synthetic_dataset_batch_size", "1000",
+            "--num_numerical_features", "5", "--synthetic_dataset_table_sizes", "10,200,40000"]
+    result = run_tool("prepare_synthetic_dataset.py", *args)
+    assert result.returncode == 0, result.stderr
+    spec = FeatureSpec.from_yaml(os.path.join(out, "feature_spec.yaml"))
+    assert spec.cardinalities == [10, 200, 40000] and len(spec.numerical_names) == 5
+    assert spec.check_files() == {"train": 4000, "test": 2000}
+    assert f"teacher_auc {spec.metadata['teacher_auc']:.6f}" in result.stdout
+    datasets.validate_categorical_ids(spec, ["train", "test"])
+
+    before = tree(out)
+    again = run_tool("prepare_synthetic_dataset.py", *args, "--seed", "1")
+    assert again.returncode != 0 and "refusing" in again.stderr and "--overwrite" in again.stderr
+    assert tree(out) == before
+    replaced = run_tool("prepare_synthetic_dataset.py", *args, "--seed", "1", "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert tree(out) != before and not [p for p in tree(out) if ".staging" in p]
+
+
+def test_prepare_synthetic_dataset_rejects_a_bad_spec(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("feature_spec: {a: {dtype: float16}}\nsource_spec: {}\nchannel_spec: {}\n")
+    result = run_tool("prepare_synthetic_dataset.py", "--feature_spec", str(bad),
+                      "--synthetic_dataset_dir", str(tmp_path / "out"))
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {bad}")
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
+
+def test_criteo_variants_have_26_tables_and_the_reference_sizes():
+    assert {name: len(c) for name, c in CRITEO_VARIANTS.items()} == {
+        "criteo_t15_synthetic": 26, "criteo_t3_synthetic": 26, "criteo_t0_synthetic": 26}
+    assert CRITEO_VARIANTS["criteo_t0_synthetic"][11] == 292775614
+    with open(os.path.join(REPO_ROOT, "tests", "feature_specs", "criteo_f15.yaml")) as f:
+        f15 = yaml.safe_load(f)
+    assert CRITEO_VARIANTS["criteo_t15_synthetic"] == [
+        f15["feature_spec"][name]["cardinality"] for name in f15["channel_spec"]["categorical"]]
+
+
+def test_synthetic_dataset_from_a_variant_and_from_a_spec_with_odd_paths(tmp_path):
+    from prepare_synthetic_dataset import output_spec
+    variant = output_spec(str(tmp_path / "t3"), None, "criteo_t3_synthetic", 13, [])
+    datasets.write_synthetic_dataset(variant, 512, 256, seed=5)
+    assert FeatureSpec.from_yaml(str(tmp_path / "t3" / "feature_spec.yaml")).cardinalities == \
+        CRITEO_VARIANTS["criteo_t3_synthetic"]
+    odd = output_spec(str(tmp_path / "odd"),
+                      os.path.join(REPO_ROOT, "tests", "feature_specs", "different_paths.yaml"),
+                      None, 13, [])
+    datasets.write_synthetic_dataset(odd, 512, 256, seed=5)
+    written = FeatureSpec.from_yaml(str(tmp_path / "odd" / "feature_spec.yaml"))
+    assert written.check_files() == {"train": 512, "test": 256}
+    assert os.path.exists(written.file_of("test", written.label_name))
+    assert "évaluation" in written.file_of("test", written.label_name)
+
+
+# -------------------------------------------------------------------- gen_csv and transcode
+@pytest.fixture
+def csv_dir(tmp_path):
+    directory = tmp_path / "csv"
+    generate_csv(SMALL_CSV_SPEC, str(directory), 700, seed=4)
+    return directory
+
+
+def read_csv_columns(directory, mapping):
+    """{feature: values} of a mapping of the small CSV spec, read back with pandas."""
+    spec = FeatureSpec.from_yaml(str(directory / "feature_spec.yaml"))
+    columns = {}
+    for chunk in spec.source_spec[mapping]:
+        frame = pd.read_csv(spec.resolve(chunk["files"][0]), header=None)
+        columns.update({name: frame[i].to_numpy() for i, name in enumerate(chunk["features"])})
+    return spec, columns
+
+
+def test_gen_csv_labels_are_zero_and_one(tmp_path):
+    directory = tmp_path / "csv"
+    result = run_tool("gen_csv.py", "--feature_spec_in", SMALL_CSV_SPEC, "--output", str(directory),
+                      "--size", "700")
+    assert result.returncode == 0, result.stderr
+    _, columns = read_csv_columns(directory, "train")
+    assert set(np.unique(columns["label"])) == {0, 1}
+    assert columns["cat_2.bin"].max() < 45000 and len(columns["num_0"]) == 700
+
+
+def test_transcode_round_trip(csv_dir, tmp_path):
+    out = tmp_path / "binary"
+    result = run_tool("transcode.py", "--input", str(csv_dir), "--output", str(out),
+                      "--chunk_size", "256")
+    assert result.returncode == 0, result.stderr
+    spec = FeatureSpec.from_yaml(str(out / "feature_spec.yaml"))
+    spec.check_feature_spec()
+    assert spec.cardinalities == [10, 23412, 45000, 100, 50, 127]
+    assert [str(spec.dtype_of(n)) for n in spec.categorical_names] == \
+        ["int8", "int16", "int32", "int8", "int8", "int16"]
+    for mapping in ("train", "test"):
+        csv_spec, columns = read_csv_columns(csv_dir, mapping)
+        numerical = np.fromfile(spec.file_of(mapping, "num_0"), np.float16).reshape(-1, 3)
+        expected = np.stack([columns[n] for n in csv_spec.numerical_names], 1).astype(np.float16)
+        np.testing.assert_array_equal(numerical, expected)
+        np.testing.assert_array_equal(np.fromfile(spec.file_of(mapping, "label"), bool),
+                                      columns["label"].astype(bool))
+        for name in spec.categorical_names:
+            np.testing.assert_array_equal(np.fromfile(spec.file_of(mapping, name), spec.dtype_of(name)),
+                                          columns[name])
+
+
+def test_transcode_infers_auto_cardinality_and_refuses_existing_output(csv_dir, tmp_path):
+    spec_path = csv_dir / "feature_spec.yaml"
+    raw = yaml.safe_load(spec_path.read_text())
+    for name in ("cat_0.bin", "cat_3.bin"):
+        raw["feature_spec"][name]["cardinality"] = "auto"
+    spec_path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "binary"
+    spec = transcode(str(csv_dir), str(out), chunk_size=100)
+    _, train = read_csv_columns(csv_dir, "train")
+    _, test = read_csv_columns(csv_dir, "test")
+    assert spec.cardinalities[0] == max(train["cat_0.bin"].max(), test["cat_0.bin"].max()) + 1
+    assert spec.cardinalities[3] == max(train["cat_3.bin"].max(), test["cat_3.bin"].max()) + 1
+    assert spec.cardinalities[1] == 23412
+
+    before = tree(out)
+    result = run_tool("transcode.py", "--input", str(csv_dir), "--output", str(out))
+    assert result.returncode != 0 and "refusing" in result.stderr
+    assert tree(out) == before  # nothing appended
+    transcode(str(csv_dir), str(out), chunk_size=1000, overwrite=True)
+    assert tree(out) == before  # same input, same output: replaced, not appended
+
+
+def _corrupt(csv_dir, relative, row, column, value):
+    path = csv_dir / relative
+    frame = pd.read_csv(path, header=None)
+    frame[column] = frame[column].astype(object)
+    frame.iloc[row, column] = value
+    frame.to_csv(path, header=False, index=False)
+
+
+@pytest.mark.parametrize("corruption, pattern", [
+    (("train/label.csv", 5, 0, 2), "labels must be 0 or 1"),
+    (("test/catpart1.csv", 7, 0, -1), "'cat_0.bin'.*not a non-negative integer"),
+    (("train/catpart2.csv", 3, 1, 1.5), "'cat_3.bin'.*not a non-negative integer"),
+    (("train/numerical.csv", 2, 2, "abc"), "'num_2'.*'abc'.*not a number"),
+    (("test/catpart2.csv", 9, 1, 50), "'cat_4.bin' declares cardinality 50 but the data holds id 50"),
+])
+def test_transcode_rejects_bad_values_and_writes_nothing(csv_dir, tmp_path, corruption, pattern):
+    _corrupt(csv_dir, *corruption)
+    out = tmp_path / "binary"
+    with pytest.raises(datasets.DataError, match=pattern):
+        transcode(str(csv_dir), str(out))
+    assert not out.exists() or tree(out) == {}
+
+
+def test_transcode_rejects_files_of_unequal_length(csv_dir, tmp_path):
+    path = csv_dir / "test" / "label.csv"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(datasets.DataError, match="different numbers of rows"):
+        transcode(str(csv_dir), str(tmp_path / "binary"))
+
+
+def test_gen_csv_needs_integer_cardinalities_and_refuses_existing_files(csv_dir, tmp_path):
+    spec_path = csv_dir / "feature_spec.yaml"
+    with pytest.raises(FileExistsError, match="refusing"):
+        generate_csv(str(SMALL_CSV_SPEC), str(csv_dir), 10)
+    raw = yaml.safe_load(spec_path.read_text())
+    raw["feature_spec"]["cat_1.bin"]["cardinality"] = "auto"
+    auto = tmp_path / "auto.yaml"
+    auto.write_text(yaml.safe_dump(raw))
+    with pytest.raises(FeatureSpecError, match="cat_1.bin.*integer cardinality"):
+        generate_csv(str(auto), str(tmp_path / "other"), 10)
