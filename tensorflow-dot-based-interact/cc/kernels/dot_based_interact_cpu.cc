@@ -271,16 +271,7 @@ struct DotBasedInteractGradFunctor<Eigen::ThreadPoolDevice, T> {
   }
 };
 
-#define DBI_REGISTER_CPU(T)                                                                            \
-  REGISTER_KERNEL_BUILDER(Name("DotBasedInteract").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-                          DotBasedInteractOp<Eigen::ThreadPoolDevice, T>);                             \
-  REGISTER_KERNEL_BUILDER(                                                                             \
-      Name("DotBasedInteractGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),              \
-      DotBasedInteractGradOp<Eigen::ThreadPoolDevice, T>);
-
-DBI_REGISTER_CPU(float);
-DBI_REGISTER_CPU(Eigen::half);
-
-#undef DBI_REGISTER_CPU
+DBI_REGISTER_KERNELS(DEVICE_CPU, Eigen::ThreadPoolDevice, float);
+DBI_REGISTER_KERNELS(DEVICE_CPU, Eigen::ThreadPoolDevice, Eigen::half);
 
 }  // namespace dot_based_interact

@@ -14,14 +14,6 @@
 
 namespace dot_based_interact {
 
-// Sizes of one call: input [batch, num_vectors, dim] -> output [batch, output_width].
-struct InteractShape {
-  int64_t batch;
-  int64_t num_vectors;
-  int64_t dim;
-  int64_t output_width;
-};
-
 // Checks `input` is a non-empty [B, F, D] tensor and returns its InteractShape.
 inline tensorflow::Status ShapeOfInput(const tensorflow::Tensor& input, InteractShape* shape) {
   if (input.dims() != 3) {
@@ -114,6 +106,14 @@ class DotBasedInteractGradOp : public tensorflow::OpKernel {
  private:
   bool fold_bottom_mlp_grad_ = false;
 };
+
+// Registers both ops for element type T on one device (DEVICE_CPU + Eigen::ThreadPoolDevice, or
+// DEVICE_GPU + Eigen::GpuDevice).
+#define DBI_REGISTER_KERNELS(DEVICE_NAME, EIGEN_DEVICE, T)                                                  \
+  REGISTER_KERNEL_BUILDER(Name("DotBasedInteract").Device(tensorflow::DEVICE_NAME).TypeConstraint<T>("T"), \
+                          DotBasedInteractOp<EIGEN_DEVICE, T>);                                             \
+  REGISTER_KERNEL_BUILDER(Name("DotBasedInteractGrad").Device(tensorflow::DEVICE_NAME).TypeConstraint<T>("T"), \
+                          DotBasedInteractGradOp<EIGEN_DEVICE, T>)
 
 }  // namespace dot_based_interact
 

@@ -11,6 +11,14 @@ namespace dot_based_interact {
 
 constexpr int64_t kOutputAlignment = 8;
 
+// Sizes of one call: input [batch, num_vectors, dim] -> output [batch, output_width].
+struct InteractShape {
+  int64_t batch;
+  int64_t num_vectors;
+  int64_t dim;
+  int64_t output_width;
+};
+
 // Number of strictly-lower Gram entries of F vectors.
 constexpr int64_t NumPairs(int64_t num_vectors) { return num_vectors * (num_vectors - 1) / 2; }
 
