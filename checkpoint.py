@@ -60,7 +60,12 @@ def _read_rows(table: TableSlice, start: int, end: int) -> np.ndarray:
     return table.variable[table.row_start + start:table.row_start + end].numpy()
 
 
-def _save_table(path: str, table: TableSlice) -> None:
+def _require_finite(values: np.ndarray, what: str) -> None:
+    if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+        raise CheckpointError(f"{what} holds NaN or Inf values; the checkpoint is not written")
+
+
+def _save_table(path: str, table: TableSlice, what: str) -> None:
     """Write a table row chunk by row chunk into a .npy file (no whole-table copy in memory)."""
     rows = table.row_end - table.row_start
     dim = int(table.variable.shape[1])
@@ -68,7 +73,9 @@ def _save_table(path: str, table: TableSlice) -> None:
                                     shape=(rows, dim))
     for start in range(0, rows, CHUNK_ROWS):
         end = min(rows, start + CHUNK_ROWS)
-        out[start:end] = _read_rows(table, start, end)
+        chunk = _read_rows(table, start, end)
+        _require_finite(chunk, what)
+        out[start:end] = chunk
     out.flush()
     del out
 
@@ -110,13 +117,19 @@ def save(root: str, step: int, state: TrainingState, keep: int = 3) -> str:
     for sub in ("embeddings", "dense", "state"):
         os.makedirs(os.path.join(tmp, sub))
     entries = []
-    for relative, source in _state_files(state):
-        path = os.path.join(tmp, relative)
-        if isinstance(source, TableSlice):
-            _save_table(path, source)
-        else:
-            np.save(path, source.numpy(), allow_pickle=False)
-        entries.append({"file": relative, "bytes": os.path.getsize(path), "sha256": _sha256(path)})
+    try:
+        for relative, source in _state_files(state):
+            path = os.path.join(tmp, relative)
+            if isinstance(source, TableSlice):
+                _save_table(path, source, relative)
+            else:
+                value = source.numpy()
+                _require_finite(value, relative)
+                np.save(path, value, allow_pickle=False)
+            entries.append({"file": relative, "bytes": os.path.getsize(path), "sha256": _sha256(path)})
+    except CheckpointError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     manifest = {"format_version": FORMAT_VERSION, "step": step, "model_config": state.model_config,
                 "feature_names": state.feature_names, "files": entries}
     with open(os.path.join(tmp, MANIFEST), "w") as f:

@@ -67,3 +67,10 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
     """Fail with the tail of the job's output when it exited non-zero."""
     assert result.returncode == 0, (f"exit {result.returncode}\n--- stdout\n{result.stdout[-6000:]}"
                                     f"\n--- stderr\n{result.stderr[-6000:]}")
+
+
+def run_python(args: List[str], timeout: int = 300, env: Optional[Dict[str, str]] = None,
+               cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run `python args...` as one process (no launcher), from the repo root unless `cwd` is given."""
+    return subprocess.run([sys.executable, *args], cwd=cwd or REPO_ROOT, env=launch_env(env),
+                          capture_output=True, text=True, timeout=timeout)

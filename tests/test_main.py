@@ -1,0 +1,215 @@
+"""main.py end to end: every mode, checkpoints, learning, flag errors, 2-process data parallel."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import checkpoint
+from multiproc import REPO_ROOT, assert_ok, launch_env, run_horovod, run_python
+from utils import read_dllogger_file
+
+SMALL_MODEL = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
+               "--dot_interaction", "tensorflow", "--print_freq", "1000"]
+SMALL_DATA = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "50,20,7,30",
+              "--synthetic_dataset_num_numerical_features", "5", "--synthetic_dataset_train_batches", "12",
+              "--synthetic_dataset_valid_batches", "3", "--batch_size", "64", "--valid_batch_size", "100"]
+SMALL = SMALL_MODEL + SMALL_DATA + ["--learning_rate", "0.1", "--warmup_steps", "2", "--seed", "7"]
+
+
+def main_py(args, **kwargs):
+    return run_python(["main.py", *args], **kwargs)
+
+
+def final_record(log_path):
+    records = [r for r in read_dllogger_file(str(log_path)) if r["type"] == "LOG" and r["step"] == []]
+    assert records, f"no end-of-run record in {log_path}"
+    return records[-1]["data"]
+
+
+def checkpoint_arrays(path):
+    path = checkpoint.resolve(str(path))
+    return {os.path.relpath(f, path): np.load(f) for f in sorted(glob.glob(f"{path}/*/*.npy"))}
+
+
+def test_training_approaches_the_teacher_auc(tmp_path):
+    log = tmp_path / "log.json"
+    result = main_py(["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "100,100,80,80,60,60,50,50",
+                      "--synthetic_dataset_train_batches", "300", "--synthetic_dataset_valid_batches", "20",
+                      "--batch_size", "1024", "--valid_batch_size", "4096", "--epochs", "4",
+                      "--embedding_dim", "16", "--bottom_mlp_dims", "64,16", "--top_mlp_dims", "128,64,1",
+                      "--optimizer", "adam", "--learning_rate", "0.01", "--warmup_steps", "50",
+                      "--print_freq", "100", "--log_path", str(log)], timeout=600)
+    assert_ok(result)
+    data = final_record(log)
+    assert data["teacher_auc"] - data["auc"] < 0.02, data
+    assert data["throughput"] > 0 and data["mean_step_time_ms"] > 0
+    assert {"validation_loss", "train_loss"} <= set(data)
+    assert "step=100, throughput=" in result.stdout and "learning_rate=" in result.stdout
+
+
+def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert_ok(main_py(SMALL + ["--save_checkpoint_path", str(ckpt), "--log_path", str(tmp_path / "t.json")]))
+    assert_ok(main_py(SMALL + ["--mode", "eval", "--restore_checkpoint_path", str(ckpt),
+                               "--log_path", str(tmp_path / "e.json")]))
+    evaluation = final_record(tmp_path / "e.json")
+    assert 0.0 <= evaluation["auc"] <= 1.0 and evaluation["test_loss"] > 0
+    assert_ok(main_py(SMALL + ["--mode", "inference", "--restore_checkpoint_path", str(ckpt), "--max_steps", "14",
+                               "--synthetic_dataset_valid_batches", "14", "--log_path", str(tmp_path / "i.json")]))
+    inference = final_record(tmp_path / "i.json")
+    for key in ("mean_inference_throughput", "mean_inference_latency", "p50_inference_latency",
+                "p90_inference_latency", "p95_inference_latency", "p99_inference_latency", "auc"):
+        assert inference[key] > 0, key
+    assert inference["measured_batches"] == 4  # 14 batches, 10 warm-up batches excluded
+
+    exported = tmp_path / "saved_model"
+    result = main_py(SMALL + ["--mode", "deploy", "--restore_checkpoint_path", str(ckpt),
+                              "--saved_model_output_path", str(exported)])
+    assert_ok(result)
+    assert f"deployed to: {exported}" in result.stdout
+    # Live model restored from the checkpoint vs the SavedModel, in this process and via saved_model_cli.
+    import tensorflow as tf
+
+    from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
+    config = DlrmConfig(num_numerical_features=5, cardinalities=[50, 20, 7, 30], embedding_dim=8,
+                        bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="tensorflow")
+    tf.keras.utils.set_random_seed(0)
+    live = Dlrm(config)
+    live.build_weights()
+    for table, array in zip(live.table_slices(), checkpoint.table_arrays(str(ckpt))):
+        table.variable[table.row_start:table.row_end].assign(array)
+    saved = checkpoint_arrays(ckpt)
+    for name, variable in live.dense_weight_map().items():
+        variable.assign(saved[f"dense/{name}.npy"])
+    rng = np.random.default_rng(0)
+    numerical = rng.random((6, 5)).astype(np.float32)
+    categorical = np.stack([rng.integers(0, c, 6) for c in (50, 20, 7, 30)], axis=1).astype(np.int32)
+    expected = tf.sigmoid(live({NUMERICAL_KEY: numerical,
+                                CATEGORICAL_KEY: tuple(tf.constant(c) for c in categorical.T)})).numpy()
+    served = tf.saved_model.load(str(exported)).signatures["serving_default"](
+        numerical_features=tf.constant(numerical), categorical_features=tf.constant(categorical))
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-5)
+    np.save(tmp_path / "num.npy", numerical)
+    np.save(tmp_path / "cat.npy", categorical)
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    out_dir = tmp_path / "cli_out"
+    assert_ok(subprocess.run([cli, "run", "--dir", str(exported), "--tag_set", "serve", "--signature_def",
+                              "serving_default", "--inputs",
+                              f"numerical_features={tmp_path / 'num.npy'};categorical_features={tmp_path / 'cat.npy'}",
+                              "--outdir", str(out_dir)], capture_output=True, text=True, env=launch_env(),
+                             timeout=300))
+    np.testing.assert_allclose(np.load(out_dir / "probabilities.npy"), expected, rtol=1e-5)
+
+    assert_ok(main_py(SMALL + ["--mode", "eval", "--saved_model_input_path", str(exported),
+                               "--log_path", str(tmp_path / "s.json")]))
+    assert final_record(tmp_path / "s.json")["auc"] == pytest.approx(evaluation["auc"], abs=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_resumed_run_ends_with_the_same_weights(tmp_path, optimizer):
+    common = SMALL + ["--optimizer", optimizer, "--deterministic", "--epochs", "2",
+                      "--learning_rate", "0.05" if optimizer == "sgd" else "0.01"]
+    assert_ok(main_py(common + ["--save_checkpoint_path", str(tmp_path / "full")]))
+    assert_ok(main_py(common + ["--max_steps", "17", "--save_checkpoint_path", str(tmp_path / "part")]))
+    assert checkpoint.resolve(str(tmp_path / "part")).endswith("step_000000017")
+    assert_ok(main_py(common + ["--restore_checkpoint_path", str(tmp_path / "part"),
+                                "--save_checkpoint_path", str(tmp_path / "resumed")]))
+    full, resumed = checkpoint_arrays(tmp_path / "full"), checkpoint_arrays(tmp_path / "resumed")
+    assert full.keys() == resumed.keys() and any(".m.npy" in k for k in full) == (optimizer == "adam")
+    for name in full:
+        np.testing.assert_array_equal(full[name], resumed[name], err_msg=name)
+    assert int(full["state/lr_schedule_step.npy"]) == 24
+
+
+def test_restoring_a_different_model_lists_the_mismatch(tmp_path):
+    assert_ok(main_py(SMALL + ["--max_steps", "2", "--save_checkpoint_path", str(tmp_path / "c")]))
+    result = main_py([a if a != "16,8" else "16,4" for a in SMALL]
+                     + ["--embedding_dim", "4", "--mode", "eval", "--restore_checkpoint_path", str(tmp_path / "c")])
+    assert result.returncode != 0
+    assert "different model" in result.stderr and "embedding_dim: checkpoint 8, current 4" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_keep_last_k_checkpoints(tmp_path):
+    assert_ok(main_py(SMALL + ["--checkpoint_every_n_steps", "3", "--keep_checkpoints", "2",
+                               "--save_checkpoint_path", str(tmp_path / "c")]))
+    names = [os.path.basename(p) for p in checkpoint.list_checkpoints(str(tmp_path / "c"))]
+    assert names == ["step_000000009", "step_000000012"]
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    root = tmp_path / "c"
+    result = main_py(SMALL + ["--learning_rate", "1e30", "--warmup_steps", "1000000", "--max_steps", "10",
+                              "--checkpoint_every_n_steps", "1", "--save_checkpoint_path", str(root)])
+    assert result.returncode != 0
+    assert "error:" in result.stderr and ("NaN" in result.stderr or "nan" in result.stderr)
+    found = checkpoint.list_checkpoints(str(root))
+    assert found and not glob.glob(f"{root}/.tmp-*")
+    for path in found:
+        for name, array in checkpoint_arrays(path).items():
+            assert np.isfinite(array).all(), name
+    assert_ok(main_py(SMALL + ["--mode", "eval", "--restore_checkpoint_path", str(root)]))
+
+
+def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    root = tmp_path / "c"
+    big = ["--synthetic_dataset_cardinalities", "3000000,20", "--embedding_dim", "8",
+           "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--dot_interaction", "tensorflow",
+           "--dataset_type", "synthetic", "--synthetic_dataset_num_numerical_features", "5",
+           "--synthetic_dataset_train_batches", "50", "--synthetic_dataset_valid_batches", "1",
+           "--batch_size", "64", "--valid_batch_size", "64", "--print_freq", "1000"]
+    process = subprocess.Popen([sys.executable, "main.py", *big, "--checkpoint_every_n_steps", "1",
+                                "--keep_checkpoints", "5", "--save_checkpoint_path", str(root)],
+                               cwd=REPO_ROOT, env=launch_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if checkpoint.list_checkpoints(str(root)) and glob.glob(f"{root}/.tmp-*/embeddings/*"):
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("no save in progress was observed")
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert glob.glob(f"{root}/.tmp-*"), "the kill should have interrupted a save"
+    latest = checkpoint.resolve(str(root))
+    assert all(os.path.isfile(os.path.join(p, checkpoint.MANIFEST)) for p in glob.glob(f"{root}/step_*"))
+    assert_ok(main_py(big + ["--mode", "eval", "--restore_checkpoint_path", str(root)]))
+    assert latest == checkpoint.resolve(str(root))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--amp", "--fp16"], "--amp and --fp16 are mutually exclusive"),
+    (["--dot_interaction", "custom_cuda", "--cpu"], "--dot_interaction custom_cuda needs a GPU"),
+    (["--mode", "deploy"], "--mode deploy needs --saved_model_output_path"),
+    (["--bottom_mlp_dims", "16,4"], "--embedding_dim"),
+    (["--top_mlp_dims", "16,x"], "--top_mlp_dims must be a comma-separated list of integers"),
+    (["--valid_batch_size", "0"], "--valid_batch_size must be positive"),
+    (["--restore_checkpoint_path", "/nonexistent/ckpt"], "/nonexistent/ckpt: no checkpoint found"),
+    (["--dataset_type", "tf_raw"], "--dataset_path is required"),
+])
+def test_bad_flags_give_one_clear_error(tmp_path, args, message):
+    result = main_py(SMALL + args + ["--log_path", str(tmp_path / "log.json")], timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_two_process_data_parallel_matches_one_process(tmp_path, transport):
+    args = SMALL + ["--deterministic", "--max_steps", "6", "--cpu"]
+    assert_ok(main_py(args + ["--save_checkpoint_path", str(tmp_path / "one"), "--log_path", str(tmp_path / "1.json")]))
+    result = run_horovod(["main.py", *args, "--save_checkpoint_path", str(tmp_path / "two"),
+                          "--log_path", str(tmp_path / "2.json")], np=2, transport=transport)
+    assert_ok(result)
+    one, two = checkpoint_arrays(tmp_path / "one"), checkpoint_arrays(tmp_path / "two")
+    for name in one:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert final_record(tmp_path / "2.json")["auc"] == pytest.approx(final_record(tmp_path / "1.json")["auc"], abs=1e-4)

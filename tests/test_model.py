@@ -1,0 +1,142 @@
+"""Unit tests of the model pieces: metrics, LR schedule, optimizers, embeddings, the network."""
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.metrics import log_loss, roc_auc_score
+
+import embedding
+import metrics
+from lr_scheduler import LearningRateScheduler, learning_rate_at
+from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
+from optimizers import SGD, Adam, make_optimizers
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_auc_matches_sklearn_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, 20000)
+    scores = np.round(rng.normal(labels * 0.7, 1.0), 1).astype(np.float32)  # many ties
+    assert abs(metrics.exact_auc(labels, scores) - roc_auc_score(labels, scores)) < 1e-6
+
+
+def test_threshold_auc_and_log_loss():
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, 50000).astype(np.float32)
+    logits = rng.normal(labels - 0.5, 1.0).astype(np.float32)
+    exact = metrics.exact_auc(labels, logits)
+    assert abs(metrics.threshold_auc(labels, logits, 8000) - exact) < 2e-3
+    probabilities = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    assert abs(metrics.log_loss_from_logits(labels, logits) - log_loss(labels, probabilities)) < 1e-6
+    assert math.isnan(metrics.exact_auc(np.ones(4), np.arange(4)))
+
+
+def test_learning_rate_schedule_warmup_decay_and_clamp():
+    def lr(step):
+        return float(learning_rate_at(step, 24.0, warmup_steps=8000, decay_start_step=48000, decay_steps=24000))
+
+    assert lr(0) == 0.0
+    assert lr(4000) == pytest.approx(12.0)
+    assert lr(8000) == pytest.approx(24.0) and lr(47999) == pytest.approx(24.0)
+    assert lr(60000) == pytest.approx(24.0 * 0.25)
+    assert lr(72000) == 0.0 and lr(90000) == 0.0  # the reference rose again here
+    scheduler = LearningRateScheduler(1.0, 2, 4, 2)
+    assert [float(scheduler.advance()) for _ in range(7)] == pytest.approx([0, 0.5, 1, 1, 1, 0.25, 0])
+    assert int(scheduler.step.numpy()) == 7
+
+
+def test_lazy_adam_updates_only_touched_rows_and_matches_dense_adam():
+    table = tf.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+    dense_copy = tf.Variable(table.numpy())
+    lazy, dense = Adam(name="lazy"), Adam(name="dense")
+    lazy.build([table])
+    dense.build([dense_copy])
+    ids = tf.constant([1, 4, 1])
+    with tf.GradientTape(persistent=True) as tape:
+        loss = tf.reduce_sum(tf.gather(table, ids) ** 2)
+        dense_loss = tf.reduce_sum(tf.gather(tf.convert_to_tensor(dense_copy), ids) ** 2)
+    sparse_grad = tape.gradient(loss, table)
+    assert isinstance(sparse_grad, tf.IndexedSlices)
+    lazy.apply([(sparse_grad, table)], 0.1)
+    dense.apply([(tape.gradient(dense_loss, dense_copy), dense_copy)], 0.1)
+    before = np.arange(12, dtype=np.float32).reshape(6, 2)
+    untouched = [0, 2, 3, 5]
+    np.testing.assert_array_equal(table.numpy()[untouched], before[untouched])
+    np.testing.assert_allclose(table.numpy()[[1, 4]], dense_copy.numpy()[[1, 4]], rtol=1e-6)
+    assert not np.allclose(table.numpy()[[1, 4]], before[[1, 4]])
+
+
+def test_sgd_sparse_and_dense_agree():
+    a = tf.Variable(np.ones((4, 3), np.float32))
+    b = tf.Variable(np.ones((4, 3), np.float32))
+    sgd = SGD()
+    grad = tf.IndexedSlices(tf.constant([[1.0, 2.0, 3.0]]), tf.constant([2]), tf.constant([4, 3]))
+    sgd.apply([(grad, a), (tf.convert_to_tensor(grad), b)], 0.5)
+    np.testing.assert_allclose(a.numpy(), b.numpy())
+    shared_dense, shared_embedding = make_optimizers("sgd")
+    assert shared_dense is shared_embedding
+    dense_opt, embedding_opt = make_optimizers("adam")
+    assert dense_opt is not embedding_opt
+
+
+def _batch(config, batch=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return {NUMERICAL_KEY: tf.constant(rng.random((batch, config.num_numerical_features)), tf.float32),
+            CATEGORICAL_KEY: tuple(tf.constant(rng.integers(0, c, batch), tf.int32) for c in config.cardinalities)}
+
+
+def _config(**overrides):
+    base = dict(num_numerical_features=5, cardinalities=[7, 30, 3, 12], embedding_dim=8,
+                bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="tensorflow")
+    base.update(overrides)
+    return DlrmConfig(**base)
+
+
+def _copy_weights(source: Dlrm, target: Dlrm) -> None:
+    for s, t in zip(source.table_slices(), target.table_slices()):
+        t.variable[t.row_start:t.row_end].assign(s.variable[s.row_start:s.row_end])
+    targets = target.dense_weight_map()
+    for name, variable in source.dense_weight_map().items():
+        targets[name].assign(variable)
+
+
+def test_embedding_implementations_and_cpu_offload_give_the_same_output():
+    tf.keras.utils.set_random_seed(1)
+    reference = Dlrm(_config(embedding_type="multitable"))
+    reference.build_weights()
+    batch = _batch(reference.config)
+    expected = reference(batch).numpy()
+    budget = sum(embedding.table_bytes(rows, 8, tf.float32) for rows in (3, 7, 12))
+    for overrides in ({"embedding_type": "fused"}, {"embedding_device_budget_bytes": budget},
+                      {"embedding_device_budget_bytes": 0, "cpu_embedding_type": "fused"}):
+        other = Dlrm(_config(**overrides))
+        other.build_weights()
+        _copy_weights(reference, other)
+        np.testing.assert_allclose(other(batch).numpy(), expected, rtol=1e-6)
+    split = Dlrm(_config(embedding_device_budget_bytes=budget))
+    assert split.embedding.placement() == ["device", "cpu", "device", "device"]
+
+
+def test_network_shapes_initialisers_and_frozen_embeddings():
+    tf.keras.utils.set_random_seed(2)
+    model = Dlrm(_config(embedding_trainable=False))
+    model.build_weights()
+    assert model(_batch(model.config)).shape == (5, 1)
+    assert model.embedding_variables == []
+    first_bottom = model.bottom_mlp.dense_layers[0]
+    assert first_bottom.kernel.shape == (8, 16)  # 5 numericals padded to 8
+    first_top = model.top_mlp.dense_layers[0]
+    assert first_top.kernel.shape == (8 + 10 + 6, 16)  # [bottom 8, 5*4/2 dots, padding to 24]
+    assert model.top_mlp.dense_layers[-1].activation.__name__ == "linear"
+    assert all(layer.activation.__name__ == "relu" for layer in model.bottom_mlp.dense_layers)
+    for table in model.table_slices():
+        values = table.variable[table.row_start:table.row_end].numpy()
+        assert np.abs(values).max() <= math.sqrt(1.0 / (table.row_end - table.row_start)) + 1e-7
+
+
+def test_config_validation_names_the_flag():
+    with pytest.raises(ValueError, match="--embedding_dim"):
+        _config(bottom_mlp_dims=[16, 4]).validate()
+    with pytest.raises(ValueError, match="--top_mlp_dims"):
+        _config(top_mlp_dims=[16, 2]).validate()
