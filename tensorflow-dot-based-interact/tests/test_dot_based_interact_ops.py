@@ -6,43 +6,34 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_dot_based_interact as dbi
+from harness.numpy_reference import interaction_reference, max_scaled_error, output_width
 
 pytestmark = pytest.mark.skipif(not dbi.is_built(), reason="op library not built: run `make cpu`")
 
 
-def reference(values: np.ndarray, upstream: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Output, input gradient and bottom-MLP gradient of the unified layout, in float64."""
-    values = values.astype(np.float64)
-    upstream = upstream.astype(np.float64)
-    batch, num_vectors, dim = values.shape
-    rows, cols = np.tril_indices(num_vectors, k=-1)
-    gram = np.einsum("bid,bjd->bij", values, values)
-    output = np.zeros((batch, upstream.shape[1]))
-    output[:, :dim] = values[:, 0, :]
-    output[:, dim:dim + rows.size] = gram[:, rows, cols]
-    pair_grads = np.zeros((batch, num_vectors, num_vectors))
-    pair_grads[:, rows, cols] = upstream[:, dim:dim + rows.size]
-    symmetric = pair_grads + pair_grads.transpose(0, 2, 1)
-    return output, np.einsum("bij,bjd->bid", symmetric, values), upstream[:, :dim]
-
-
-@pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-5), (np.float16, 2e-3)])
+@pytest.mark.parametrize("dtype, tolerance", [(np.float32, 1e-5), (np.float16, 2e-3)])
 @pytest.mark.parametrize("shape", [(5, 27, 128), (3, 7, 13), (2, 40, 260), (4, 1, 8)])
-def test_forward_and_gradients_match_numpy(shape: tuple[int, int, int], dtype: type, rtol: float) -> None:
+@pytest.mark.parametrize("separate_bottom", [False, True], ids=["row0", "separate_bottom"])
+def test_forward_and_gradients_match_numpy(shape: tuple[int, int, int], dtype: type, tolerance: float,
+                                           separate_bottom: bool) -> None:
     rng = np.random.default_rng(0)
     values = rng.uniform(-1, 1, shape).astype(dtype)
-    width = -(-(shape[2] + shape[1] * (shape[1] - 1) // 2) // 8) * 8
-    upstream = rng.uniform(-1, 1, (shape[0], width)).astype(dtype)
+    upstream = rng.uniform(-1, 1, (shape[0], output_width(shape[1], shape[2]))).astype(dtype)
+    output, grad, bottom_grad = interaction_reference(values, upstream)
     inputs, bottom = tf.constant(values), tf.constant(values[:, 0, :])
     with tf.GradientTape() as tape:
         tape.watch([inputs, bottom])
-        output = dbi.dot_based_interact(inputs, bottom)
-        loss = tf.reduce_sum(output * upstream)
-    grad, bottom_grad = tape.gradient(loss, [inputs, bottom])
-    for actual, expected in zip((output, grad, bottom_grad), reference(values, upstream)):
+        op_output = dbi.dot_based_interact(inputs, bottom if separate_bottom else None)
+        loss = tf.reduce_sum(op_output * upstream)
+    op_grad, op_bottom_grad = tape.gradient(loss, [inputs, bottom])
+    if separate_bottom:
+        grad[:, 0, :] -= bottom_grad  # the pass-through goes to the separate tensor instead
+        np.testing.assert_array_equal(op_bottom_grad, upstream[:, :shape[2]])
+    else:
+        assert op_bottom_grad is None
+    for actual, expected in ((op_output, output), (op_grad, grad)):
         assert actual.dtype == dtype
-        scale = float(np.sqrt(np.mean(np.square(expected)))) or 1.0
-        np.testing.assert_allclose(actual.numpy().astype(np.float64), expected, rtol=rtol, atol=rtol * scale)
+        assert max_scaled_error(actual.numpy(), expected) <= tolerance
 
 
 def test_shape_inference_gives_static_width() -> None:
