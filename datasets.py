@@ -3,8 +3,8 @@
 The reader serves one mapping (`train` or `test`) of a split-binary dataset as a tf.data
 pipeline of prebatched reads: for batch k it `pread`s, from every file the rank needs, exactly
 the bytes of that batch (the global batch of the categorical features it owns, its local slice
-of the numerical features and labels) straight into 64-byte aligned numpy buffers, which
-TensorFlow adopts without a copy, then decodes them in the graph (float16 -> compute dtype,
+of the numerical features and labels) straight into 64-byte aligned views of a recycled arena,
+which TensorFlow adopts without a copy, then decodes them in the graph (float16 -> compute dtype,
 bool -> float32, int8/int16 -> int32).
 
 The synthetic data comes from a fixed random "teacher" (see `SyntheticTeacher`), so a model
@@ -20,7 +20,7 @@ import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -39,15 +39,6 @@ class DataError(ValueError):
 def local_slice(global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
     """Rows [lo, hi) of a global batch that `rank` owns; the one formula used everywhere."""
     return (rank * global_batch) // world_size, ((rank + 1) * global_batch) // world_size
-
-
-def aligned_empty(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array whose data is BUFFER_ALIGNMENT-aligned (so TF need not copy it)."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % BUFFER_ALIGNMENT
-    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
 class _ArenaPool:
@@ -72,7 +63,7 @@ class _ArenaPool:
                 # References: the pool's list, this loop variable and getrefcount's argument.
                 if sys.getrefcount(arena) == 3:
                     return arena
-            arena = aligned_empty((self.arena_bytes,), np.uint8).base
+            arena = np.empty(self.arena_bytes, dtype=np.uint8)
             if len(self._arenas) < self.MAX_POOLED:
                 self._arenas.append(arena)
             return arena
@@ -167,7 +158,7 @@ class SplitBinaryReader:
         categorical_first, categorical_rows = ((local_first, local_rows)
                                                if self.data_parallel_categoricals else (start, size))
         arena = self._pool.acquire()
-        cursor = (-arena.ctypes.data) % BUFFER_ALIGNMENT
+        cursor = (-arena.ctypes.data) % BUFFER_ALIGNMENT  # the arena has that much slack
 
         def carve(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
             nonlocal cursor
@@ -287,9 +278,9 @@ class SplitBinaryWriter:
                                   f"overwrite or append (pass --overwrite to replace them)")
         os.makedirs(self.destination, exist_ok=True)
         self._staging = tempfile.mkdtemp(prefix=".staging-", dir=self.destination)
-        self._files: Dict[str, object] = {}
+        self._files: Dict[str, BinaryIO] = {}
 
-    def _file(self, mapping: str, feature: str):
+    def _file(self, mapping: str, feature: str) -> BinaryIO:
         relative = next(chunk[FILES_SELECTOR][0] for chunk in self.spec.source_spec[mapping]
                         if feature in chunk[FEATURES_SELECTOR])
         if relative not in self._files:
