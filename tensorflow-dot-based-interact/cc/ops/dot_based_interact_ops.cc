@@ -22,29 +22,28 @@ tensorflow::Status OutputWidthDim(InferenceContext* context, ShapeHandle input, 
   return tensorflow::OkStatus();
 }
 
+// Checks input [B, F, D] and a second operand [B, ?]; returns both and the merged batch dim.
+tensorflow::Status InputsAndBatch(InferenceContext* context, ShapeHandle* input, ShapeHandle* second,
+                                  DimensionHandle* batch) {
+  TF_RETURN_IF_ERROR(context->WithRank(context->input(0), 3, input));
+  TF_RETURN_IF_ERROR(context->WithRank(context->input(1), 2, second));
+  return context->Merge(context->Dim(*input, 0), context->Dim(*second, 0), batch);
+}
+
 tensorflow::Status ForwardShape(InferenceContext* context) {
-  ShapeHandle input;
-  ShapeHandle bottom;
-  TF_RETURN_IF_ERROR(context->WithRank(context->input(0), 3, &input));
-  TF_RETURN_IF_ERROR(context->WithRank(context->input(1), 2, &bottom));
-  DimensionHandle batch;
-  DimensionHandle dim;
-  TF_RETURN_IF_ERROR(context->Merge(context->Dim(input, 0), context->Dim(bottom, 0), &batch));
+  ShapeHandle input, bottom;
+  DimensionHandle batch, dim, width;
+  TF_RETURN_IF_ERROR(InputsAndBatch(context, &input, &bottom, &batch));
   TF_RETURN_IF_ERROR(context->Merge(context->Dim(input, 2), context->Dim(bottom, 1), &dim));
-  DimensionHandle width;
   TF_RETURN_IF_ERROR(OutputWidthDim(context, input, &width));
   context->set_output(0, context->Matrix(batch, width));
   return tensorflow::OkStatus();
 }
 
 tensorflow::Status GradShape(InferenceContext* context) {
-  ShapeHandle input;
-  ShapeHandle upstream;
-  TF_RETURN_IF_ERROR(context->WithRank(context->input(0), 3, &input));
-  TF_RETURN_IF_ERROR(context->WithRank(context->input(1), 2, &upstream));
-  DimensionHandle batch;
-  TF_RETURN_IF_ERROR(context->Merge(context->Dim(input, 0), context->Dim(upstream, 0), &batch));
-  DimensionHandle width;
+  ShapeHandle input, upstream;
+  DimensionHandle batch, width;
+  TF_RETURN_IF_ERROR(InputsAndBatch(context, &input, &upstream, &batch));
   TF_RETURN_IF_ERROR(OutputWidthDim(context, input, &width));
   TF_RETURN_IF_ERROR(context->Merge(context->Dim(upstream, 1), width, &width));
   context->set_output(0, input);

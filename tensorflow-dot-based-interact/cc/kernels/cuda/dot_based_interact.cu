@@ -49,25 +49,33 @@ __device__ __forceinline__ void PairOfIndex(int64_t p, int64_t* i, int64_t* j) {
 
 // ---- SIMT kernels: any shape, fp32 arithmetic, global loads (a sample stays in L1) ----------
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) ForwardSimtKernel(InteractShape shape, const T* __restrict__ input,
-                                                              T* __restrict__ output) {
-  const T* sample = input + blockIdx.x * shape.num_vectors * shape.dim;
-  T* row = output + blockIdx.x * shape.output_width;
+// Writes one output row: row 0 of the sample, pair_value(i, j) for each pair, zero padding.
+template <typename T, typename PairValue>
+__device__ void WriteOutputRow(const InteractShape& shape, const T* row0, PairValue pair_value, T* row) {
   const int64_t pairs_end = shape.dim + NumPairs(shape.num_vectors);
   for (int64_t column = threadIdx.x; column < shape.output_width; column += blockDim.x) {
     if (column < shape.dim) {
-      row[column] = sample[column];
+      row[column] = row0[column];
     } else if (column < pairs_end) {
       int64_t i, j;
       PairOfIndex(column - shape.dim, &i, &j);
-      float sum = 0.0f;
-      for (int64_t d = 0; d < shape.dim; ++d) sum += ToFloat(sample[i * shape.dim + d]) * ToFloat(sample[j * shape.dim + d]);
-      row[column] = FromFloat<T>(sum);
+      row[column] = FromFloat<T>(pair_value(i, j));
     } else {
       row[column] = FromFloat<T>(0.0f);
     }
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ForwardSimtKernel(InteractShape shape, const T* __restrict__ input,
+                                                              T* __restrict__ output) {
+  const T* sample = input + blockIdx.x * shape.num_vectors * shape.dim;
+  const auto dot = [&](int64_t i, int64_t j) {
+    float sum = 0.0f;
+    for (int64_t d = 0; d < shape.dim; ++d) sum += ToFloat(sample[i * shape.dim + d]) * ToFloat(sample[j * shape.dim + d]);
+    return sum;
+  };
+  WriteOutputRow(shape, sample, dot, output + blockIdx.x * shape.output_width);
 }
 
 template <typename T>
@@ -176,19 +184,8 @@ __global__ void __launch_bounds__(kThreads) ForwardTensorCoreKernel(InteractShap
                                     kGramStride);
   }
   __syncthreads();
-  T* row = output + blockIdx.x * shape.output_width;
-  const int64_t pairs_end = shape.dim + NumPairs(shape.num_vectors);
-  for (int64_t column = threadIdx.x; column < shape.output_width; column += blockDim.x) {
-    if (column < shape.dim) {
-      row[column] = sample_tile[column];
-    } else if (column < pairs_end) {
-      int64_t i, j;
-      PairOfIndex(column - shape.dim, &i, &j);
-      row[column] = FromFloat<T>(gram[i * kGramStride + j]);
-    } else {
-      row[column] = FromFloat<T>(0.0f);
-    }
-  }
+  const auto gram_entry = [&](int64_t i, int64_t j) { return gram[i * kGramStride + j]; };
+  WriteOutputRow(shape, sample_tile, gram_entry, output + blockIdx.x * shape.output_width);
 }
 
 template <typename T>
