@@ -75,7 +75,9 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
 
     `local_categorical_ids` are indices into `feature_spec.categorical_names` that this rank
     owns (None: all). With `data_parallel_input` the rank reads its local slice of those features,
-    otherwise their whole global batch. Batch sizes are global.
+    otherwise their whole global batch. Batch sizes are global. `validate_data` reads every
+    categorical file once to check its ids against the cardinality (tf_raw only). Synthetic data
+    is drawn in memory from the teacher of `datasets.SyntheticTeacher` (batch order fixed).
     """
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
