@@ -455,7 +455,7 @@ class SyntheticSplit:
     teacher_auc: Optional[float]
 
 
-MAX_SYNTHETIC_POOL_BYTES = 256 << 20
+MAX_SYNTHETIC_POOL_BYTES = 64 << 20  # per split; beyond it the distinct batches cycle
 
 
 def make_synthetic_split(teacher: SyntheticTeacher, global_batch_size: int, num_batches: int,

@@ -228,6 +228,18 @@ def test_synthetic_rank_slices_match_the_global_batch():
         np.testing.assert_array_equal(part["categorical_0"], whole[f"categorical_{r}"])
 
 
+def test_synthetic_pool_cycles_when_the_batches_do_not_fit():
+    teacher = datasets.SyntheticTeacher(2, [50, 60], seed=1)
+    sample_bytes = 2 * 2 + 1 + 4 * 2
+    split = datasets.make_synthetic_split(teacher, 100, 7, np.random.default_rng(0),
+                                          max_pool_bytes=3 * 100 * sample_bytes)
+    assert split.labels.shape == (3, 100) and split.num_batches == 7
+    epoch = collect_epoch(datasets.synthetic_dataset(split, [0, 1], 0, 1, False, tf.float32))
+    assert len(epoch["labels"]) == 700
+    np.testing.assert_array_equal(epoch["categorical_1"][:300], epoch["categorical_1"][300:600])
+    np.testing.assert_array_equal(epoch["categorical_1"][600:], epoch["categorical_1"][:100])
+
+
 def test_synthetic_dimensions_from_a_feature_spec(tmp_path):
     get_default_feature_spec(2, [40, 50], str(tmp_path)).to_yaml()
     pipelines = synthetic(dataset_path=str(tmp_path), use_feature_spec=True)
