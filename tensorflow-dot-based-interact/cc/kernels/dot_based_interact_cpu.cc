@@ -63,18 +63,37 @@ DBI_INLINE void HorizontalSums4(const Vec* v, float* sums) {
   sums[3] = totals[3];
 }
 
-// out[r * out_stride + c] = dot(a_r, b_c) for kA rows from `a` and kB rows from `b` (row stride
-// `dim`): each loaded chunk feeds several accumulators, so loads stay below the FMAs.
+// dot(a_r, b_c) for kA rows from `a` and kB rows from `b` (row stride `dim`), written into
+// consecutive rows of the packed lower triangle: row r starts at out + r * first_row_length +
+// NumPairs(r), as each triangle row is one longer than the one before. Each loaded chunk feeds
+// several accumulators, so loads stay below the FMAs. Small
+// blocks also split D over kSplit accumulator sets, so that at least 8 independent FMA chains
+// hide the FMA latency.
 template <int kA, int kB>
-DBI_INLINE void DotBlock(const float* a, const float* b, int64_t dim, float* out, int64_t out_stride) {
-  Vec sums[kA][kB] = {};
+DBI_INLINE void DotBlock(const float* a, const float* b, int64_t dim, float* out, int64_t first_row_length) {
+  constexpr int kSplit = kA * kB >= 8 ? 1 : 8 / (kA * kB);
+  Vec split_sums[kSplit][kA][kB] = {};
   int64_t d = 0;
+  for (; d + kSplit * kLanes <= dim; d += kSplit * kLanes) {
+    for (int part = 0; part < kSplit; ++part) {
+      Vec b_chunks[kB];
+      for (int c = 0; c < kB; ++c) b_chunks[c] = Load(b + c * dim + d + part * kLanes);
+      for (int r = 0; r < kA; ++r) {
+        const Vec a_chunk = Load(a + r * dim + d + part * kLanes);
+        for (int c = 0; c < kB; ++c) split_sums[part][r][c] += a_chunk * b_chunks[c];
+      }
+    }
+  }
   for (; d + kLanes <= dim; d += kLanes) {
-    Vec b_chunks[kB];
-    for (int c = 0; c < kB; ++c) b_chunks[c] = Load(b + c * dim + d);
     for (int r = 0; r < kA; ++r) {
-      const Vec a_chunk = Load(a + r * dim + d);
-      for (int c = 0; c < kB; ++c) sums[r][c] += a_chunk * b_chunks[c];
+      for (int c = 0; c < kB; ++c) split_sums[0][r][c] += Load(a + r * dim + d) * Load(b + c * dim + d);
+    }
+  }
+  Vec sums[kA][kB];
+  for (int r = 0; r < kA; ++r) {
+    for (int c = 0; c < kB; ++c) {
+      sums[r][c] = split_sums[0][r][c];
+      for (int part = 1; part < kSplit; ++part) sums[r][c] += split_sums[part][r][c];
     }
   }
   for (int r = 0; r < kA; ++r) {
@@ -86,7 +105,7 @@ DBI_INLINE void DotBlock(const float* a, const float* b, int64_t dim, float* out
     }
     for (int c = 0; c < kB; ++c) {
       for (int64_t tail = d; tail < dim; ++tail) totals[c] += a[r * dim + tail] * b[c * dim + tail];
-      out[r * out_stride + c] = totals[c];
+      out[r * first_row_length + NumPairs(r) + c] = totals[c];
     }
   }
 }
@@ -103,15 +122,20 @@ DBI_INLINE void DotRowsWithEarlier(const float* sample, int64_t i, int64_t dim, 
 }
 
 // pairs[PairColumn(0, i, j)] = dot(x_i, x_j) for all i > j, from one [F, D] fp32 sample.
-// Rows go two at a time; the pair (i+1, i) that only the second row has is done on its own.
+// Rows go three at a time against all earlier rows; the three pairs inside a group follow.
 DBI_MULTIVERSIONED
 void SamplePairs(const float* sample, int64_t num_vectors, int64_t dim, float* pairs) {
   int64_t i = 1;
-  for (; i + 2 <= num_vectors; i += 2) {
+  for (; i + 3 <= num_vectors; i += 3) {
+    DotRowsWithEarlier<3>(sample, i, dim, pairs);
+    DotBlock<2, 1>(sample + (i + 1) * dim, sample + i * dim, dim, pairs + NumPairs(i + 1) + i, i + 1);
+    DotBlock<1, 1>(sample + (i + 2) * dim, sample + (i + 1) * dim, dim, pairs + NumPairs(i + 2) + i + 1, 0);
+  }
+  if (num_vectors - i == 2) {
     DotRowsWithEarlier<2>(sample, i, dim, pairs);
     DotBlock<1, 1>(sample + (i + 1) * dim, sample + i * dim, dim, pairs + NumPairs(i + 1) + i, 0);
   }
-  if (i < num_vectors) DotRowsWithEarlier<1>(sample, i, dim, pairs);
+  if (num_vectors - i == 1) DotRowsWithEarlier<1>(sample, i, dim, pairs);
 }
 
 // out rows r < kRows = sum over p of coefficients[r * F + p] * x_p, for columns
@@ -165,12 +189,14 @@ void SampleGrad(const float* sample, const float* pair_grads, int64_t num_vector
       coefficients[j * num_vectors + i] = pair_grad;
     }
   }
-  constexpr int kRows = 2;
+  constexpr int kRows = 3;
   int64_t k = 0;
   for (; k + kRows <= num_vectors; k += kRows) {
     CombineAllColumns<kRows>(coefficients + k * num_vectors, sample, num_vectors, dim, grad + k * dim);
   }
-  if (k < num_vectors) CombineAllColumns<1>(coefficients + k * num_vectors, sample, num_vectors, dim, grad + k * dim);
+  const float* last_coefficients = coefficients + k * num_vectors;
+  if (num_vectors - k == 2) CombineAllColumns<2>(last_coefficients, sample, num_vectors, dim, grad + k * dim);
+  if (num_vectors - k == 1) CombineAllColumns<1>(last_coefficients, sample, num_vectors, dim, grad + k * dim);
 }
 
 // Half <-> fp32 conversions through _Float16, which the x86-64-v3+ clones vectorise (F16C).
@@ -213,6 +239,14 @@ void StoreAs(const float* values, int64_t count, T* destination) {
   }
 }
 
+// Asks for the next sample's cache lines while the current one is computed: a sample is a few
+// KB read once, which the hardware prefetcher alone streams in too late.
+template <typename T>
+void PrefetchSample(const T* sample, int64_t count) {
+  constexpr int64_t kLineElements = 64 / sizeof(T);
+  for (int64_t offset = 0; offset < count; offset += kLineElements) __builtin_prefetch(sample + offset);
+}
+
 // Runs `per_sample(begin, end)` over the batch on TF's intra-op thread pool.
 template <typename Work>
 void ShardBatch(tensorflow::OpKernelContext* context, const InteractShape& shape, Work per_sample) {
@@ -233,6 +267,7 @@ struct DotBasedInteractFunctor<Eigen::ThreadPoolDevice, T> {
       std::vector<float> widened(std::is_same_v<T, float> ? 0 : sample_size);
       std::vector<float> pairs(num_pairs);
       for (int64_t b = begin; b < end; ++b) {
+        if (b + 1 < end) PrefetchSample(input + (b + 1) * sample_size, sample_size);
         const T* sample = input + b * sample_size;
         T* row = output + b * shape.output_width;
         SamplePairs(AsFloat(sample, sample_size, widened.data()), shape.num_vectors, shape.dim, pairs.data());
@@ -255,6 +290,7 @@ struct DotBasedInteractGradFunctor<Eigen::ThreadPoolDevice, T> {
       std::vector<float> sample_grad(std::is_same_v<T, float> ? 0 : sample_size);
       std::vector<float> coefficients(shape.num_vectors * shape.num_vectors);
       for (int64_t b = begin; b < end; ++b) {
+        if (b + 1 < end) PrefetchSample(input + (b + 1) * sample_size, sample_size);
         const T* upstream_row = upstream_grad + b * shape.output_width;
         std::copy(upstream_row, upstream_row + shape.dim, bottom_mlp_grad + b * shape.dim);
         const float* sample = AsFloat(input + b * sample_size, sample_size, widened.data());
