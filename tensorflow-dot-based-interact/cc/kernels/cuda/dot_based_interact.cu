@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <cmath>
 #include <type_traits>
 
 #include "dot_based_interact_launchers.h"
@@ -38,9 +37,10 @@ __device__ __forceinline__ float PairGrad(const T* upstream_row, int64_t dim, in
   return k > p ? ToFloat(upstream_row[PairColumn(dim, k, p)]) : ToFloat(upstream_row[PairColumn(dim, p, k)]);
 }
 
-// (i, j), i > j, of the p-th strictly-lower pair in row-major order.
+// (i, j), i > j, of the p-th strictly-lower pair in row-major order. A float estimate of the
+// row (no FP64 on the hot path) is corrected exactly by the two loops.
 __device__ __forceinline__ void PairOfIndex(int64_t p, int64_t* i, int64_t* j) {
-  int64_t row = static_cast<int64_t>((1.0 + sqrt(1.0 + 8.0 * static_cast<double>(p))) / 2.0);
+  int64_t row = static_cast<int64_t>((1.0f + sqrtf(1.0f + 8.0f * static_cast<float>(p))) * 0.5f);
   while (NumPairs(row) > p) --row;
   while (NumPairs(row + 1) <= p) ++row;
   *i = row;
