@@ -87,8 +87,9 @@ def _interact_with_folded_bottom(inputs: tf.Tensor) -> tuple[tf.Tensor, Callable
     output = library.dot_based_interact(input=inputs, bottom_mlp_output=bottom)
 
     def gradient(upstream_grad: tf.Tensor) -> tf.Tensor:
-        grad, _ = library.dot_based_interact_grad(input=inputs, upstream_grad=upstream_grad,
-                                                  fold_bottom_mlp_grad=True)
+        with tf.device(output.device):  # where the forward ran (e.g. pinned to the CPU)
+            grad, _ = library.dot_based_interact_grad(input=inputs, upstream_grad=upstream_grad,
+                                                      fold_bottom_mlp_grad=True)
         return grad
 
     return output, gradient
