@@ -1,7 +1,7 @@
 """Dot interaction: the TF-ops layout against NumPy, and the compiled op against the TF ops.
 
 The op tests use the real compiled CPU kernel; they skip (with the reason) when the op library
-is not built, which CI never sees because `make setup` builds it.
+is not built, and fail instead under CI, where `make setup` builds it.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import interaction
+from multiproc import require
 
 FP32_RTOL = 1e-5
 # fp16: inputs are exact halves, so the op differs from an fp32 computation only by its final
@@ -114,9 +115,13 @@ def test_custom_cuda_without_gpu_gives_clear_error() -> None:
 
 # ---- the compiled op -------------------------------------------------------------------------
 
-requires_op = pytest.mark.skipif(
-    not interaction.custom_op_available(),
-    reason=f"custom interaction op not built: {interaction.BUILD_HINT}")
+@pytest.fixture
+def op_built() -> None:
+    """Skips (fails under CI, which builds the op) when the op library is not built."""
+    require(interaction.custom_op_available(), f"custom interaction op not built: {interaction.BUILD_HINT}")
+
+
+requires_op = pytest.mark.usefixtures("op_built")
 
 OP_SHAPES = [
     (16, 32, 32), (17, 31, 37), (15, 31, 37),           # the reference's base sets
