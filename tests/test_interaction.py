@@ -143,14 +143,26 @@ def forward_and_gradient(fn, inputs: tf.Tensor, upstream: tf.Tensor) -> tuple[tf
     return output, tape.gradient(loss, inputs)
 
 
-@requires_op
+@pytest.fixture(params=["custom_cpu", "custom_cuda"])
+def custom_implementation(request: pytest.FixtureRequest, op_built: None) -> str:
+    """Each compiled implementation; CUDA only where a GPU is present, with TF32 off (exact fp32)."""
+    if request.param == "custom_cuda":
+        if not interaction.custom_op_has_gpu():
+            pytest.skip("no GPU, or the op was built without CUDA kernels")
+        tf32_enabled = tf.config.experimental.tensor_float_32_execution_enabled()
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        request.addfinalizer(lambda: tf.config.experimental.enable_tensor_float_32_execution(tf32_enabled))
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("shape", OP_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_op_matches_tensorflow(shape: tuple[int, int, int], dtype: tf.DType) -> None:
+def test_op_matches_tensorflow(shape: tuple[int, int, int], dtype: tf.DType, custom_implementation: str) -> None:
     inputs = random_inputs(shape, dtype, seed=1)
     width = interaction.interaction_output_width(shape[1], shape[2])
     upstream = random_inputs((shape[0], width, 1), dtype, seed=2)[:, :, 0]
-    op_output, op_grad = forward_and_gradient(interaction.make_interaction("custom_cpu"), inputs, upstream)
+    op = interaction.make_interaction(custom_implementation)
+    op_output, op_grad = forward_and_gradient(op, inputs, upstream)
     # The reference runs in fp32 on the same (exact) values: fp16 error is then the op's alone.
     ref_output, ref_grad = forward_and_gradient(
         interaction.tensorflow_interaction, tf.cast(inputs, tf.float32), tf.cast(upstream, tf.float32))
