@@ -19,17 +19,17 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from embedding import TableSlice
+from embedding import TableView
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d{9})$")
-CHUNK_ROWS = 1 << 20
+CHUNK_ROWS = 1 << 18
 
 
 class CheckpointError(RuntimeError):
@@ -41,8 +41,8 @@ class TrainingState:
     """What a checkpoint holds, as variables to read from or assign to."""
     model_config: Dict[str, Any]
     feature_names: List[str]
-    tables: List[TableSlice]
-    table_slots: List[Dict[str, TableSlice]]
+    tables: List[TableView]
+    table_slots: List[Dict[str, TableView]]
     dense: Dict[str, tf.Variable]
     dense_slots: Dict[str, Dict[str, tf.Variable]]
     counters: Dict[str, tf.Variable]
@@ -56,44 +56,39 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _read_rows(table: TableSlice, start: int, end: int) -> np.ndarray:
-    return table.variable[table.row_start + start:table.row_start + end].numpy()
-
-
 def _require_finite(values: np.ndarray, what: str) -> None:
     if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
         raise CheckpointError(f"{what} holds NaN or Inf values; the checkpoint is not written")
 
 
-def _save_table(path: str, table: TableSlice, what: str) -> None:
-    """Write a table row chunk by row chunk into a .npy file (no whole-table copy in memory)."""
-    rows = table.row_end - table.row_start
-    dim = int(table.variable.shape[1])
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=table.variable.dtype.as_numpy_dtype,
-                                    shape=(rows, dim))
-    for start in range(0, rows, CHUNK_ROWS):
-        end = min(rows, start + CHUNK_ROWS)
-        chunk = _read_rows(table, start, end)
+def _save_table(path: Optional[str], table: TableView, what: str) -> None:
+    """Write a table chunk by chunk into a .npy file; every rank reads (a collective for sharded
+    tables), only the writer (path not None) writes."""
+    out = (np.lib.format.open_memmap(path, mode="w+", dtype=table.numpy_dtype, shape=(table.rows, table.dim))
+           if path else None)
+    for start in range(0, table.rows, CHUNK_ROWS):
+        end = min(table.rows, start + CHUNK_ROWS)
+        chunk = table.read_rows(start, end)
         _require_finite(chunk, what)
-        out[start:end] = chunk
-    out.flush()
-    del out
+        if out is not None:
+            out[start:end] = chunk
+    if out is not None:
+        out.flush()
+        del out
 
 
-def _load_table(path: str, table: TableSlice) -> None:
+def _load_table(path: str, table: TableView) -> None:
+    """Each rank reads row chunks from a memory map and keeps its own rows or columns."""
     array = np.load(path, mmap_mode="r", allow_pickle=False)
-    rows = table.row_end - table.row_start
-    expected = (rows, int(table.variable.shape[1]))
-    if array.shape != expected:
-        raise CheckpointError(f"{path}: shape {array.shape}, the model expects {expected}")
-    for start in range(0, rows, CHUNK_ROWS):
-        end = min(rows, start + CHUNK_ROWS)
-        chunk = np.asarray(array[start:end]).astype(table.variable.dtype.as_numpy_dtype, copy=False)
-        table.variable[table.row_start + start:table.row_start + end].assign(chunk)
+    if array.shape != (table.rows, table.dim):
+        raise CheckpointError(f"{path}: shape {array.shape}, the model expects {(table.rows, table.dim)}")
+    for start in range(0, table.rows, CHUNK_ROWS):
+        end = min(table.rows, start + CHUNK_ROWS)
+        table.write_rows(start, end, np.asarray(array[start:end]))
 
 
 def _state_files(state: TrainingState) -> List[Tuple[str, Any]]:
-    """(relative path, source) pairs: a TableSlice or a variable."""
+    """(relative path, source) pairs: a TableView or a variable."""
     files: List[Tuple[str, Any]] = []
     for i, table in enumerate(state.tables):
         files.append((f"embeddings/feature_{i}.npy", table))
@@ -108,28 +103,37 @@ def _state_files(state: TrainingState) -> List[Tuple[str, Any]]:
     return files
 
 
-def save(root: str, step: int, state: TrainingState, keep: int = 3) -> str:
-    """Write `<root>/step_<step>` atomically, then delete all but the newest `keep` checkpoints."""
+def save(root: str, step: int, state: TrainingState, keep: int = 3, writer: bool = True) -> str:
+    """Write `<root>/step_<step>` atomically, then delete all but the newest `keep` checkpoints.
+
+    Every rank calls it (sharded tables are gathered chunk by chunk); only the `writer` rank
+    touches the file system.
+    """
     final = os.path.join(root, f"step_{step:09d}")
     tmp = os.path.join(root, f".tmp-step_{step:09d}-{os.getpid()}")
-    os.makedirs(root, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    for sub in ("embeddings", "dense", "state"):
-        os.makedirs(os.path.join(tmp, sub))
+    if writer:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        for sub in ("embeddings", "dense", "state"):
+            os.makedirs(os.path.join(tmp, sub))
     entries = []
     try:
         for relative, source in _state_files(state):
             path = os.path.join(tmp, relative)
-            if isinstance(source, TableSlice):
-                _save_table(path, source, relative)
+            if isinstance(source, TableView):
+                _save_table(path if writer else None, source, relative)
             else:
                 value = source.numpy()
                 _require_finite(value, relative)
-                np.save(path, value, allow_pickle=False)
-            entries.append({"file": relative, "bytes": os.path.getsize(path), "sha256": _sha256(path)})
+                if writer:
+                    np.save(path, value, allow_pickle=False)
+            if writer:
+                entries.append({"file": relative, "bytes": os.path.getsize(path), "sha256": _sha256(path)})
     except CheckpointError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if not writer:
+        return final
     manifest = {"format_version": FORMAT_VERSION, "step": step, "model_config": state.model_config,
                 "feature_names": state.feature_names, "files": entries}
     with open(os.path.join(tmp, MANIFEST), "w") as f:
@@ -209,7 +213,7 @@ def restore(path: str, state: TrainingState, verify_checksums: bool = True) -> i
             raise CheckpointError(f"{file_path}: missing or truncated (expected {entry['bytes']} bytes)")
         if verify_checksums and _sha256(file_path) != entry["sha256"]:
             raise CheckpointError(f"{file_path}: checksum mismatch, the file is damaged")
-        if isinstance(source, TableSlice):
+        if isinstance(source, TableView):
             _load_table(file_path, source)
         else:
             value = np.load(file_path, allow_pickle=False)
@@ -226,8 +230,4 @@ def table_arrays(path: str) -> List[np.ndarray]:
     return [np.load(os.path.join(path, f"embeddings/feature_{i}.npy"), mmap_mode="r", allow_pickle=False)
             for i in range(len(manifest["feature_names"]))]
 
-
-def slot_slices(variable_slots: Dict[str, tf.Variable], table: TableSlice) -> Dict[str, TableSlice]:
-    """The optimizer slots of a table's variable, cut to the table's rows."""
-    return {name: TableSlice(slot, table.row_start, table.row_end) for name, slot in variable_slots.items()}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -18,12 +18,62 @@ import tensorflow as tf
 EMBEDDING_TYPES = ("multitable", "fused")
 
 
+VariableSelector = Callable[[tf.Variable], tf.Variable]
+
+
+class TableView:
+    """One whole table in global layout, whatever its storage (fused, sliced over ranks, ...).
+
+    `read_rows` returns full-width rows (a collective when the table is spread over ranks: every
+    rank must call it in the same order); `write_rows` stores full-width rows, each holder
+    keeping its own part.
+    """
+    rows: int
+    dim: int
+    numpy_dtype: np.dtype
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def write_rows(self, start: int, end: int, values: np.ndarray) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class TableSlice:
-    """Rows [row_start, row_end) of `variable` hold one whole table."""
+class TableSlice(TableView):
+    """Rows [row_start, row_end) of a local `variable` hold one whole table."""
     variable: tf.Variable
     row_start: int
     row_end: int
+
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
+
+    @property
+    def dim(self) -> int:
+        return int(self.variable.shape[1])
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(self.variable.dtype.as_numpy_dtype)
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        return self.variable[self.row_start + start:self.row_start + end].numpy()
+
+    def write_rows(self, start: int, end: int, values: np.ndarray) -> None:
+        self.variable[self.row_start + start:self.row_start + end].assign(values.astype(self.numpy_dtype, copy=False))
+
+    def select(self, selector: VariableSelector) -> "TableSlice":
+        """The same rows of another variable of the same shape (an optimizer slot)."""
+        return TableSlice(selector(self.variable), self.row_start, self.row_end)
+
+
+def copy_table(source: TableView, target: TableView, chunk_rows: int = 1 << 18) -> None:
+    """Copy one table between views (e.g. between embedding implementations), chunk by chunk."""
+    for start in range(0, source.rows, chunk_rows):
+        end = min(source.rows, start + chunk_rows)
+        target.write_rows(start, end, source.read_rows(start, end))
 
 
 def table_bytes(rows: int, dim: int, dtype: tf.DType) -> int:
@@ -176,6 +226,15 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
                 for table_id, table_slice in zip(ids, group.table_slices()):
                     slices[table_id] = table_slice
         return slices  # type: ignore[return-value]
+
+    def table_views(self, selector: Optional[VariableSelector] = None) -> List[TableView]:
+        """Every table (or, with `selector`, its optimizer slot) in feature order."""
+        return [t.select(selector) if selector else t for t in self.table_slices()]
+
+    @property
+    def model_parallel_variables(self) -> List[tf.Variable]:
+        """None: every table of this layer is whole on every rank (gradients are averaged)."""
+        return []
 
     def placement(self) -> List[str]:
         """'device' or 'cpu' for every table, in feature order (for start-up logging)."""

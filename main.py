@@ -77,12 +77,16 @@ flags.DEFINE_string("dist_strategy", "memory_balanced",
                     "Table placement for model-parallel embeddings: memory_balanced, basic, memory_optimized")
 flags.DEFINE_integer("column_slice_threshold", 10 * 1000 * 1000 * 1000,
                      "Tables with more elements are column-sliced across ranks (model-parallel embeddings)")
+flags.DEFINE_integer("data_parallel_threshold", None,
+                     "Tables with at most this many elements are replicated on every rank (data parallel)")
+flags.DEFINE_bool("data_parallel_input", False,
+                  "Every rank reads its local batch of all features and ids are exchanged; by default each "
+                  "rank reads the global batch of only the tables it holds")
+flags.DEFINE_bool("print_sharding_plan", False, "Print which rank holds which table or slice, and bytes per rank")
 flags.DEFINE_bool("shuffle_batch_order", False, "Shuffle the order of training batches (seeded)")
 flags.DEFINE_integer("seed", 12345, "Seed of weight initialisation, synthetic data and batch shuffling")
 flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bitwise reproducible runs)")
 flags.DEFINE_bool("validate_data", False, "Check every categorical id against its cardinality before training")
-
-MODEL_PARALLEL_FLAGS = ("dist_strategy", "column_slice_threshold")
 
 
 class UsageError(ValueError):
@@ -135,12 +139,9 @@ def validate_flags(world_size: int, has_gpu: bool) -> None:
         raise UsageError(f"--dist_strategy must be memory_balanced, basic or memory_optimized, "
                          f"got {FLAGS.dist_strategy!r}")
     if world_size > 1:
-        set_flags = [f"--{name}" for name in MODEL_PARALLEL_FLAGS if FLAGS[name].present]
-        if set_flags:
-            raise UsageError(f"{', '.join(set_flags)}: model-parallel table placement is not implemented "
-                             f"yet; with {world_size} ranks every table is replicated (data parallel)")
-        if FLAGS.mode == "deploy":
-            raise UsageError("--mode deploy runs on a single process; launch it without horovodrun")
+        if FLAGS.mode == "deploy" or FLAGS.saved_model_output_path:
+            raise UsageError("SavedModel export (--mode deploy, --saved_model_output_path) runs on a single process; "
+                             "export the checkpoint with `python main.py --mode deploy --restore_checkpoint_path ...`")
 
 
 def _ints(values) -> list:
@@ -172,13 +173,27 @@ def configure_tensorflow(local_rank: int) -> None:
         tf.config.experimental.enable_op_determinism()
 
 
-def build_pipelines(rank: int, world_size: int, compute_dtype):
+def load_feature_spec():
+    """The dataset's spec, or the default spec of the synthetic-data flags."""
+    from feature_spec import FeatureSpec
+
+    if FLAGS.dataset_type == "tf_raw" or FLAGS.synthetic_dataset_use_feature_spec:
+        spec = FeatureSpec.from_yaml(os.path.join(FLAGS.dataset_path, FLAGS.feature_spec))
+        spec.check_feature_spec()
+        return spec
+    return FeatureSpec.get_default_feature_spec(FLAGS.synthetic_dataset_num_numerical_features,
+                                                _ints(FLAGS.synthetic_dataset_cardinalities))
+
+
+def build_pipelines(rank: int, world_size: int, compute_dtype, plan):
     from dataloader import create_input_pipelines
 
+    model_parallel_input = plan is not None and not FLAGS.data_parallel_input
     return create_input_pipelines(
         dataset_type=FLAGS.dataset_type, dataset_path=FLAGS.dataset_path, feature_spec_name=FLAGS.feature_spec,
         train_batch_size=FLAGS.batch_size, eval_batch_size=FLAGS.valid_batch_size, rank=rank,
-        world_size=world_size, local_categorical_ids=None, data_parallel_input=True,
+        world_size=world_size, local_categorical_ids=plan.input_tables(rank) if model_parallel_input else None,
+        data_parallel_input=not model_parallel_input,
         shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed, compute_dtype=compute_dtype,
         num_train_batches=FLAGS.synthetic_dataset_train_batches,
         num_eval_batches=FLAGS.synthetic_dataset_valid_batches,
@@ -202,10 +217,13 @@ def build_model_config(spec, interaction_name: str):
 
 def training_state(model, optimizers, scheduler, spec):
     """The variables a checkpoint saves and restores, named in the global per-table layout."""
-    from checkpoint import TrainingState, slot_slices
+    from checkpoint import TrainingState
 
     dense_optimizer, embedding_optimizer = optimizers
-    tables = model.table_slices()
+    tables = model.table_views()
+    slot_names = embedding_optimizer.slot_names if model.embedding_variables else ()
+    slot_views = {slot: model.table_views(lambda v, slot=slot: embedding_optimizer.slot_variables(v)[slot])
+                  for slot in slot_names}
     counters = {"lr_schedule_step": scheduler.step, "dense_optimizer_iterations": dense_optimizer.iterations}
     if embedding_optimizer is not dense_optimizer:
         counters["embedding_optimizer_iterations"] = embedding_optimizer.iterations
@@ -213,7 +231,7 @@ def training_state(model, optimizers, scheduler, spec):
     return TrainingState(
         model_config=model.config.shape_fields() | {"optimizer": FLAGS.optimizer},
         feature_names=spec.categorical_names, tables=tables,
-        table_slots=[slot_slices(embedding_optimizer.slot_variables(t.variable), t) for t in tables],
+        table_slots=[{slot: views[i] for slot, views in slot_views.items()} for i in range(len(tables))],
         dense=dense, dense_slots={name: dense_optimizer.slot_variables(v) for name, v in dense.items()},
         counters=counters)
 
@@ -243,8 +261,16 @@ def run_mode(rank: int, world_size: int, logger) -> None:
     from utils import print_rank0
 
     compute_dtype = tf.float16 if (FLAGS.amp or FLAGS.fp16) else tf.float32
-    pipelines = build_pipelines(rank, world_size, compute_dtype)
-    spec = pipelines.feature_spec
+    spec = load_feature_spec()
+    plan = None
+    if world_size > 1 and not FLAGS.saved_model_input_path:
+        from sharding import plan_sharding
+
+        plan = plan_sharding(spec.cardinalities, FLAGS.embedding_dim, world_size, FLAGS.dist_strategy,
+                             FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
+        if FLAGS.print_sharding_plan:
+            print_rank0(plan.describe(), rank=rank)
+    pipelines = build_pipelines(rank, world_size, compute_dtype, plan)
     if pipelines.teacher_auc is not None:
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
 
@@ -256,18 +282,25 @@ def run_mode(rank: int, world_size: int, logger) -> None:
     interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
     print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
                 rank=rank)
-    model = Dlrm(build_model_config(spec, interaction_name))
+    config = build_model_config(spec, interaction_name)
+    embedding_layer = None
+    if plan is not None:
+        from hybrid_embedding import HybridEmbedding
+
+        embedding_layer = HybridEmbedding(plan, rank, data_parallel_input=FLAGS.data_parallel_input,
+                                          output_dtype=compute_dtype, trainable=FLAGS.embedding_trainable,
+                                          device_budget_bytes=config.embedding_device_budget_bytes)
+    model = Dlrm(config, embedding_layer)
     model.build_weights()
     placement = model.embedding.placement()
-    print_rank0(f"embedding tables: {placement.count('device')} on the device "
-                f"({FLAGS.gpu_embedding_type}), {placement.count('cpu')} in CPU memory ({FLAGS.cpu_embedding_type})"
-                + (f"; replicated on {world_size} ranks" if world_size > 1 else ""), rank=rank)
-    dist.broadcast_variables(model.variables, root_rank=0)
+    print_rank0(f"embedding tables on rank 0: " + ", ".join(f"{placement.count(kind)} {kind}" for kind in
+                                                              ("device", "cpu", "replicated", "remote")
+                                                              if placement.count(kind)), rank=rank)
+    dist.broadcast_variables(model.data_parallel_variables, root_rank=0)
     optimizers = make_optimizers(FLAGS.optimizer)
     scheduler = LearningRateScheduler(FLAGS.learning_rate, FLAGS.warmup_steps, FLAGS.decay_start_step,
                                       FLAGS.decay_steps)
-    trainer = Trainer(model, *optimizers, scheduler, loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None,
-                      replicated_embeddings=world_size > 1)
+    trainer = Trainer(model, *optimizers, scheduler, loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None)
     state = training_state(model, optimizers, scheduler, spec)
     if FLAGS.restore_checkpoint_path:
         step = checkpoint.restore(FLAGS.restore_checkpoint_path, state)
@@ -286,10 +319,10 @@ def run_mode(rank: int, world_size: int, logger) -> None:
 
     def save(step: int) -> None:
         saved_steps.append(step)
-        if rank == 0:
-            path = checkpoint.save(FLAGS.save_checkpoint_path, step, state, keep=FLAGS.keep_checkpoints)
-            print(f"checkpoint saved: {path}", flush=True)
+        path = checkpoint.save(FLAGS.save_checkpoint_path, step, state, keep=FLAGS.keep_checkpoints,
+                               writer=rank == 0)
         dist.barrier()
+        print_rank0(f"checkpoint saved: {path}", rank=rank)
 
     loop_config = LoopConfig(
         epochs=FLAGS.epochs, steps_per_epoch=pipelines.train_steps, global_batch_size=FLAGS.batch_size,

@@ -111,10 +111,12 @@ class Dlrm(tf.keras.Model):
         return tf.cast(self.top_mlp(interactions), tf.float32)
 
     def build_weights(self) -> None:
-        """Create every variable by running one forward pass on a batch of zeros."""
-        zeros = {NUMERICAL_KEY: tf.zeros([1, self.config.num_numerical_features]),
-                 CATEGORICAL_KEY: tuple(tf.zeros([1], tf.int32) for _ in self.config.cardinalities)}
-        self(zeros, training=False)
+        """Create every variable without a forward pass (which would need every rank's input)."""
+        self.bottom_mlp(tf.zeros([1, self.padded_numerical]))
+        self.embedding.build(None)
+        num_vectors = len(self.config.cardinalities) + 1
+        self.top_mlp(tf.zeros([1, interaction.interaction_output_width(num_vectors, self.config.embedding_dim)]))
+        self.built = True
 
     @property
     def embedding_variables(self) -> List[tf.Variable]:
@@ -124,8 +126,15 @@ class Dlrm(tf.keras.Model):
     def dense_variables(self) -> List[tf.Variable]:
         return self.bottom_mlp.trainable_variables + self.top_mlp.trainable_variables
 
-    def table_slices(self) -> List[embedding.TableSlice]:
-        return self.embedding.table_slices()
+    @property
+    def data_parallel_variables(self) -> List[tf.Variable]:
+        """Variables every rank holds whole (MLPs, replicated tables): broadcast from rank 0 at start."""
+        local = {id(v) for v in self.embedding.model_parallel_variables}
+        return [v for v in self.variables if id(v) not in local]
+
+    def table_views(self, selector: Optional[embedding.VariableSelector] = None) -> List[embedding.TableView]:
+        """Every table (or an optimizer slot of it) in global layout, in feature order."""
+        return self.embedding.table_views(selector)
 
     def dense_weight_map(self) -> Dict[str, tf.Variable]:
         """Stable, implementation-independent names for the MLP weights (checkpoint file names)."""

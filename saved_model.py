@@ -14,6 +14,7 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
+from embedding import copy_table
 from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm
 
 SIGNATURE = "serving_default"
@@ -41,9 +42,8 @@ def export(model: Dlrm, output_path: str, fp16: bool = False) -> str:
                                  embedding_device_budget_bytes=None)
     serving_model = Dlrm(config)
     serving_model.build_weights()
-    for source, target in zip(model.table_slices(), serving_model.table_slices()):
-        rows = source.variable[source.row_start:source.row_end]
-        target.variable[target.row_start:target.row_end].assign(tf.cast(rows, target.variable.dtype))
+    for source, target in zip(model.table_views(), serving_model.table_views()):
+        copy_table(source, target)
     targets = serving_model.dense_weight_map()
     for name, variable in model.dense_weight_map().items():
         targets[name].assign(tf.cast(variable, targets[name].dtype))

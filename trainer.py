@@ -1,8 +1,8 @@
 """Training step, evaluation and the epoch loop (reference §2.11, §7).
 
 The step runs data parallel: each rank computes its local batch's loss; dense gradients are
-averaged over ranks with one fused allreduce; embedding gradients are averaged too while tables
-are replicated (a model-parallel embedding layer declares its gradients local instead).
+averaged over ranks with one fused allreduce. Embedding gradients of model-parallel pieces stay
+local (sparse); those of tables held whole on every rank are averaged.
 """
 from __future__ import annotations
 
@@ -62,14 +62,14 @@ class Trainer:
     """Owns the compiled train and predict functions of a model and its optimizers."""
 
     def __init__(self, model: Dlrm, dense_optimizer: Optimizer, embedding_optimizer: Optimizer,
-                 scheduler: LearningRateScheduler, loss_scale: Optional[float] = None,
-                 replicated_embeddings: bool = True) -> None:
+                 scheduler: LearningRateScheduler, loss_scale: Optional[float] = None) -> None:
         self.model = model
         self.dense_optimizer = dense_optimizer
         self.embedding_optimizer = embedding_optimizer
         self.scheduler = scheduler
         self.loss_scale = loss_scale
-        self.replicated_embeddings = replicated_embeddings
+        self.world_size = dist.size()
+        self._model_parallel = {id(v) for v in model.embedding.model_parallel_variables}
         dense_optimizer.build(model.dense_variables)
         embedding_optimizer.build(model.embedding_variables)
         self.train_step = tf.function(self._train_step)
@@ -85,9 +85,8 @@ class Trainer:
         if self.loss_scale:
             gradients = [_scale(g, 1.0 / self.loss_scale) for g in gradients]
         dense_grads = dist.grouped_allreduce(gradients[:len(dense_vars)]) if dense_vars else []
-        embedding_grads = gradients[len(dense_vars):]
-        if self.replicated_embeddings:
-            embedding_grads = [dist.allreduce(g) for g in embedding_grads]
+        embedding_grads = [self._reduce_embedding_gradient(g, v)
+                           for g, v in zip(gradients[len(dense_vars):], embedding_vars)]
         dense_pairs = list(zip(dense_grads, dense_vars))
         embedding_pairs = list(zip(embedding_grads, embedding_vars))
         if self.dense_optimizer is self.embedding_optimizer:
@@ -96,6 +95,15 @@ class Trainer:
             self.dense_optimizer.apply(dense_pairs, learning_rate)
             self.embedding_optimizer.apply(embedding_pairs, learning_rate)
         return dist.allreduce(loss), learning_rate
+
+    def _reduce_embedding_gradient(self, gradient, variable: tf.Variable):
+        """Model-parallel pieces: local, scaled by 1/W (every rank's local-mean loss reaches them
+        through the exchange). Whole tables on every rank: averaged like dense weights."""
+        if self.world_size == 1 or gradient is None:
+            return gradient
+        if id(variable) in self._model_parallel:
+            return _scale(gradient, 1.0 / self.world_size)
+        return dist.allreduce(gradient)
 
 
 PredictFn = Callable[[Dict[str, tf.Tensor]], tf.Tensor]

@@ -78,7 +78,7 @@ def worker(batch_size: int, xla: bool, steps: int) -> dict:
     model = Dlrm(config)
     model.build_weights()
     optimizers = make_optimizers("sgd")
-    trainer = Trainer(model, *optimizers, LearningRateScheduler(0.01, 0, 10**9, 1), replicated_embeddings=False)
+    trainer = Trainer(model, *optimizers, LearningRateScheduler(0.01, 0, 10**9, 1))
     batches = list(pipelines.train)
     for features, labels in batches[:warmup]:
         trainer.train_step(features, labels)[0].numpy()

@@ -81,8 +81,8 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     tf.keras.utils.set_random_seed(0)
     live = Dlrm(config)
     live.build_weights()
-    for table, array in zip(live.table_slices(), checkpoint.table_arrays(str(ckpt))):
-        table.variable[table.row_start:table.row_end].assign(array)
+    for table, array in zip(live.table_views(), checkpoint.table_arrays(str(ckpt))):
+        table.write_rows(0, table.rows, np.asarray(array))
     saved = checkpoint_arrays(ckpt)
     for name, variable in live.dense_weight_map().items():
         variable.assign(saved[f"dense/{name}.npy"])

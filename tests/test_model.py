@@ -94,8 +94,8 @@ def _config(**overrides):
 
 
 def _copy_weights(source: Dlrm, target: Dlrm) -> None:
-    for s, t in zip(source.table_slices(), target.table_slices()):
-        t.variable[t.row_start:t.row_end].assign(s.variable[s.row_start:s.row_end])
+    for s, t in zip(source.table_views(), target.table_views()):
+        embedding.copy_table(s, t)
     targets = target.dense_weight_map()
     for name, variable in source.dense_weight_map().items():
         targets[name].assign(variable)
@@ -130,9 +130,8 @@ def test_network_shapes_initialisers_and_frozen_embeddings():
     assert first_top.kernel.shape == (8 + 10 + 6, 16)  # [bottom 8, 5*4/2 dots, padding to 24]
     assert model.top_mlp.dense_layers[-1].activation.__name__ == "linear"
     assert all(layer.activation.__name__ == "relu" for layer in model.bottom_mlp.dense_layers)
-    for table in model.table_slices():
-        values = table.variable[table.row_start:table.row_end].numpy()
-        assert np.abs(values).max() <= math.sqrt(1.0 / (table.row_end - table.row_start)) + 1e-7
+    for table in model.table_views():
+        assert np.abs(table.read_rows(0, table.rows)).max() <= math.sqrt(1.0 / table.rows) + 1e-7
 
 
 def test_config_validation_names_the_flag():

@@ -1,0 +1,231 @@
+"""Hybrid-parallel embeddings on Horovod: model-parallel tables, data-parallel everything else.
+
+The role of NVIDIA's distributed-embeddings `DistributedEmbedding` (not installable), built on
+`distributed.alltoall`. A `ShardingPlan` gives every rank some tables or column slices; small
+tables may be replicated. Forward:
+  1. with data-parallel input, one all-to-all of ids sends each rank the global batch of the
+     tables it holds (with model-parallel input the loader already read exactly that);
+  2. local lookups on the rank's pieces, for the global batch;
+  3. one all-to-all of the outputs, cast to the compute dtype first: rank d receives the rows of
+     its local batch from every holder (the rows of a local batch are contiguous, so the send
+     buffer needs no reordering and the bytes sent are the minimum: local batch x width);
+  4. reassembly in feature order, column slices concatenated, replicated tables looked up locally.
+The backward pass is the reverse exchange (Horovod's alltoall gradient). Gradients of
+model-parallel pieces stay local and sparse; the trainer scales them by 1/world_size, because
+every rank's local-mean loss contributes to them through the exchange.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+import distributed as dist
+from embedding import TableSlice, TableView, VariableSelector, table_bytes, uniform_table_init
+from sharding import Piece, ShardingPlan
+
+
+def local_batch_bounds(global_batch: tf.Tensor, world_size: int) -> tf.Tensor:
+    """[world_size + 1] row bounds: rank r's samples are rows [(r*B)//W, ((r+1)*B)//W)."""
+    ranks = tf.range(world_size + 1, dtype=tf.int32)
+    return (ranks * tf.cast(global_batch, tf.int32)) // world_size
+
+
+class ShardedTableView(TableView):
+    """A table whose column slices live on several ranks; reads gather, writes cut."""
+
+    def __init__(self, plan: ShardingPlan, table: int, local: Sequence[Tuple[Piece, tf.Variable]]) -> None:
+        self.plan = plan
+        self.table = table
+        self.rows = plan.cardinalities[table]
+        self.dim = plan.dim
+        self.local = list(local)
+        self.numpy_dtype = np.dtype(self.local[0][1].dtype.as_numpy_dtype) if self.local else np.dtype(np.float32)
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        """Collective: every rank contributes its columns and receives the full rows."""
+        own = [variable[start:end].numpy().reshape(-1) for _, variable in self.local]
+        flat = np.concatenate(own) if own else np.zeros([0], self.numpy_dtype)
+        gathered = dist.allgather(tf.constant(flat)).numpy()
+        rows = end - start
+        full = np.empty((rows, self.dim), gathered.dtype)
+        offset = 0
+        for rank in range(self.plan.world_size):
+            for piece in self.plan.pieces_on(rank):
+                if piece.table == self.table:
+                    size = rows * piece.width
+                    full[:, piece.col_start:piece.col_end] = gathered[offset:offset + size].reshape(rows, piece.width)
+                    offset += size
+        return full
+
+    def write_rows(self, start: int, end: int, values: np.ndarray) -> None:
+        for piece, variable in self.local:
+            variable[start:end].assign(np.ascontiguousarray(values[:, piece.col_start:piece.col_end])
+                                       .astype(self.numpy_dtype, copy=False))
+
+
+class HybridEmbedding(tf.keras.layers.Layer):
+    """Lookups of all tables for this rank's local batch, with tables spread by a ShardingPlan.
+
+    Input: a tuple of int id tensors. With model-parallel input, one per `plan.input_tables(rank)`
+    holding the global batch; with data-parallel input, one per table holding the local batch.
+    Output: `[local_batch, n_tables, dim]` in `output_dtype`.
+    """
+
+    def __init__(self, plan: ShardingPlan, rank: int, *, data_parallel_input: bool = False,
+                 table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
+                 trainable: bool = True, device_budget_bytes: Optional[int] = None,
+                 name: str = "hybrid_embedding") -> None:
+        super().__init__(name=name, dtype=table_dtype, trainable=trainable)
+        self.plan = plan
+        self.rank = rank
+        self.world_size = plan.world_size
+        self.data_parallel_input = data_parallel_input
+        self.output_dtype = output_dtype
+        self.device_budget_bytes = device_budget_bytes
+        self.local_pieces = plan.pieces_on(rank)
+        self.local_tables = plan.model_parallel_tables_on(rank)
+        self.input_tables = (list(range(len(plan.cardinalities))) if data_parallel_input
+                             else plan.input_tables(rank))
+        self.piece_variables: List[tf.Variable] = []
+        self.replicated_tables: Dict[int, tf.Variable] = {}
+        self.cpu_pieces: List[int] = []
+
+    def _offloaded(self) -> List[int]:
+        """Indices of local pieces kept in CPU memory: the largest, beyond the per-rank budget."""
+        if self.device_budget_bytes is None:
+            return []
+        order = sorted(range(len(self.local_pieces)), key=lambda i: (self.local_pieces[i].elements, i))
+        used, offloaded = 0, []
+        for i in order:
+            size = table_bytes(self.local_pieces[i].rows, self.local_pieces[i].width, tf.as_dtype(self.dtype))
+            if offloaded or used + size > self.device_budget_bytes:
+                offloaded.append(i)
+            else:
+                used += size
+        return sorted(offloaded)
+
+    def build(self, input_shape=None) -> None:
+        self.cpu_pieces = self._offloaded()
+        for i, piece in enumerate(self.local_pieces):
+            device = "/CPU:0" if i in self.cpu_pieces else None
+            with tf.device(device):
+                self.piece_variables.append(self.add_weight(
+                    name=f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}",
+                    shape=[piece.rows, piece.width], dtype=self.dtype, trainable=self.trainable,
+                    initializer=lambda shape, dtype, rows=piece.rows, width=piece.width:
+                        uniform_table_init(rows, width, tf.as_dtype(dtype))))
+        for table in self.plan.replicated:
+            rows = self.plan.cardinalities[table]
+            self.replicated_tables[table] = self.add_weight(
+                name=f"replicated_table_{table}", shape=[rows, self.plan.dim], dtype=self.dtype,
+                trainable=self.trainable,
+                initializer=lambda shape, dtype, rows=rows: uniform_table_init(rows, self.plan.dim, tf.as_dtype(dtype)))
+        super().build(input_shape)
+
+    # ------------------------------------------------------------------ forward
+    def _exchange_ids(self, ids: Dict[int, tf.Tensor]) -> Tuple[Dict[int, tf.Tensor], tf.Tensor]:
+        """Data-parallel input -> global-batch ids of this rank's tables, and every rank's local batch."""
+        local_batch = tf.shape(next(iter(ids.values())), out_type=tf.int32)[0]
+        send, splits = [], []
+        for destination in range(self.world_size):
+            tables = self.plan.model_parallel_tables_on(destination)
+            send.extend(tf.cast(ids[t], tf.int32) for t in tables)
+            splits.append(local_batch * len(tables))
+        received, received_splits = dist.alltoall(tf.concat(send, axis=0), splits=tf.stack(splits), name="ids")
+        n_local = len(self.local_tables)
+        batches = received_splits // n_local
+        per_source = tf.split(received, received_splits, num=self.world_size)
+        blocks = [tf.reshape(block, [n_local, -1]) for block in per_source]
+        global_ids = tf.concat(blocks, axis=1)
+        return {t: global_ids[i] for i, t in enumerate(self.local_tables)}, batches
+
+    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        by_table = {t: tf.cast(x, tf.int32) for t, x in zip(self.input_tables, ids)}
+        if self.data_parallel_input:
+            replicated_ids = {t: by_table[t] for t in self.plan.replicated}
+            global_ids, batches = (self._exchange_ids(by_table) if self.world_size > 1
+                                   else (by_table, tf.shape(ids[0], out_type=tf.int32)[:1]))
+        else:
+            global_batch = tf.shape(ids[0], out_type=tf.int32)[0]
+            bounds = local_batch_bounds(global_batch, self.world_size)
+            batches = bounds[1:] - bounds[:-1]
+            mine = (bounds[self.rank], bounds[self.rank + 1])
+            replicated_ids = {t: by_table[t][mine[0]:mine[1]] for t in self.plan.replicated}
+            global_ids = by_table
+        received = self._exchange_outputs(global_ids, batches)
+        vectors = []
+        for table in range(len(self.plan.cardinalities)):
+            if table in self.replicated_tables:
+                vectors.append(tf.cast(tf.gather(self.replicated_tables[table], replicated_ids[table]),
+                                       self.output_dtype))
+            else:
+                vectors.append(tf.concat([received[(p.rank, p.table, p.col_start)]
+                                          for p in self.plan.pieces_of(table)], axis=1))
+        return tf.stack(vectors, axis=1)
+
+    def _exchange_outputs(self, global_ids: Dict[int, tf.Tensor],
+                          batches: tf.Tensor) -> Dict[Tuple[int, int, int], tf.Tensor]:
+        """Look up local pieces for the global batch; return every piece's rows of my local batch."""
+        outputs = [tf.cast(tf.gather(variable, global_ids[piece.table]), self.output_dtype)
+                   for piece, variable in zip(self.local_pieces, self.piece_variables)]
+        width_mine = self.plan.width_on(self.rank)
+        if self.world_size == 1:
+            received = [tf.concat(outputs, axis=1)]
+        else:
+            send = tf.reshape(tf.concat(outputs, axis=1), [-1])
+            exchanged, received_splits = dist.alltoall(send, splits=batches * width_mine, name="embeddings")
+            received = [tf.reshape(block, [-1, self.plan.width_on(source)]) for source, block in
+                        enumerate(tf.split(exchanged, received_splits, num=self.world_size))]
+        by_piece = {}
+        for source in range(self.world_size):
+            offset = 0
+            for piece in self.plan.pieces_on(source):
+                by_piece[(source, piece.table, piece.col_start)] = received[source][:, offset:offset + piece.width]
+                offset += piece.width
+        return by_piece
+
+    # ----------------------------------------------------------- state access
+    @property
+    def model_parallel_variables(self) -> List[tf.Variable]:
+        """Pieces held by this rank only: never broadcast, and their gradients are never all-reduced."""
+        return list(self.piece_variables) if self.world_size > 1 else []
+
+    def table_views(self, selector: Optional[VariableSelector] = None) -> List[TableView]:
+        """Every table in feature order as a global-layout view (sharded ones gather/cut)."""
+        select = selector or (lambda v: v)
+        views: List[TableView] = []
+        for table in range(len(self.plan.cardinalities)):
+            if table in self.replicated_tables:
+                variable = select(self.replicated_tables[table])
+                views.append(TableSlice(variable, 0, self.plan.cardinalities[table]))
+            else:
+                local = [(piece, select(variable)) for piece, variable in zip(self.local_pieces, self.piece_variables)
+                         if piece.table == table]
+                views.append(ShardedTableView(self.plan, table, local))
+        return views
+
+    def placement(self) -> List[str]:
+        """'device', 'cpu', 'replicated' or 'remote' for every table, as seen from this rank."""
+        result = []
+        for table in range(len(self.plan.cardinalities)):
+            if table in self.replicated_tables:
+                result.append("replicated")
+                continue
+            local = [i for i, p in enumerate(self.local_pieces) if p.table == table]
+            result.append("remote" if not local else ("cpu" if any(i in self.cpu_pieces for i in local) else "device"))
+        return result
+
+
+def exchange_bytes_per_step(plan: ShardingPlan, global_batch: int, dtype_size: int) -> int:
+    """Bytes the output all-to-all moves between different ranks in one forward pass."""
+    total = 0
+    for source in range(plan.world_size):
+        width = plan.width_on(source)
+        for destination in range(plan.world_size):
+            if destination != source:
+                rows = ((destination + 1) * global_batch) // plan.world_size - (destination * global_batch) // plan.world_size
+                total += rows * width * dtype_size
+    return total
+
