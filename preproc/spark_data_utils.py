@@ -47,6 +47,8 @@ FILE_PATH = "_file_path"
 REASON = "_rejection_reason"
 DETAIL = "_rejection_detail"
 RANDOM_KEY = "_random_key"
+# Dictionary files: one parquet folder partitioned by `column`; the schema is given, not inferred.
+DICTIONARY_SCHEMA = "data long, id int, model_count long, column string"
 
 
 class InputError(ValueError):
@@ -251,6 +253,10 @@ def build_dictionary(valid: DataFrame, default_limit: int, per_column_limits: Di
             .select("column", "data", "id", "model_count"))
 
 
+def read_dictionary(spark: SparkSession, model_folder: str) -> DataFrame:
+    return spark.read.schema(DICTIONARY_SCHEMA).parquet(model_folder)
+
+
 def dictionary_sizes(dictionary: DataFrame) -> Dict[str, int]:
     """Largest id per categorical column (0 when nothing was kept); cardinality is this + 1."""
     found = {row["column"]: int(row["size"])
@@ -320,7 +326,7 @@ def generate_models(spark: SparkSession, paths: Sequence[str], days: Sequence[in
     dictionary = build_dictionary(observed.where(F.col(REASON).isNull()), default_limit, per_column_limits)
     dictionary.write.mode(write_mode).partitionBy("column").parquet(model_folder)
     summary = counter.summary()
-    summary["dictionary_sizes"] = dictionary_sizes(spark.read.parquet(model_folder))
+    summary["dictionary_sizes"] = dictionary_sizes(read_dictionary(spark, model_folder))
     return summary
 
 
@@ -333,7 +339,7 @@ def transform(spark: SparkSession, paths: Sequence[str], days: Sequence[int], mo
     if strict:
         fail_on_first_rejected_line(parsed)
     counter, observed = RejectionCounter.attach(parsed, days, "transform")
-    dictionary = spark.read.parquet(model_folder)
+    dictionary = read_dictionary(spark, model_folder)
     sizes = dictionary_sizes(dictionary)
     valid = observed.where(F.col(REASON).isNull()).select(
         LABEL_COLUMN, *[transform_numerical(F.col(name), take_log).alias(name) for name in INTEGER_COLUMNS],

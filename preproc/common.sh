@@ -1,0 +1,113 @@
+# Shared by the preprocessing scripts (sourced, not run): settings, spark-submit lookup and the
+# sequence of Spark jobs that both run_spark_cpu.sh and run_spark_gpu.sh perform.
+
+PREPROC_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON="${PYTHON:-python3}"
+NUM_DAYS="${NUM_DAYS:-24}"
+STRICT="${STRICT:-0}"
+RANDOM_SEED="${RANDOM_SEED:-12345}"
+BROADCAST_MAX_ROWS="${BROADCAST_MAX_ROWS:-1000000}"
+
+die() {
+    echo "error: $*" >&2
+    exit 1
+}
+
+# Prints the usage block: the leading comment of the calling script, without the '# '.
+print_usage() {
+    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$1"
+}
+
+require_num_days() {
+    [[ "$NUM_DAYS" =~ ^[0-9]+$ && "$NUM_DAYS" -ge 2 ]] \
+        || die "NUM_DAYS must be an integer >= 2 (days 0..N-2 train, day N-1 test/validation), got '$NUM_DAYS'"
+}
+
+# One line that identifies a Spark run: a finished output with the same line can be reused.
+spark_params_stamp() {
+    local input_path="$1" frequency_limit="$2"
+    echo "input=$(cd "$input_path" && pwd) num_days=$NUM_DAYS frequency_limit=$frequency_limit"
+}
+
+spark_output_complete() {
+    local output_path="$1" stamp="$2" split
+    for split in train validation test; do
+        [[ -f "$output_path/$split/_SUCCESS" ]] || return 1
+    done
+    [[ -f "$output_path/_PARAMS" && "$(cat "$output_path/_PARAMS")" == "$stamp" ]]
+}
+
+# SPARK_HOME from the environment, else the pyspark package of $PYTHON.
+find_spark_home() {
+    if [[ -z "${SPARK_HOME:-}" ]]; then
+        SPARK_HOME="$("$PYTHON" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)" \
+            || die "no Spark found: set SPARK_HOME or install pyspark for $PYTHON (pip install pyspark)"
+    fi
+    [[ -x "$SPARK_HOME/bin/spark-submit" ]] || die "$SPARK_HOME/bin/spark-submit not found (check SPARK_HOME)"
+    export SPARK_HOME
+}
+
+# Runs spark_data_utils.py with the caller's SPARK_SUBMIT_ARGS plus per-job confs.
+# Usage: spark_job <shuffle partitions> <extra spark-submit args as one string or ''> <script args...>
+spark_job() {
+    local partitions="$1" extra="$2"
+    shift 2
+    local extra_args=()
+    [[ -n "$extra" ]] && read -r -a extra_args <<<"$extra"
+    echo "+ spark-submit ... spark_data_utils.py $*" >&2
+    PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}" PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYTHON}" \
+        "$SPARK_HOME/bin/spark-submit" "${SPARK_SUBMIT_ARGS[@]}" \
+        --conf "spark.sql.shuffle.partitions=$partitions" "${extra_args[@]}" \
+        "$PREPROC_DIR/spark_data_utils.py" --write_mode overwrite "$@"
+}
+
+# Splits a day file by line count: the first floor(lines/2) lines and the rest.
+split_last_day() {
+    local day_file="$1" first_half="$2" second_half="$3" lines half
+    lines="$(awk 'END { print NR }' "$day_file")"
+    [[ "$lines" -ge 2 ]] || die "$day_file has $lines line(s); the last day needs at least 2 to split into test and validation"
+    half=$((lines / 2))
+    head -n "$half" "$day_file" >"$first_half"
+    tail -n "+$((half + 1))" "$day_file" >"$second_half"
+    echo "split $day_file: $half lines -> test, $((lines - half)) lines -> validation" >&2
+}
+
+# The four Spark jobs of the reference (§5.2), written to OUTPUT.partial and renamed into place.
+# Needs SPARK_SUBMIT_ARGS, SHUFFLE_PARTITIONS, TEST_SHUFFLE_PARTITIONS; TRAIN_TRANSFORM_CONF optional.
+run_criteo_spark_jobs() {
+    local input_path="$1" output_path="$2" frequency_limit="$3"
+    require_num_days
+    find_spark_home
+    local last_day=$((NUM_DAYS - 1))
+    local staging="${output_path%/}.partial"
+    local strict_flag=()
+    [[ "$STRICT" == 1 ]] && strict_flag=(--strict)
+    rm -rf "$staging"
+    mkdir -p "$staging/summary" "$staging/temp/test" "$staging/temp/validation" "${SPARK_LOCAL_DIRS:?}"
+    # shellcheck disable=SC2064
+    trap "rm -rf '$staging'" EXIT
+
+    spark_job "$SHUFFLE_PARTITIONS" "" --mode generate_models --days "0-$last_day" \
+        --input_folder "$input_path" --model_folder "$staging/models" --frequency_limit "$frequency_limit" \
+        --summary_file "$staging/summary/dictionary.json" "${strict_flag[@]}"
+    spark_job "$SHUFFLE_PARTITIONS" "${TRAIN_TRANSFORM_CONF:-}" --mode transform --days "0-$((last_day - 1))" \
+        --input_folder "$input_path" --model_folder "$staging/models" --output_folder "$staging/train" \
+        --model_size_file "$staging/model_size.json" --output_ordering total_random \
+        --random_seed "$RANDOM_SEED" --broadcast_max_rows "$BROADCAST_MAX_ROWS" \
+        --summary_file "$staging/summary/train.json"
+    split_last_day "$input_path/day_$last_day" "$staging/temp/test/day_$last_day" \
+        "$staging/temp/validation/day_$last_day"
+    local split
+    for split in test validation; do
+        spark_job "$TEST_SHUFFLE_PARTITIONS" "" --mode transform --days "$last_day-$last_day" \
+            --input_folder "$staging/temp/$split" --model_folder "$staging/models" \
+            --output_folder "$staging/$split" --output_ordering input \
+            --broadcast_max_rows "$BROADCAST_MAX_ROWS" --summary_file "$staging/summary/$split.json"
+    done
+    rm -rf "$staging/temp"
+    spark_params_stamp "$input_path" "$frequency_limit" >"$staging/_PARAMS"
+    rm -rf "$output_path"
+    mv "$staging" "$output_path"
+    trap - EXIT
+    echo "Spark output complete: $output_path" >&2
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Usage: prepare_dataset.sh [--strict] <DGX2|CPU> <frequency_threshold>
+#
+# Criteo day files -> split-binary training data (feature_spec.yaml, train/, test/, validation/).
+#   1. verify_criteo_downloaded.sh: day_0 .. day_{NUM_DAYS-1} exist and are not empty
+#   2. run_spark.sh: dictionaries + transform (skipped when spark_output_path already holds a
+#      finished run with the same input, NUM_DAYS and threshold)
+#   3. parquet_to_binary.py + split_dataset.py into final_output_dir (skipped when it is newer
+#      than the Spark output it was built from)
+# Every step writes to a temporary folder and renames it into place, so a failed run leaves no
+# half-written output. frequency_threshold: N, or a comma list with col:N items (col = 14..39).
+#
+# Environment (defaults as the reference):
+#   download_dir                 raw day files (/data/dlrm/criteo)
+#   spark_output_path            Spark parquet output (/data/dlrm/spark/output)
+#   conversion_intermediate_dir  scratch for the binary conversion (/data/dlrm/intermediate_binary)
+#   final_output_dir             the dataset (/data/dlrm/binary_dataset)
+#   NUM_DAYS                     number of day files (24); the last one becomes test + validation
+#   STRICT=1                     same as --strict: stop at the first malformed line
+#   PARALLEL_JOBS                parquet conversion processes (nproc)
+#   PYTHON                       interpreter with pyspark, pyarrow, numpy, pyyaml (python3)
+#   and the resource variables of run_spark_cpu.sh / run_spark_gpu.sh (SPARK_MASTER, ...)
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/common.sh"
+
+while [[ "${1:-}" == -* ]]; do
+    case "$1" in
+        -h | --help) print_usage "$0"; exit 0 ;;
+        --strict) STRICT=1; shift ;;
+        *) die "unknown option $1 (see --help)" ;;
+    esac
+done
+[[ $# -eq 2 ]] || { print_usage "$0" >&2; exit 2; }
+PLATFORM="$1"
+FREQUENCY_THRESHOLD="$2"
+[[ "$PLATFORM" == CPU || "$PLATFORM" == DGX2 ]] || die "unknown platform '$PLATFORM': use CPU or DGX2"
+
+download_dir="${download_dir:-/data/dlrm/criteo}"
+spark_output_path="${spark_output_path:-/data/dlrm/spark/output}"
+conversion_intermediate_dir="${conversion_intermediate_dir:-/data/dlrm/intermediate_binary}"
+final_output_dir="${final_output_dir:-/data/dlrm/binary_dataset}"
+PARALLEL_JOBS="${PARALLEL_JOBS:-$(nproc)}"
+export NUM_DAYS STRICT PYTHON
+
+"$HERE/verify_criteo_downloaded.sh" "$download_dir"
+
+if spark_output_complete "$spark_output_path" "$(spark_params_stamp "$download_dir" "$FREQUENCY_THRESHOLD")"; then
+    echo "Reusing the Spark output in $spark_output_path (same input, NUM_DAYS and threshold)"
+else
+    "$HERE/run_spark.sh" "$PLATFORM" "$download_dir" "$spark_output_path" "$FREQUENCY_THRESHOLD"
+fi
+
+summary="$final_output_dir/preprocessing_summary.json"
+if [[ -f "$final_output_dir/feature_spec.yaml" && "$summary" -nt "$spark_output_path/_PARAMS" ]]; then
+    echo "Reusing the dataset in $final_output_dir (built from the current Spark output)"
+    exit 0
+fi
+
+staging="${final_output_dir%/}.partial"
+packed="$conversion_intermediate_dir/packed"
+rm -rf "$staging" "$conversion_intermediate_dir"
+trap 'rm -rf "$staging" "$conversion_intermediate_dir"' EXIT
+"$PYTHON" "$HERE/parquet_to_binary.py" --parallel_jobs "$PARALLEL_JOBS" --src_dir "$spark_output_path" \
+    --intermediate_dir "$conversion_intermediate_dir/parts" --dst_dir "$packed"
+cp "$spark_output_path/model_size.json" "$packed/"
+"$PYTHON" "$HERE/split_dataset.py" --dataset "$packed" --output "$staging" \
+    --spark_summary_dir "$spark_output_path/summary"
+rm -rf "$final_output_dir"
+mv "$staging" "$final_output_dir"
+echo "Dataset ready: $final_output_dir (rejected lines are counted in $summary)"
