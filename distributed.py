@@ -80,10 +80,21 @@ def is_distributed() -> bool:
 
 
 def allreduce(tensor: TensorLike, average: bool = True, name: Optional[str] = None) -> tf.Tensor:
-    """Sum, or average, a tensor (or tf.IndexedSlices) over all ranks."""
+    """Sum, or average, a tensor (or tf.IndexedSlices) over all ranks.
+
+    Inside tf.function pass a `name` that is the same on every rank: Horovod otherwise names the
+    collective after the tensor, and tensor names can differ between ranks whose graphs differ.
+    Sparse gradients stay sparse: their rows and indices are gathered, never densified.
+    """
     hvd = _horovod()
     if hvd is None:
         return tf.identity(tensor) if not isinstance(tensor, tf.IndexedSlices) else tensor
+    if isinstance(tensor, tf.IndexedSlices):
+        values = hvd.allgather(tensor.values, name=f"{name}_values" if name else None)
+        indices = hvd.allgather(tensor.indices, name=f"{name}_indices" if name else None)
+        if average:
+            values = values / tf.cast(hvd.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, tensor.dense_shape)
     return hvd.allreduce(tensor, op=hvd.Average if average else hvd.Sum, name=name)
 
 

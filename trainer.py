@@ -85,8 +85,7 @@ class Trainer:
         if self.loss_scale:
             gradients = [_scale(g, 1.0 / self.loss_scale) for g in gradients]
         dense_grads = dist.grouped_allreduce(gradients[:len(dense_vars)]) if dense_vars else []
-        embedding_grads = [self._reduce_embedding_gradient(g, v)
-                           for g, v in zip(gradients[len(dense_vars):], embedding_vars)]
+        embedding_grads = self._reduce_embedding_gradients(gradients[len(dense_vars):], embedding_vars)
         dense_pairs = list(zip(dense_grads, dense_vars))
         embedding_pairs = list(zip(embedding_grads, embedding_vars))
         if self.dense_optimizer is self.embedding_optimizer:
@@ -94,16 +93,22 @@ class Trainer:
         else:
             self.dense_optimizer.apply(dense_pairs, learning_rate)
             self.embedding_optimizer.apply(embedding_pairs, learning_rate)
-        return dist.allreduce(loss), learning_rate
+        return dist.allreduce(loss, name="train_loss"), learning_rate
 
-    def _reduce_embedding_gradient(self, gradient, variable: tf.Variable):
+    def _reduce_embedding_gradients(self, gradients, variables: Sequence[tf.Variable]) -> list:
         """Model-parallel pieces: local, scaled by 1/W (every rank's local-mean loss reaches them
-        through the exchange). Whole tables on every rank: averaged like dense weights."""
-        if self.world_size == 1 or gradient is None:
-            return gradient
-        if id(variable) in self._model_parallel:
-            return _scale(gradient, 1.0 / self.world_size)
-        return dist.allreduce(gradient)
+        through the exchange). Tables whole on every rank: averaged like dense weights, each
+        collective named by its position among those tables (the same on every rank)."""
+        if self.world_size == 1:
+            return list(gradients)
+        reduced, replicated_index = [], 0
+        for gradient, variable in zip(gradients, variables):
+            if id(variable) in self._model_parallel:
+                reduced.append(_scale(gradient, 1.0 / self.world_size))
+            else:
+                reduced.append(dist.allreduce(gradient, name=f"replicated_embedding_grad_{replicated_index}"))
+                replicated_index += 1
+        return reduced
 
 
 PredictFn = Callable[[Dict[str, tf.Tensor]], tf.Tensor]

@@ -1,0 +1,96 @@
+"""Hybrid-parallel embeddings: the sharding planner, and 2 real ranks equal to 1 process."""
+import json
+
+import numpy as np
+import pytest
+
+from multiproc import assert_ok, run_horovod, run_python
+from sharding import STRATEGIES, ShardingError, plan_sharding
+
+
+def _coverage(plan):
+    """Every table's columns exactly once (model-parallel) or replicated."""
+    for table in range(len(plan.cardinalities)):
+        if table in plan.replicated:
+            assert not plan.pieces_of(table)
+            continue
+        columns = [c for p in plan.pieces_of(table) for c in range(p.col_start, p.col_end)]
+        assert columns == list(range(plan.dim))
+
+
+def test_strategies_place_whole_tables():
+    cards = [1000, 10, 500, 40, 300, 20]
+    basic = plan_sharding(cards, 4, 3, "basic")
+    assert [p.rank for p in sorted(basic.pieces, key=lambda p: p.table)] == [0, 1, 2, 0, 1, 2]
+    balanced = plan_sharding(cards, 4, 3, "memory_balanced")
+    # sizes descending: 1000, 500, 300, 40, 20, 10 dealt 0,1,2,2,1,0
+    assert {p.table: p.rank for p in balanced.pieces} == {0: 0, 2: 1, 4: 2, 3: 2, 5: 1, 1: 0}
+    optimized = plan_sharding(cards, 4, 3, "memory_optimized")
+    assert {p.table: p.rank for p in optimized.pieces} == {0: 0, 2: 1, 4: 2, 3: 2, 5: 2, 1: 2}
+    for plan in (basic, balanced, optimized):
+        _coverage(plan)
+    assert "rank 2" in optimized.describe() and "MiB" in optimized.describe()
+
+
+def test_column_slicing_is_power_of_two_capped_and_merged():
+    plan = plan_sharding([1000, 10], 8, 4, "memory_balanced", column_slice_threshold=1000)
+    slices = [p for p in plan.pieces if p.table == 0]
+    assert len(slices) == 4 and all(p.width == 2 for p in slices)  # 8000 elements -> 8 slices, capped at 4 ranks
+    _coverage(plan)
+    auto = plan_sharding([1000], 8, 2, "basic")  # fewer tables than ranks: sliced automatically
+    assert [(p.rank, p.col_start, p.col_end) for p in auto.pieces] == [(0, 0, 4), (1, 4, 8)]
+    merged = plan_sharding([1000, 5], 8, 2, "memory_optimized", column_slice_threshold=100)
+    assert all(p.rank != q.rank or p.table != q.table for p in merged.pieces for q in merged.pieces if p is not q)
+    _coverage(merged)
+
+
+def test_replication_and_planner_errors():
+    plan = plan_sharding([1000, 10, 500, 5], 4, 2, "basic", data_parallel_threshold=40)
+    assert plan.replicated == [1, 3] and plan.input_tables(0) == [0, 1, 3]
+    _coverage(plan)
+    with pytest.raises(ShardingError, match="3 ranks but"):
+        plan_sharding([100], 2, 3, "basic")
+    with pytest.raises(ShardingError, match="--dist_strategy"):
+        plan_sharding([100], 2, 1, "greedy")
+    assert set(STRATEGIES) == {"basic", "memory_balanced", "memory_optimized"}
+
+
+CASES = [
+    ("gloo", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "sgd",
+              "column_slice_threshold": 200}),
+    ("mpi", {"strategy": "basic", "data_parallel_input": True, "optimizer": "adam",
+             "data_parallel_threshold": 60}),
+    ("gloo", {"strategy": "memory_optimized", "data_parallel_input": True, "optimizer": "sgd",
+              "column_slice_threshold": 300, "data_parallel_threshold": 30}),
+    ("mpi", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "adam",
+             "column_slice_threshold": 250, "data_parallel_threshold": 30}),
+]
+
+
+@pytest.fixture(scope="module")
+def single_process_results(tmp_path_factory):
+    out = {}
+    for optimizer in ("sgd", "adam"):
+        path = tmp_path_factory.mktemp("one") / f"{optimizer}.npz"
+        options = {"strategy": "basic", "data_parallel_input": False, "optimizer": optimizer, "steps": 4}
+        assert_ok(run_python(["tests/hybrid_worker.py", json.dumps(options), str(path)]))
+        out[optimizer] = dict(np.load(path))
+    return out
+
+
+@pytest.mark.parametrize("transport, options", CASES,
+                         ids=[f"{t}-{o['strategy']}-{'dp' if o['data_parallel_input'] else 'mp'}-input-{o['optimizer']}"
+                              for t, o in CASES])
+def test_two_ranks_equal_one_process(tmp_path, single_process_results, transport, options):
+    path = tmp_path / "two.npz"
+    result = run_horovod(["tests/hybrid_worker.py", json.dumps(dict(options, steps=4)), str(path)],
+                         np=2, transport=transport)
+    assert_ok(result)
+    two, one = dict(np.load(path)), single_process_results[options["optimizer"]]
+    assert two.keys() == one.keys()
+    for name in ("forward_full", "forward_partial"):
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    for name in one:
+        if not name.startswith("forward"):
+            np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert not np.allclose(one["table_0"], two["forward_full"].mean())  # the tables did train
