@@ -94,3 +94,43 @@ def test_two_ranks_equal_one_process(tmp_path, single_process_results, transport
         if not name.startswith("forward"):
             np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert not np.allclose(one["table_0"], two["forward_full"].mean())  # the tables did train
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from multiproc import REPO_ROOT, horovod_command, launch_env
+
+    args = ["main.py", "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "50,20,7,30",
+            "--synthetic_dataset_num_numerical_features", "5", "--synthetic_dataset_train_batches", "100000",
+            "--batch_size", "64", "--valid_batch_size", "64", "--embedding_dim", "8", "--bottom_mlp_dims", "16,8",
+            "--top_mlp_dims", "16,1", "--dot_interaction", "tensorflow", "--print_freq", "20",
+            "--log_path", str(tmp_path / "log.json")]
+    job = subprocess.Popen(horovod_command(args, np=2, transport=transport), cwd=REPO_ROOT, env=launch_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for line in job.stdout:
+            if "step=" in line and "throughput=" in line:
+                break
+        else:
+            pytest.fail("training never reported progress")
+        ranks = [p for p in psutil.Process(job.pid).children(recursive=True)
+                 if "main.py" in p.cmdline() and p.cmdline()[0].endswith(("python", "python3"))]
+        victim = [p for p in ranks if p.environ().get("HOROVOD_RANK", p.environ().get("OMPI_COMM_WORLD_RANK")) == "1"]
+        assert victim, [p.cmdline() for p in ranks]
+        killed_at = time.time()
+        victim[0].send_signal(signal.SIGKILL)
+        job.communicate(timeout=60)
+        assert job.returncode != 0
+        assert time.time() - killed_at < 60
+        survivors = [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not survivors, "a rank kept running after its peer died"
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
