@@ -134,3 +134,49 @@ def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+
+
+def test_per_rank_cpu_offload_keeps_the_largest_pieces_in_cpu_memory():
+    import tensorflow as tf
+
+    from embedding import table_bytes
+    from hybrid_embedding import HybridEmbedding
+
+    tf.keras.utils.set_random_seed(0)
+    plan = plan_sharding([1000, 10, 500, 40], 8, 1, "basic")
+    budget = sum(table_bytes(rows, 8, tf.float32) for rows in (10, 40))
+    layer = HybridEmbedding(plan, 0, device_budget_bytes=budget)
+    layer.build(None)
+    assert layer.placement() == ["cpu", "device", "cpu", "device"]
+    assert all("CPU" in layer.piece_variables[i].device for i in layer.cpu_pieces)
+    ids = tuple(tf.constant([1, 2, 3]) for _ in range(4))
+    assert layer(ids).shape == (3, 4, 8)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch_size", "63", "--synthetic_dataset_cardinalities", "50,20,7,30"], "must be divisible by the number of ranks 2"),
+    (["--embedding_dim", "1", "--bottom_mlp_dims", "16,1", "--synthetic_dataset_cardinalities", "50"],
+     "2 ranks but the 1 model-parallel table(s) can be cut into at most 1 slices"),
+])
+def test_two_rank_input_errors_are_clear(tmp_path, args, message):
+    base = ["main.py", "--dataset_type", "synthetic", "--synthetic_dataset_num_numerical_features", "5",
+            "--synthetic_dataset_train_batches", "4", "--synthetic_dataset_valid_batches", "1",
+            "--batch_size", "64", "--valid_batch_size", "64", "--embedding_dim", "8", "--bottom_mlp_dims", "16,8",
+            "--top_mlp_dims", "16,1", "--dot_interaction", "tensorflow", "--log_path", str(tmp_path / "log.json")]
+    result = run_horovod(base + args, np=2, transport="gloo", timeout=180)
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+
+
+def test_print_sharding_plan(tmp_path):
+    result = run_horovod(["main.py", "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "500,20,7,30",
+                          "--synthetic_dataset_num_numerical_features", "5", "--synthetic_dataset_train_batches", "2",
+                          "--synthetic_dataset_valid_batches", "1", "--batch_size", "64", "--valid_batch_size", "64",
+                          "--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
+                          "--dot_interaction", "tensorflow", "--print_sharding_plan", "--dist_strategy", "basic",
+                          "--column_slice_threshold", "1000", "--data_parallel_threshold", "60",
+                          "--log_path", str(tmp_path / "log.json")], np=2, transport="gloo")
+    assert_ok(result)
+    assert "sharding plan: strategy basic, 2 rank(s), 4 tables of dim 8" in result.stdout
+    assert "replicated on every rank: tables [2]" in result.stdout
+    assert "table 0[cols 0:4] (500 rows)" in result.stdout and "table 0[cols 4:8] (500 rows)" in result.stdout
