@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
                           NUMERICAL_DTYPE, FeatureSpec)
+from metrics import exact_auc
 
 BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without copying
 PREFETCH_BATCHES = 2
@@ -411,13 +412,6 @@ class SyntheticTeacher:
         probabilities = 1.0 / (1.0 + np.exp(-self.logits(numerical, categoricals)))
         labels = rng.random(num_samples, dtype=np.float32) < probabilities
         return numerical, labels, categoricals, probabilities
-
-
-def exact_auc(labels: np.ndarray, scores: np.ndarray,
-              sample_weight: Optional[np.ndarray] = None) -> float:
-    """ROC AUC over all samples (ties counted half), as a float."""
-    from sklearn.metrics import roc_auc_score
-    return float(roc_auc_score(labels, scores, sample_weight=sample_weight))
 
 
 def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_samples: int,

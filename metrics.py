@@ -1,30 +1,33 @@
 """Evaluation metrics over all samples: exact rank AUC, the reference's threshold AUC, log loss."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import tensorflow as tf
 
 
-def exact_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC from ranks (Mann-Whitney U), tied scores sharing their average rank.
+def exact_auc(labels: np.ndarray, scores: np.ndarray, sample_weight: Optional[np.ndarray] = None) -> float:
+    """ROC AUC over every sample: the probability that a positive outscores a negative, ties
+    counting one half (Mann-Whitney U), optionally with per-sample weights.
 
-    Exact over every sample, unlike the reference's 8000-threshold approximation. NaN when the
-    labels hold only one class.
+    Exact, unlike the reference's 8000-threshold approximation. NaN when one class is absent.
     """
     labels = np.asarray(labels).reshape(-1).astype(bool)
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if labels.shape != scores.shape:
-        raise ValueError(f"labels {labels.shape} and scores {scores.shape} differ in length")
-    positives = int(labels.sum())
-    negatives = labels.size - positives
-    if positives == 0 or negatives == 0:
+    weights = (np.ones(labels.size) if sample_weight is None
+               else np.asarray(sample_weight, np.float64).reshape(-1))
+    if not labels.shape == scores.shape == weights.shape:
+        raise ValueError(f"labels {labels.shape}, scores {scores.shape} and weights {weights.shape} differ in length")
+    _, group = np.unique(scores, return_inverse=True)
+    positives = np.bincount(group, weights=weights * labels)
+    negatives = np.bincount(group, weights=weights * ~labels)
+    total_positive, total_negative = positives.sum(), negatives.sum()
+    if total_positive == 0 or total_negative == 0:
         return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    _, first_index, counts = np.unique(scores[order], return_index=True, return_counts=True)
-    average_rank = first_index + (counts + 1) / 2.0
-    ranks = np.repeat(average_rank, counts)
-    positive_rank_sum = ranks[labels[order]].sum()
-    return float((positive_rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives))
+    negatives_below = np.cumsum(negatives) - negatives
+    wins = np.sum(positives * (negatives_below + 0.5 * negatives))
+    return float(wins / (total_positive * total_negative))
 
 
 def threshold_auc(labels: np.ndarray, logits: np.ndarray, num_thresholds: int,

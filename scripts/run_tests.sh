@@ -19,7 +19,7 @@ export TF_CPP_MIN_LOG_LEVEL=2
 if [[ "${CI:-}" == "true" ]]; then export DLRM_REQUIRE_ALL=1; fi
 
 set +e
-python -m pytest tests -rs -p no:cacheprovider --durations=15 "$@"
+python -m pytest tests tensorflow-dot-based-interact/tests -rs -p no:cacheprovider --durations=15 "$@"
 status=$?
 set -e
 if [[ ${status} -eq 5 ]]; then

@@ -19,6 +19,8 @@ def test_exact_auc_matches_sklearn_with_ties(seed):
     labels = rng.integers(0, 2, 20000)
     scores = np.round(rng.normal(labels * 0.7, 1.0), 1).astype(np.float32)  # many ties
     assert abs(metrics.exact_auc(labels, scores) - roc_auc_score(labels, scores)) < 1e-6
+    weights = rng.integers(1, 4, labels.size)
+    assert abs(metrics.exact_auc(labels, scores, weights) - roc_auc_score(labels, scores, sample_weight=weights)) < 1e-6
 
 
 def test_threshold_auc_and_log_loss():
