@@ -13,7 +13,7 @@ import multiprocessing
 import os
 import shutil
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -58,22 +58,26 @@ def _convert_part_task(paths: Sequence[str]) -> int:
     return convert_part(*paths)
 
 
-def convert_split(src_dir: str, intermediate_dir: str, dst_dir: str, split: str, parallel_jobs: int) -> int:
-    """Convert every part of one split and concatenate them into `<dst_dir>/<split>_data.bin`."""
-    parts = part_files(os.path.join(src_dir, split))
-    split_intermediate = os.path.join(intermediate_dir, split)
-    os.makedirs(split_intermediate, exist_ok=True)
+def convert_dataset(src_dir: str, intermediate_dir: str, dst_dir: str, parallel_jobs: int) -> Dict[str, int]:
+    """Convert every part of every split (one process pool for all) and concatenate each split's
+    parts into `<dst_dir>/<split>_data.bin`; returns rows per split."""
     os.makedirs(dst_dir, exist_ok=True)
-    tasks = [(part, os.path.join(split_intermediate, f"{index:05d}.bin")) for index, part in enumerate(parts)]
-    with multiprocessing.get_context("spawn").Pool(max(1, min(parallel_jobs, len(tasks) or 1))) as pool:
-        rows = sum(pool.map(_convert_part_task, tasks))
-    destination = os.path.join(dst_dir, f"{split}_data.bin")
-    with open(destination, "wb") as out:
-        for _, packed in tasks:
-            with open(packed, "rb") as f:
-                shutil.copyfileobj(f, out, length=16 << 20)
-            os.remove(packed)
-    return rows
+    tasks: Dict[str, List[Tuple[str, str]]] = {}
+    for split in SPLITS:
+        split_intermediate = os.path.join(intermediate_dir, split)
+        os.makedirs(split_intermediate, exist_ok=True)
+        tasks[split] = [(part, os.path.join(split_intermediate, f"{index:05d}.bin"))
+                        for index, part in enumerate(part_files(os.path.join(src_dir, split)))]
+    everything = [task for split in SPLITS for task in tasks[split]]
+    with multiprocessing.get_context("spawn").Pool(max(1, min(parallel_jobs, len(everything)))) as pool:
+        counts = dict(zip(everything, pool.map(_convert_part_task, everything)))
+    for split in SPLITS:
+        with open(os.path.join(dst_dir, f"{split}_data.bin"), "wb") as out:
+            for _, packed in tasks[split]:
+                with open(packed, "rb") as f:
+                    shutil.copyfileobj(f, out, length=16 << 20)
+                os.remove(packed)
+    return {split: sum(counts[task] for task in tasks[split]) for split in SPLITS}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -84,12 +88,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--parallel_jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     try:
-        for split in SPLITS:
-            rows = convert_split(args.src_dir, args.intermediate_dir, args.dst_dir, split, args.parallel_jobs)
-            print(f"{split}: {rows} rows -> {os.path.join(args.dst_dir, split + '_data.bin')}")
+        rows = convert_dataset(args.src_dir, args.intermediate_dir, args.dst_dir, args.parallel_jobs)
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    print(", ".join(f"{split}: {n} rows" for split, n in rows.items()) + f" -> {args.dst_dir}/<split>_data.bin")
     return 0
 
 

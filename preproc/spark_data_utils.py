@@ -16,6 +16,7 @@ import json
 import operator
 import os
 import sys
+import urllib.parse
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -223,9 +224,9 @@ def first_rejected_line(parsed: DataFrame) -> Optional[Dict[str, object]]:
     day, block, position = first[DAY], first[BLOCK_START], first[POSITION]
     earlier = parsed.where((F.col(DAY) == day) & ((F.col(BLOCK_START) < block)
                                                   | ((F.col(BLOCK_START) == block) & (F.col(POSITION) < position))))
-    file_path = first[FILE_PATH]
-    return {"file": file_path[len("file:"):] if file_path.startswith("file:") else file_path,
-            "line": earlier.count() + 1, "reason": first[REASON], "detail": first[DETAIL]}
+    location = urllib.parse.urlparse(first[FILE_PATH])
+    file_path = urllib.parse.unquote(location.path) if location.scheme == "file" else first[FILE_PATH]
+    return {"file": file_path, "line": earlier.count() + 1, "reason": first[REASON], "detail": first[DETAIL]}
 
 
 def fail_on_first_rejected_line(parsed: DataFrame) -> None:

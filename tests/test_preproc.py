@@ -28,13 +28,13 @@ HAVE_SPARK = shutil.which("java") is not None and importlib.util.find_spec("pysp
 needs_spark = pytest.mark.skipif(not HAVE_SPARK, reason="needs java and pyspark")
 
 NUM_DAYS = 4
-LINES_PER_DAY = 20_000
+LINES_PER_DAY = 10_000
 THRESHOLD = 2
 NUM_INTEGER, NUM_CATEGORICAL = 13, 26
 # day -> {line index: kind}; day 3 has one bad line in each half (test, validation).
 BAD_LINES = {1: {10: "wrong_field_count", 500: "bad_label", 999: "non_integer_numerical",
-                 15_000: "non_hex_categorical"},
-             3: {100: "non_hex_categorical", 12_000: "wrong_field_count"}}
+                 7_500: "non_hex_categorical"},
+             3: {100: "non_hex_categorical", 6_000: "wrong_field_count"}}
 
 
 def _environment(**overrides: str) -> Dict[str, str]:
@@ -388,3 +388,24 @@ def test_line_validation_rules(spark_utils, tmp_path):
     assert got[1]["_c1"] is None and got[1]["_c14"] is None
     first = u.first_rejected_line(parsed)
     assert first["line"] == 3 and first["reason"] == "bad_label" and first["file"].endswith("day_0")
+
+
+@needs_spark
+def test_total_random_order_is_seeded(spark_utils, tmp_path):
+    """The same seed writes the same rows in the same order; the order is not the input order."""
+    lines = criteo_synth.write_days(str(tmp_path / "raw"), 2, 500, seed=13)
+    u, spark = spark_utils.utils, spark_utils.spark
+    paths = u.day_file_paths(str(tmp_path / "raw"), [0, 1])
+    u.generate_models(spark, paths, [0, 1], str(tmp_path / "models"), "2", "overwrite", strict=False)
+
+    def rows_in_written_order(run: int) -> np.ndarray:
+        out = str(tmp_path / f"train_{run}")
+        u.transform(spark, paths, [0, 1], str(tmp_path / "models"), out, "total_random", True, 99,
+                    1_000_000, "overwrite", strict=False)
+        parts = sorted(f for f in os.listdir(out) if f.endswith(".parquet"))
+        return np.concatenate([pd.read_parquet(os.path.join(out, f)).to_numpy() for f in parts])
+
+    first, again = rows_in_written_order(1), rows_in_written_order(2)
+    np.testing.assert_array_equal(first, again)
+    input_labels = [int(line.split("\t")[0]) for day in (0, 1) for line in lines[day]]
+    assert len(first) == len(input_labels) and list(first[:, 0]) != input_labels
