@@ -53,7 +53,7 @@ class DlrmConfig:
         """The fields two checkpoints must agree on to hold the same weights."""
         fields = asdict(self)
         for free in ("interaction", "embedding_type", "cpu_embedding_type",
-                     "embedding_device_budget_bytes", "embedding_trainable"):
+                     "embedding_device_budget_bytes", "embedding_trainable", "table_dtype"):
             fields.pop(free)
         return fields
 

@@ -226,3 +226,17 @@ def test_two_process_training_matches_one_process_and_checkpoints_move_between_w
         original, moved = checkpoint_arrays(tmp_path / source), checkpoint_arrays(tmp_path / copy)
         for name in original:
             np.testing.assert_array_equal(moved[name], original[name], err_msg=f"{source}->{copy}: {name}")
+
+
+def test_amp_training_then_fp16_inference_and_export(tmp_path):
+    ckpt, exported = tmp_path / "ckpt", tmp_path / "fp16_model"
+    assert_ok(main_py(SMALL + ["--amp", "--loss_scale", "512", "--save_checkpoint_path", str(ckpt),
+                               "--log_path", str(tmp_path / "t.json")]))
+    assert 0.0 < final_record(tmp_path / "t.json")["auc"] < 1.0
+    assert_ok(main_py(SMALL + ["--fp16", "--mode", "eval", "--restore_checkpoint_path", str(ckpt),
+                               "--log_path", str(tmp_path / "e.json")]))
+    assert 0.0 < final_record(tmp_path / "e.json")["auc"] < 1.0
+    assert_ok(main_py(SMALL + ["--fp16", "--mode", "deploy", "--restore_checkpoint_path", str(ckpt),
+                               "--saved_model_output_path", str(exported)]))
+    result = main_py(SMALL + ["--fp16", "--mode", "train"])
+    assert result.returncode == 2 and "--fp16 is for inference and export only" in result.stderr
