@@ -12,7 +12,7 @@ Installs only what is missing:
   * the virtualenv .venv from requirements.txt (pip is a no-op when the pins are met);
   * Horovod 0.28.1 with TensorFlow + Gloo + MPI (+ NCCL when nvcc and a GPU are present),
     built from the PyPI sdist once and cached under $DLRM_CACHE_DIR (default ~/.cache/dlrm-tf2).
-  * the CPU build of the custom dot-interaction op, when its sources are present.
+  * the custom dot-interaction op (CPU kernels; CUDA kernels too on CUDA hosts).
 Environment: PYTHON (default python3.11 or python3), DLRM_CACHE_DIR, DLRM_SKIP_APT=1.
 USAGE
 }
@@ -97,8 +97,8 @@ install_horovod() {
 build_interaction_op() {
   local op_dir="${REPO_DIR}/tensorflow-dot-based-interact"
   if [[ -f "${op_dir}/Makefile" ]]; then
-    log "building the CPU dot-interaction op"
-    make -s -C "${op_dir}" cpu PYTHON="${VENV}/bin/python"
+    log "building the dot-interaction op (CUDA kernels too when nvcc and a CUDA build of TF are present)"
+    make -s -C "${op_dir}" PYTHON="${VENV}/bin/python"
   fi
 }
 
