@@ -1,0 +1,349 @@
+"""Hybrid-parallel embeddings on this machine's CPU: exchange bytes, step time, memory per rank.
+
+Three jobs, each run on 1 process (plain python) and on 2 ranks (horovodrun over Gloo):
+1. exchange bytes: one training step run eagerly with `distributed.alltoall` wrapped, so every
+   byte the embedding layer sends to another rank in the forward pass is counted; compared, per
+   ordered rank pair, with the minimum (destination's local batch x the width the source holds x
+   dtype size) and with `hybrid_embedding.exchange_bytes_per_step`. For data-parallel input the
+   id exchange is counted too (source's local batch x tables the destination holds x 4 bytes).
+2. step time: the "mid" config (8 tables of 100k rows, dim 64, batch 8192, small MLPs, SGD),
+   median of the timed steps after warm-up, on 1 process and on 2 ranks with the same global
+   batch; plus the forward and backward exchanges alone (alltoall of the same buffers in a
+   tf.function) and their share of the 2-rank step time.
+3. memory: 12 tables of 1M rows x dim 128 fp32 (about 6 GB), a few SGD steps at batch 1024;
+   every process's peak RSS, and the ratio of the 2-rank per-rank peak to the 1-process peak.
+The runs are sequential (never two jobs at once). Writes bench/results/hybrid.json and prints a
+table. Usage: python bench/hybrid.py [--quick]
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Dict, Iterator, List, Sequence
+
+if TYPE_CHECKING:
+    from sharding import ShardingPlan
+    from trainer import Trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+RESULTS = os.path.join(REPO, "bench", "results", "hybrid.json")
+NUM_NUMERICAL = 13
+WARMUP_STEPS = 5
+
+FULL = {
+    "mid": {"cardinalities": [100_000] * 8, "dim": 64, "batch": 8192, "bottom": [128, 64],
+            "top": [256, 128, 1], "steps": 40, "exchange_runs": 100},
+    "memory": {"cardinalities": [1_000_000] * 12, "dim": 128, "batch": 1024, "bottom": [256, 128],
+               "top": [256, 1], "steps": 3, "exchange_runs": 0},
+}
+QUICK = {
+    "mid": {"cardinalities": [10_000] * 8, "dim": 16, "batch": 1024, "bottom": [32, 16],
+            "top": [32, 1], "steps": 5, "exchange_runs": 10},
+    "memory": {"cardinalities": [100_000] * 12, "dim": 32, "batch": 256, "bottom": [64, 32],
+               "top": [32, 1], "steps": 2, "exchange_runs": 0},
+}
+
+
+# ---------------------------------------------------------------------------- worker side
+def local_rows(global_batch: int, world_size: int) -> List[int]:
+    """Local batch of every rank, by the same split rule as `local_batch_bounds`."""
+    return [((r + 1) * global_batch) // world_size - (r * global_batch) // world_size for r in range(world_size)]
+
+
+def minimum_bytes(plan: ShardingPlan, global_batch: int, dtype_size: int, data_parallel_ids: bool) -> List[List[int]]:
+    """[source][destination] bytes that must cross between ranks (0 on the diagonal).
+
+    Outputs: destination's local batch x the columns the source holds. Ids (data-parallel input):
+    source's local batch x the tables the destination holds.
+    """
+    rows = local_rows(global_batch, plan.world_size)
+    return [[0 if s == d else
+             (rows[s] * len(plan.model_parallel_tables_on(d)) if data_parallel_ids else rows[d] * plan.width_on(s))
+             * dtype_size for d in range(plan.world_size)] for s in range(plan.world_size)]
+
+
+@contextlib.contextmanager
+def recording_alltoall() -> Iterator[Dict[str, List[int]]]:
+    """Wrap `distributed.alltoall` (eager only): per collective name, bytes sent to each rank.
+
+    The bytes to this rank itself stay local and are recorded as 0.
+    """
+    import numpy as np
+
+    import distributed
+
+    real = distributed.alltoall
+    sent: Dict[str, List[int]] = {}
+
+    def wrapper(tensor, splits=None, name=None):
+        per_rank = np.asarray(splits).astype(np.int64) * tensor.shape[1:].num_elements() * tensor.dtype.size
+        per_rank[distributed.rank()] = 0
+        previous = sent.setdefault(name, [0] * len(per_rank))
+        sent[name] = [int(a + b) for a, b in zip(previous, per_rank)]
+        return real(tensor, splits=splits, name=name)
+
+    distributed.alltoall = wrapper
+    try:
+        yield sent
+    finally:
+        distributed.alltoall = real
+
+
+def build(options: dict, data_parallel_input: bool) -> tuple:
+    """Plan, model and SGD trainer for this process's rank and world size."""
+    import distributed as dist
+    from hybrid_embedding import HybridEmbedding
+    from interaction import resolve_interaction_name
+    from lr_scheduler import LearningRateScheduler
+    from model import Dlrm, DlrmConfig
+    from optimizers import make_optimizers
+    from sharding import plan_sharding
+    from trainer import Trainer
+
+    plan = plan_sharding(options["cardinalities"], options["dim"], dist.size(), "memory_balanced")
+    layer = HybridEmbedding(plan, dist.rank(), data_parallel_input=data_parallel_input,
+                            name="hybrid_dp" if data_parallel_input else "hybrid_mp")
+    config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=options["cardinalities"],
+                        embedding_dim=options["dim"], bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
+                        interaction=resolve_interaction_name("auto"))
+    model = Dlrm(config, layer)
+    model.build_weights()
+    trainer = Trainer(model, *make_optimizers("sgd"), LearningRateScheduler(0.01, 0, 10**9, 1))
+    return plan, model, trainer
+
+
+def rank_batches(options: dict, plan: ShardingPlan, data_parallel_input: bool, count: int) -> list:
+    """`count` random global batches cut as this rank's loader would give them (tests/hybrid_worker.py)."""
+    import numpy as np
+    import tensorflow as tf
+
+    import distributed as dist
+    from model import CATEGORICAL_KEY, NUMERICAL_KEY
+
+    rank, size, batch = dist.rank(), dist.size(), options["batch"]
+    start = sum(local_rows(batch, size)[:rank])
+    end = start + local_rows(batch, size)[rank]
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(count):
+        numerical = rng.random((batch, NUM_NUMERICAL), dtype=np.float32)
+        categorical = [rng.integers(0, c, batch, dtype=np.int32) for c in options["cardinalities"]]
+        labels = (rng.random((batch, 1)) < 0.3).astype(np.float32)
+        if data_parallel_input:
+            ids = tuple(tf.constant(c[start:end]) for c in categorical)
+        else:
+            ids = tuple(tf.constant(categorical[t]) for t in plan.input_tables(rank))
+        batches.append(({NUMERICAL_KEY: tf.constant(numerical[start:end]), CATEGORICAL_KEY: ids},
+                        tf.constant(labels[start:end])))
+    return batches
+
+
+def eager_step_bytes(trainer: Trainer, batch: tuple) -> Dict[str, List[int]]:
+    """Bytes each collective of one eagerly run training step sends from this rank to each rank."""
+    import tensorflow as tf
+
+    tf.config.run_functions_eagerly(True)
+    try:
+        with recording_alltoall() as sent:
+            trainer.train_step(*batch)[0].numpy()
+    finally:
+        tf.config.run_functions_eagerly(False)
+    return sent
+
+
+def timed_steps(trainer: Trainer, batches: Sequence, steps: int) -> List[float]:
+    """Seconds of each of `steps` graph-mode steps after WARMUP_STEPS (synchronised by the loss)."""
+    times = []
+    for i in range(WARMUP_STEPS + steps):
+        start = time.perf_counter()
+        trainer.train_step(*batches[i % len(batches)])[0].numpy()
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def exchange_times(plan: ShardingPlan, global_batch: int, runs: int) -> List[float]:
+    """Seconds of the forward + backward output exchanges alone: the step's buffers, twice."""
+    import tensorflow as tf
+
+    import distributed as dist
+
+    rank = dist.rank()
+    send = tf.random.uniform([global_batch * plan.width_on(rank)])
+    splits = tf.constant(local_rows(global_batch, plan.world_size), tf.int32) * plan.width_on(rank)
+
+    @tf.function
+    def forward_and_backward(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+        received, received_counts = dist.alltoall(values, splits=counts, name="bench_forward")
+        returned, _ = dist.alltoall(received, splits=received_counts, name="bench_backward")
+        return returned
+
+    times = []
+    for i in range(WARMUP_STEPS + runs):
+        dist.barrier()
+        start = time.perf_counter()
+        forward_and_backward(send, splits).numpy()
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def worker(job: str, options: dict) -> dict:
+    """One job in this process (one rank of a horovodrun job, or the single process)."""
+    import tensorflow as tf
+
+    import distributed as dist
+    from hybrid_embedding import exchange_bytes_per_step
+
+    dist.init()
+    tf.keras.utils.set_random_seed(0)
+    rank, size = dist.rank(), dist.size()
+    result: Dict[str, object] = {"rank": rank}
+    plan, _, trainer = build(options, data_parallel_input=False)
+    result["table_bytes_on_rank"] = plan.bytes_per_rank(4)[rank]
+    result["peak_rss_after_build_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    batches = rank_batches(options, plan, False, 2)
+    if job == "mid" and size > 1:
+        result["model_parallel_sent"] = eager_step_bytes(trainer, batches[0])
+    result["step_times_s"] = timed_steps(trainer, batches, options["steps"])
+    if job == "mid" and size > 1:
+        result["exchange_times_s"] = exchange_times(plan, options["batch"], options["exchange_runs"])
+        _, _, dp_trainer = build(options, data_parallel_input=True)
+        result["data_parallel_sent"] = eager_step_bytes(dp_trainer, rank_batches(options, plan, True, 1)[0])
+        result["formula_bytes"] = exchange_bytes_per_step(plan, options["batch"], 4)
+        result["minimum_output_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=False)
+        result["minimum_id_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=True)
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"ranks": dist.allgather_object(result)}
+
+
+# ---------------------------------------------------------------------------- parent side
+def mem_available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+def wait_for_memory(needed: int, patience_s: float = 120.0) -> None:
+    """Start a memory-heavy run only when the machine has room (others may be running tests)."""
+    deadline = time.monotonic() + patience_s
+    while mem_available_bytes() < needed:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {mem_available_bytes() / 2**30:.1f} GiB available, the memory run needs "
+                             f"{needed / 2**30:.1f} GiB; rerun when the machine is quieter")
+        time.sleep(5)
+
+
+def run_job(job: str, options: dict, ranks: int) -> dict:
+    """Run a job on 1 process or on `ranks` horovodrun ranks; return every rank's result (as gathered)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, os.path.abspath(__file__), "--worker", job, json.dumps(options)]
+    if ranks > 1:
+        launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        command = [launcher, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *command]
+    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    lines = [l.split("RESULT ", 1)[1] for l in out.stdout.splitlines() if "RESULT " in l]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"benchmark job {job} on {ranks} process(es) failed (exit {out.returncode}):\n"
+                         f"{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1])
+
+
+def exchange_report(ranks: List[dict]) -> dict:
+    """Measured vs minimum bytes per ordered rank pair, for outputs (both input modes) and ids."""
+    first = ranks[0]
+
+    def matrix(key: str, name: str) -> List[List[int]]:
+        return [r[key][name] for r in ranks]
+
+    report = {}
+    for label, measured, minimum in (
+            ("outputs_model_parallel_input", matrix("model_parallel_sent", "embeddings"), first["minimum_output_bytes"]),
+            ("outputs_data_parallel_input", matrix("data_parallel_sent", "embeddings"), first["minimum_output_bytes"]),
+            ("ids_data_parallel_input", matrix("data_parallel_sent", "ids"), first["minimum_id_bytes"])):
+        total = sum(map(sum, measured))
+        report[label] = {"measured_bytes": total, "minimum_bytes": sum(map(sum, minimum)),
+                         "measured_per_pair": measured, "minimum_per_pair": minimum,
+                         "equal": measured == minimum}
+    report["outputs_model_parallel_input"]["exchange_bytes_per_step"] = first["formula_bytes"]
+    report["outputs_model_parallel_input"]["formula_equal"] = first["formula_bytes"] == sum(map(sum, first["minimum_output_bytes"]))
+    report["collectives_recorded"] = sorted(set(first["model_parallel_sent"]) | set(first["data_parallel_sent"]))
+    return report
+
+
+def median_ms(times: Sequence[float]) -> float:
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        print("RESULT " + json.dumps(worker(sys.argv[2], json.loads(sys.argv[3]))), flush=True)
+        return
+    quick = "--quick" in sys.argv
+    configs = QUICK if quick else FULL
+    load_start = os.getloadavg()
+    started = time.monotonic()
+    mid_single = run_job("mid", configs["mid"], 1)["ranks"]
+    mid_pair = run_job("mid", configs["mid"], 2)["ranks"]
+    memory = configs["memory"]
+    table_bytes = sum(memory["cardinalities"]) * memory["dim"] * 4
+    wait_for_memory(int(table_bytes * 1.3) + 2 * 2**30)
+    memory_single = run_job("memory", memory, 1)["ranks"]
+    wait_for_memory(int(table_bytes * 0.8) + 3 * 2**30)
+    memory_pair = run_job("memory", memory, 2)["ranks"]
+
+    single_ms = median_ms(mid_single[0]["step_times_s"])
+    pair_ms = max(median_ms(r["step_times_s"]) for r in mid_pair)
+    exchange_ms = max(median_ms(r["exchange_times_s"]) for r in mid_pair)
+    single_peak = memory_single[0]["peak_rss_bytes"]
+    pair_peak = max(r["peak_rss_bytes"] for r in memory_pair)
+    results = {
+        "quick": quick, "threads": os.cpu_count(), "transport": "gloo", "dtype": "float32",
+        "strategy": "memory_balanced", "input": "model parallel unless stated", "optimizer": "sgd",
+        "load_average_start": load_start, "load_average_end": os.getloadavg(),
+        "wall_s": time.monotonic() - started, "configs": configs,
+        "exchange_bytes": exchange_report(mid_pair),
+        "step_time": {"global_batch": configs["mid"]["batch"], "warmup_steps": WARMUP_STEPS,
+                      "single_process_median_ms": single_ms, "two_ranks_median_ms": pair_ms,
+                      "speedup": single_ms / pair_ms,
+                      "single_process_min_ms": min(mid_single[0]["step_times_s"]) * 1000,
+                      "two_ranks_min_ms": max(min(r["step_times_s"]) for r in mid_pair) * 1000,
+                      "exchange_median_ms": exchange_ms, "exchange_share_of_step": exchange_ms / pair_ms,
+                      "per_rank_median_ms": [median_ms(r["step_times_s"]) for r in mid_pair],
+                      "per_rank_exchange_median_ms": [median_ms(r["exchange_times_s"]) for r in mid_pair]},
+        "memory": {"table_bytes_total": table_bytes,
+                   "table_bytes_per_rank": [r["table_bytes_on_rank"] for r in memory_pair],
+                   "single_process_peak_rss_bytes": single_peak,
+                   "single_process_peak_rss_after_build_bytes": memory_single[0]["peak_rss_after_build_bytes"],
+                   "two_ranks_peak_rss_after_build_bytes": [r["peak_rss_after_build_bytes"] for r in memory_pair],
+                   "two_ranks_peak_rss_bytes": [r["peak_rss_bytes"] for r in memory_pair],
+                   "ratio": pair_peak / single_peak, "target_ratio": 0.6, "meets_target": pair_peak / single_peak < 0.6},
+    }
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump(results, f, indent=1)
+    exchange = results["exchange_bytes"]
+    print(f"{'all-to-all (forward, 2 ranks)':<34} {'measured B':>12} {'minimum B':>12} {'equal':>6}")
+    for label in ("outputs_model_parallel_input", "outputs_data_parallel_input", "ids_data_parallel_input"):
+        e = exchange[label]
+        print(f"{label:<34} {e['measured_bytes']:>12} {e['minimum_bytes']:>12} {str(e['equal']):>6}")
+    print(f"exchange_bytes_per_step() = {exchange['outputs_model_parallel_input']['exchange_bytes_per_step']}")
+    print(f"step time, global batch {configs['mid']['batch']}: 1 process {single_ms:.1f} ms, 2 ranks {pair_ms:.1f} ms "
+          f"(x{single_ms / pair_ms:.2f}); exchanges alone {exchange_ms:.1f} ms = {exchange_ms / pair_ms:.1%} of the step")
+    pair_peaks = ", ".join(f"{r['peak_rss_bytes'] / 2**30:.2f}" for r in memory_pair)
+    print(f"peak RSS, {table_bytes / 1e9:.2f} GB of tables: 1 process {single_peak / 2**30:.2f} GiB, "
+          f"2 ranks {pair_peaks} GiB; "
+          f"ratio {pair_peak / single_peak:.3f} (target < 0.6)")
+    print(f"load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}; results: {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
