@@ -80,11 +80,22 @@ def table_bytes(rows: int, dim: int, dtype: tf.DType) -> int:
     return rows * dim * dtype.size
 
 
-def uniform_table_init(rows: int, dim: int, dtype: tf.DType) -> tf.Tensor:
-    """U(-sqrt(1/N), sqrt(1/N)) for a table of N rows (§2.7), generated on the CPU."""
+INIT_CHUNK_ROWS = 1 << 16
+
+
+def fill_uniform(variable: tf.Variable, row_start: int, rows: int) -> None:
+    """Rows [row_start, row_start + rows) of `variable` ~ U(-sqrt(1/N), sqrt(1/N)), N = rows (§2.7).
+
+    Filled in row chunks, generated on the CPU, so initialising a huge table never holds more
+    than one chunk besides the table itself.
+    """
     limit = math.sqrt(1.0 / rows)
-    with tf.device("/CPU:0"):
-        return tf.cast(tf.random.uniform([rows, dim], -limit, limit, dtype=tf.float32), dtype)
+    dim = int(variable.shape[1])
+    for start in range(0, rows, INIT_CHUNK_ROWS):
+        count = min(INIT_CHUNK_ROWS, rows - start)
+        with tf.device("/CPU:0"):
+            chunk = tf.random.uniform([count, dim], -limit, limit, dtype=tf.float32)
+        variable[row_start + start:row_start + start + count].assign(tf.cast(chunk, variable.dtype))
 
 
 class MultiTableEmbedding(tf.keras.layers.Layer):
@@ -101,10 +112,10 @@ class MultiTableEmbedding(tf.keras.layers.Layer):
 
     def build(self, input_shape=None) -> None:
         for i, rows in enumerate(self.cardinalities):
-            self.tables.append(self.add_weight(
-                name=f"table_{i}", shape=[rows, self.dim], dtype=self.dtype,
-                initializer=lambda shape, dtype, rows=rows: uniform_table_init(rows, self.dim, tf.as_dtype(dtype)),
-                trainable=self.trainable))
+            table = self.add_weight(name=f"table_{i}", shape=[rows, self.dim], dtype=self.dtype,
+                                    initializer="zeros", trainable=self.trainable)
+            fill_uniform(table, 0, rows)
+            self.tables.append(table)
         super().build(input_shape)
 
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -129,12 +140,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
         self.table: Optional[tf.Variable] = None
 
     def build(self, input_shape=None) -> None:
-        def initializer(shape, dtype):
-            dtype = tf.as_dtype(dtype)
-            return tf.concat([uniform_table_init(rows, self.dim, dtype) for rows in self.cardinalities], 0)
-
         self.table = self.add_weight(name="fused_table", shape=[int(self.offsets[-1]), self.dim],
-                                     dtype=self.dtype, initializer=initializer, trainable=self.trainable)
+                                     dtype=self.dtype, initializer="zeros", trainable=self.trainable)
+        for i, rows in enumerate(self.cardinalities):
+            fill_uniform(self.table, int(self.offsets[i]), rows)
         super().build(input_shape)
 
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
-from embedding import TableSlice, TableView, VariableSelector, table_bytes, uniform_table_init
+from embedding import TableSlice, TableView, VariableSelector, fill_uniform, table_bytes
 from sharding import Piece, ShardingPlan
 
 
@@ -109,19 +109,18 @@ class HybridEmbedding(tf.keras.layers.Layer):
     def build(self, input_shape=None) -> None:
         self.cpu_pieces = self._offloaded()
         for i, piece in enumerate(self.local_pieces):
-            device = "/CPU:0" if i in self.cpu_pieces else None
-            with tf.device(device):
-                self.piece_variables.append(self.add_weight(
-                    name=f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}",
-                    shape=[piece.rows, piece.width], dtype=self.dtype, trainable=self.trainable,
-                    initializer=lambda shape, dtype, rows=piece.rows, width=piece.width:
-                        uniform_table_init(rows, width, tf.as_dtype(dtype))))
+            with tf.device("/CPU:0" if i in self.cpu_pieces else None):
+                variable = self.add_weight(name=f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}",
+                                           shape=[piece.rows, piece.width], dtype=self.dtype,
+                                           trainable=self.trainable, initializer="zeros")
+            fill_uniform(variable, 0, piece.rows)
+            self.piece_variables.append(variable)
         for table in self.plan.replicated:
             rows = self.plan.cardinalities[table]
-            self.replicated_tables[table] = self.add_weight(
-                name=f"replicated_table_{table}", shape=[rows, self.plan.dim], dtype=self.dtype,
-                trainable=self.trainable,
-                initializer=lambda shape, dtype, rows=rows: uniform_table_init(rows, self.plan.dim, tf.as_dtype(dtype)))
+            variable = self.add_weight(name=f"replicated_table_{table}", shape=[rows, self.plan.dim],
+                                       dtype=self.dtype, trainable=self.trainable, initializer="zeros")
+            fill_uniform(variable, 0, rows)
+            self.replicated_tables[table] = variable
         super().build(input_shape)
 
     # ------------------------------------------------------------------ forward

@@ -60,6 +60,7 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     evaluation = final_record(tmp_path / "e.json")
     assert 0.0 <= evaluation["auc"] <= 1.0 and evaluation["test_loss"] > 0
     assert_ok(main_py(SMALL + ["--mode", "inference", "--restore_checkpoint_path", str(ckpt), "--max_steps", "14",
+                               "--auc_thresholds", "8000",
                                "--synthetic_dataset_valid_batches", "14", "--log_path", str(tmp_path / "i.json")]))
     inference = final_record(tmp_path / "i.json")
     for key in ("mean_inference_throughput", "mean_inference_latency", "p50_inference_latency",
@@ -127,7 +128,7 @@ def test_resumed_run_ends_with_the_same_weights(tmp_path, optimizer):
 
 
 def test_restoring_a_different_model_lists_the_mismatch(tmp_path):
-    assert_ok(main_py(SMALL + ["--max_steps", "2", "--save_checkpoint_path", str(tmp_path / "c")]))
+    assert_ok(main_py(SMALL + ["--max_steps", "2", "--run_eagerly", "--save_checkpoint_path", str(tmp_path / "c")]))
     result = main_py([a if a != "16,8" else "16,4" for a in SMALL]
                      + ["--embedding_dim", "4", "--mode", "eval", "--restore_checkpoint_path", str(tmp_path / "c")])
     assert result.returncode != 0
@@ -136,7 +137,7 @@ def test_restoring_a_different_model_lists_the_mismatch(tmp_path):
 
 
 def test_keep_last_k_checkpoints(tmp_path):
-    assert_ok(main_py(SMALL + ["--checkpoint_every_n_steps", "3", "--keep_checkpoints", "2",
+    assert_ok(main_py(SMALL + ["--checkpoint_every_n_steps", "3", "--keep_checkpoints", "2", "--xla",
                                "--save_checkpoint_path", str(tmp_path / "c")]))
     names = [os.path.basename(p) for p in checkpoint.list_checkpoints(str(tmp_path / "c"))]
     assert names == ["step_000000009", "step_000000012"]

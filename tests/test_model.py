@@ -11,6 +11,7 @@ import metrics
 from lr_scheduler import LearningRateScheduler, learning_rate_at
 from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
 from optimizers import SGD, Adam, make_optimizers
+from trainer import eval_points
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -141,3 +142,9 @@ def test_config_validation_names_the_flag():
         _config(bottom_mlp_dims=[16, 4]).validate()
     with pytest.raises(ValueError, match="--top_mlp_dims"):
         _config(top_mlp_dims=[16, 2]).validate()
+
+
+def test_eval_points_spread_over_the_epoch():
+    assert eval_points(10, 1) == [9]
+    assert eval_points(10, 4) == [2, 4, 7, 9]
+    assert eval_points(10, 0) == []
