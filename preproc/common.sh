@@ -54,6 +54,7 @@ spark_job() {
     shift 2
     local extra_args=()
     [[ -n "$extra" ]] && read -r -a extra_args <<<"$extra"
+    [[ -n "${SPARK_DRIVER_JAVA_OPTIONS:-}" ]] && extra_args+=(--driver-java-options "$SPARK_DRIVER_JAVA_OPTIONS")
     echo "+ spark-submit ... spark_data_utils.py $*" >&2
     PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}" PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYTHON}" \
         "$SPARK_HOME/bin/spark-submit" "${SPARK_SUBMIT_ARGS[@]}" \

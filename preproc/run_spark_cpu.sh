@@ -15,6 +15,8 @@
 #   TEST_SHUFFLE_PARTITIONS  for the test and validation jobs (default TOTAL_CORES)
 #   MAX_PARTITION_BYTES      input split size (default 1g; Spark still splits to use every core)
 #   SPARK_LOCAL_DIRS         shuffle scratch space (default /data/dlrm/spark/tmp)
+#   SPARK_DRIVER_JAVA_OPTIONS  extra JVM options of the driver (none; e.g. -XX:TieredStopAtLevel=1
+#                            makes small local runs start faster)
 #   NUM_DAYS (24), STRICT (0), RANDOM_SEED (12345), BROADCAST_MAX_ROWS (1000000), PYTHON (python3)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -410,8 +410,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    frequency_limit=args.frequency_limit, strict=args.strict)
     if args.summary_file:
         write_json(args.summary_file, summary)
-    print(f"{args.mode} days {args.days}: {summary['input_lines']} lines, {summary['rejected_lines']} rejected "
-          f"{ {r: n for r, n in summary['rejected_by_reason'].items() if n} }")
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in summary["rejected_by_reason"].items() if n)
+    print(f"{args.mode} days {args.days}: {summary['input_lines']} lines, {summary['rejected_lines']} rejected"
+          + (f" ({reasons})" if reasons else ""))
     return 0
 
 
