@@ -47,7 +47,27 @@ find_spark_home() {
     export SPARK_HOME
 }
 
-# Runs spark_data_utils.py with the caller's SPARK_SUBMIT_ARGS plus per-job confs.
+# Sets SPARK_SUBMIT_ARGS from the resource variables both pipelines define (SPARK_MASTER,
+# DRIVER_MEMORY, NUM_EXECUTORS, EXECUTOR_CORES, EXECUTOR_MEMORY, MAX_PARTITION_BYTES, SPARK_LOCAL_DIRS).
+set_spark_submit_args() {
+    SPARK_SUBMIT_ARGS=(
+        --master "$SPARK_MASTER"
+        --driver-memory "$DRIVER_MEMORY"
+        --conf "spark.executor.instances=$NUM_EXECUTORS"
+        --conf "spark.executor.cores=$EXECUTOR_CORES"
+        --conf "spark.executor.memory=$EXECUTOR_MEMORY"
+        --conf "spark.cores.max=$((NUM_EXECUTORS * EXECUTOR_CORES))"
+        --conf "spark.local.dir=$SPARK_LOCAL_DIRS"
+        --conf "spark.sql.files.maxPartitionBytes=$MAX_PARTITION_BYTES"
+        --conf "spark.driver.maxResultSize=2g"
+        --conf "spark.locality.wait=0s"
+        --conf "spark.network.timeout=1800s"
+        --conf "spark.ui.showConsoleProgress=false"
+        --conf "spark.log.level=${SPARK_LOG_LEVEL:-WARN}"
+    )
+}
+
+# Runs spark_data_utils.py with SPARK_SUBMIT_ARGS plus per-job confs.
 # Usage: spark_job <shuffle partitions> <extra spark-submit args as one string or ''> <script args...>
 spark_job() {
     local partitions="$1" extra="$2"

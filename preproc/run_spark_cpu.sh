@@ -37,19 +37,5 @@ TEST_SHUFFLE_PARTITIONS="${TEST_SHUFFLE_PARTITIONS:-$TOTAL_CORES}"
 MAX_PARTITION_BYTES="${MAX_PARTITION_BYTES:-1g}"
 export SPARK_LOCAL_DIRS="${SPARK_LOCAL_DIRS:-/data/dlrm/spark/tmp}"
 
-SPARK_SUBMIT_ARGS=(
-    --master "$SPARK_MASTER"
-    --driver-memory "$DRIVER_MEMORY"
-    --conf "spark.executor.instances=$NUM_EXECUTORS"
-    --conf "spark.executor.cores=$EXECUTOR_CORES"
-    --conf "spark.executor.memory=$EXECUTOR_MEMORY"
-    --conf "spark.cores.max=$((NUM_EXECUTORS * EXECUTOR_CORES))"
-    --conf "spark.local.dir=$SPARK_LOCAL_DIRS"
-    --conf "spark.sql.files.maxPartitionBytes=$MAX_PARTITION_BYTES"
-    --conf "spark.driver.maxResultSize=2g"
-    --conf "spark.locality.wait=0s"
-    --conf "spark.network.timeout=1800s"
-    --conf "spark.ui.showConsoleProgress=false"
-    --conf "spark.log.level=${SPARK_LOG_LEVEL:-WARN}"
-)
+set_spark_submit_args
 run_criteo_spark_jobs "$INPUT_PATH" "$OUTPUT_PATH" "$FREQUENCY_LIMIT"
