@@ -6,7 +6,7 @@ defined before TensorFlow is imported so that `--xla` can set TF_XLA_FLAGS first
 """
 from __future__ import annotations
 
-import json
+import math
 import os
 import sys
 
@@ -247,15 +247,39 @@ def log_final(logger, data: dict) -> None:
     logger.log(step=(), data=data)
 
 
+def build_model(spec, plan, rank: int, compute_dtype):
+    """The DLRM with its variables created: plain tables on one process, hybrid-parallel on several."""
+    import interaction
+    from model import Dlrm
+    from utils import print_rank0
+
+    interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
+    print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
+                rank=rank)
+    config = build_model_config(spec, interaction_name)
+    embedding_layer = None
+    if plan is not None:
+        from hybrid_embedding import HybridEmbedding
+
+        embedding_layer = HybridEmbedding(plan, rank, data_parallel_input=FLAGS.data_parallel_input,
+                                          output_dtype=compute_dtype, trainable=FLAGS.embedding_trainable,
+                                          device_budget_bytes=config.embedding_device_budget_bytes)
+    model = Dlrm(config, embedding_layer)
+    model.build_weights()
+    placement = model.embedding.placement()
+    counts = ", ".join(f"{placement.count(kind)} {kind}" for kind in ("device", "cpu", "replicated", "remote")
+                       if placement.count(kind))
+    print_rank0(f"embedding tables on rank {rank}: {counts}", rank=rank)
+    return model
+
+
 def run_mode(rank: int, world_size: int, logger) -> None:
     import tensorflow as tf
 
     import checkpoint
     import distributed as dist
-    import interaction
     import saved_model
     from lr_scheduler import LearningRateScheduler
-    from model import Dlrm
     from optimizers import make_optimizers
     from trainer import Evaluator, LoopConfig, Trainer, train_loop
     from utils import print_rank0
@@ -279,23 +303,7 @@ def run_mode(rank: int, world_size: int, logger) -> None:
         run_evaluation_modes(evaluator, pipelines, logger, rank)
         return
 
-    interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
-    print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
-                rank=rank)
-    config = build_model_config(spec, interaction_name)
-    embedding_layer = None
-    if plan is not None:
-        from hybrid_embedding import HybridEmbedding
-
-        embedding_layer = HybridEmbedding(plan, rank, data_parallel_input=FLAGS.data_parallel_input,
-                                          output_dtype=compute_dtype, trainable=FLAGS.embedding_trainable,
-                                          device_budget_bytes=config.embedding_device_budget_bytes)
-    model = Dlrm(config, embedding_layer)
-    model.build_weights()
-    placement = model.embedding.placement()
-    print_rank0(f"embedding tables on rank 0: " + ", ".join(f"{placement.count(kind)} {kind}" for kind in
-                                                              ("device", "cpu", "replicated", "remote")
-                                                              if placement.count(kind)), rank=rank)
+    model = build_model(spec, plan, rank, compute_dtype)
     dist.broadcast_variables(model.data_parallel_variables, root_rank=0)
     optimizers = make_optimizers(FLAGS.optimizer)
     scheduler = LearningRateScheduler(FLAGS.learning_rate, FLAGS.warmup_steps, FLAGS.decay_start_step,
@@ -333,10 +341,10 @@ def run_mode(rank: int, world_size: int, logger) -> None:
                         save_checkpoint=save if FLAGS.save_checkpoint_path else None)
     if FLAGS.save_checkpoint_path and result.steps not in saved_steps:
         save(result.steps)
-    if FLAGS.saved_model_output_path and rank == 0:
+    if FLAGS.saved_model_output_path:  # single process only (validate_flags)
         print(f"SavedModel exported to: {saved_model.export(model, FLAGS.saved_model_output_path)}", flush=True)
     mean_step = result.mean_step_time_s
-    log_final(logger, {"throughput": FLAGS.batch_size / mean_step if mean_step == mean_step else float("nan"),
+    log_final(logger, {"throughput": float("nan") if math.isnan(mean_step) else FLAGS.batch_size / mean_step,
                        "mean_step_time_ms": mean_step * 1000, "auc": result.best_auc,
                        "validation_loss": result.min_validation_loss, "train_loss": result.train_loss}
               | ({"teacher_auc": pipelines.teacher_auc} if pipelines.teacher_auc is not None else {}))
