@@ -196,9 +196,9 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     step = start_step
     while step < total_steps:
         epoch, offset = divmod(step, config.steps_per_epoch)
-        for features, labels in train_dataset.skip(offset):
-            if step >= total_steps:
-                break
+        epoch_start = step
+        batches = train_dataset.skip(offset).take(min(config.steps_per_epoch - offset, total_steps - step))
+        for features, labels in batches:
             _maybe_profile(config, step, rank)
             loss, learning_rate = trainer.train_step(features, labels)
             train_loss = float(loss.numpy())
@@ -221,9 +221,8 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
                             f"step: {step}, samples: {result.num_samples}", rank=rank)
             if save_checkpoint and config.checkpoint_every_n_steps > 0 and step % config.checkpoint_every_n_steps == 0:
                 save_checkpoint(step)
-        else:
-            continue
-        break
+        if step == epoch_start:
+            raise RuntimeError(f"the training data yielded no batch at step {step} (epoch {epoch}, batch {offset})")
     aucs = [e.auc for e in evaluations if math.isfinite(e.auc)]
     losses = [e.loss for e in evaluations]
     return TrainResult(steps=step, mean_step_time_s=timer.mean_step_time(), train_loss=train_loss,
