@@ -6,7 +6,7 @@ if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
   cat <<'USAGE'
 Usage: scripts/run_tests.sh [pytest args...]
 
-Runs pytest over tests/ with the project's .venv. Skipped tests are listed with their reasons
+Runs pytest over tests/ and tensorflow-dot-based-interact/tests/ with the project's .venv. Skipped tests are listed with their reasons
 (-rs). Under CI (CI=true) a missing component fails its test instead of skipping it.
 USAGE
   exit 0
