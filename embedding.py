@@ -62,7 +62,7 @@ class TableSlice(TableView):
         return self.variable[self.row_start + start:self.row_start + end].numpy()
 
     def write_rows(self, start: int, end: int, values: np.ndarray) -> None:
-        self.variable[self.row_start + start:self.row_start + end].assign(values.astype(self.numpy_dtype, copy=False))
+        assign_rows(self.variable, self.row_start + start, values.astype(self.numpy_dtype, copy=False))
 
     def select(self, selector: VariableSelector) -> "TableSlice":
         """The same rows of another variable of the same shape (an optimizer slot)."""
@@ -83,6 +83,17 @@ def table_bytes(rows: int, dim: int, dtype: tf.DType) -> int:
 INIT_CHUNK_ROWS = 1 << 16
 
 
+def assign_rows(variable: tf.Variable, row_start: int, values) -> None:
+    """Write rows [row_start, row_start + len(values)) of `variable` in place.
+
+    A scatter, because a strided-slice assign copies the whole variable on its first write
+    (copy-on-write), which doubles the memory of a huge table.
+    """
+    count = int(values.shape[0])
+    rows = tf.range(row_start, row_start + count, dtype=tf.int64)
+    variable.scatter_update(tf.IndexedSlices(tf.cast(values, variable.dtype), rows))
+
+
 def fill_uniform(variable: tf.Variable, row_start: int, rows: int) -> None:
     """Rows [row_start, row_start + rows) of `variable` ~ U(-sqrt(1/N), sqrt(1/N)), N = rows (§2.7).
 
@@ -95,7 +106,7 @@ def fill_uniform(variable: tf.Variable, row_start: int, rows: int) -> None:
         count = min(INIT_CHUNK_ROWS, rows - start)
         with tf.device("/CPU:0"):
             chunk = tf.random.uniform([count, dim], -limit, limit, dtype=tf.float32)
-        variable[row_start + start:row_start + start + count].assign(tf.cast(chunk, variable.dtype))
+        assign_rows(variable, row_start + start, chunk)
 
 
 class MultiTableEmbedding(tf.keras.layers.Layer):

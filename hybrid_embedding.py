@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
-from embedding import TableSlice, TableView, VariableSelector, fill_uniform, table_bytes
+from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, table_bytes
 from sharding import Piece, ShardingPlan
 
 
@@ -61,8 +61,8 @@ class ShardedTableView(TableView):
 
     def write_rows(self, start: int, end: int, values: np.ndarray) -> None:
         for piece, variable in self.local:
-            variable[start:end].assign(np.ascontiguousarray(values[:, piece.col_start:piece.col_end])
-                                       .astype(self.numpy_dtype, copy=False))
+            assign_rows(variable, start, np.ascontiguousarray(values[:, piece.col_start:piece.col_end])
+                        .astype(self.numpy_dtype, copy=False))
 
 
 class HybridEmbedding(tf.keras.layers.Layer):
