@@ -5,7 +5,8 @@ cpu-bench: 26 tables of 100,000 rows, dim 128, bottom MLP 512-256-128, top MLP
 samples/s and model-FLOP utilisation: per-sample FLOPs (2*in*out per dense layer plus F*F*D for
 the interaction, x3 for forward and backward) times samples/s, divided by the fp32 matmul FLOP/s
 of a 2048^3 TF matmul measured in the same run (the best of every worker's measurement).
-Also inference latency at batch 2048 and the peak RSS against the bytes of parameters + optimizer state + two batches.
+Also inference latency at batch 2048 and the peak RSS against the bytes of parameters +
+optimizer state + two batches.
 
 Each configuration runs in its own process (XLA is chosen by environment before TF loads).
 Writes bench/results/train.json and prints a table. Usage: python bench/train.py [--quick]
