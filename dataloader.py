@@ -60,6 +60,23 @@ def _check_batch_fits(batch_size: int, num_samples: int, what: str, where: str) 
                                  f"{num_samples} samples of the {what} data")
 
 
+def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[str] = None,
+                      feature_spec_name: str = DEFAULT_SPEC_NAME, use_feature_spec: bool = False,
+                      num_numerical_features: int = 13,
+                      cardinalities: Sequence[int] = (1000,) * 26) -> FeatureSpec:
+    """The validated spec of the dataset, or the default spec of the synthetic dimensions."""
+    if dataset_type not in DATASET_TYPES:
+        raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
+    if dataset_type == "tf_raw" or use_feature_spec:
+        if not dataset_path:
+            raise ValueError("dataset_path is required for dataset_type 'tf_raw' and for "
+                             "synthetic data from a feature spec")
+        spec = FeatureSpec.from_yaml(os.path.join(dataset_path, feature_spec_name))
+        spec.check_feature_spec()
+        return spec
+    return FeatureSpec.get_default_feature_spec(num_numerical_features, list(cardinalities))
+
+
 def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Optional[str] = None,
                            feature_spec_name: str = DEFAULT_SPEC_NAME,
                            train_batch_size: int = 65536, eval_batch_size: int = 65536,
@@ -70,25 +87,22 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
                            num_train_batches: int = 64008, num_eval_batches: int = 1350,
                            cardinalities: Sequence[int] = (1000,) * 26,
                            num_numerical_features: int = 13, use_feature_spec: bool = False,
-                           validate_data: bool = False) -> InputPipelines:
+                           validate_data: bool = False,
+                           feature_spec: Optional[FeatureSpec] = None) -> InputPipelines:
     """The train and eval pipelines of this rank; every bad input raises before any batch is read.
 
     `local_categorical_ids` are indices into `feature_spec.categorical_names` that this rank
     owns (None: all). With `data_parallel_input` the rank reads its local slice of those features,
-    otherwise their whole global batch. Batch sizes are global. `validate_data` reads every
+    otherwise their whole global batch. Batch sizes are global. A `feature_spec` already loaded with
+    `load_feature_spec` is used as is instead of being read again. `validate_data` reads every
     categorical file once to check its ids against the cardinality (tf_raw only). Synthetic data
     is drawn in memory from the teacher of `datasets.SyntheticTeacher` (batch order fixed).
     """
-    if dataset_type not in DATASET_TYPES:
-        raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
-    if dataset_type == "tf_raw" or use_feature_spec:
-        if not dataset_path:
-            raise ValueError("dataset_path is required for dataset_type 'tf_raw' and for "
-                             "synthetic data from a feature spec")
-        spec = FeatureSpec.from_yaml(os.path.join(dataset_path, feature_spec_name))
-        spec.check_feature_spec()
-    else:
-        spec = FeatureSpec.get_default_feature_spec(num_numerical_features, list(cardinalities))
+    spec = feature_spec or load_feature_spec(dataset_type=dataset_type, dataset_path=dataset_path,
+                                             feature_spec_name=feature_spec_name,
+                                             use_feature_spec=use_feature_spec,
+                                             num_numerical_features=num_numerical_features,
+                                             cardinalities=cardinalities)
     _check_partitioning(train_batch_size, eval_batch_size, rank, world_size,
                         local_categorical_ids, len(spec.categorical_names))
     categorical_ids = (range(len(spec.categorical_names)) if local_categorical_ids is None

@@ -176,17 +176,16 @@ def _make_group(embedding_type: str, cardinalities: Sequence[int], dim: int, tab
                output_dtype=output_dtype, name=name)
 
 
-def split_by_memory(cardinalities: Sequence[int], dim: int, dtype: tf.DType,
+def split_by_memory(sizes_bytes: Sequence[int],
                     device_budget_bytes: Optional[int]) -> Tuple[List[int], List[int]]:
-    """(device table ids, cpu table ids): the smallest tables fill the device budget, the rest go
-    to the CPU. `None` means no budget (everything on the device)."""
-    order = sorted(range(len(cardinalities)), key=lambda i: (cardinalities[i], i))
+    """(device ids, cpu ids) of tables given their byte sizes: the smallest tables fill the device
+    budget, the rest go to the CPU. `None` means no budget (everything on the device)."""
+    order = sorted(range(len(sizes_bytes)), key=lambda i: (sizes_bytes[i], i))
     device, cpu, used = [], [], 0
     for i in order:
-        size = table_bytes(cardinalities[i], dim, dtype)
-        if device_budget_bytes is None or (not cpu and used + size <= device_budget_bytes):
+        if device_budget_bytes is None or (not cpu and used + sizes_bytes[i] <= device_budget_bytes):
             device.append(i)
-            used += size
+            used += sizes_bytes[i]
         else:
             cpu.append(i)
     return sorted(device), sorted(cpu)
@@ -206,8 +205,8 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
         super().__init__(name=name, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
         self.dim = dim
-        self.device_ids, self.cpu_ids = split_by_memory(self.cardinalities, dim, table_dtype,
-                                                        device_budget_bytes)
+        self.device_ids, self.cpu_ids = split_by_memory(
+            [table_bytes(rows, dim, table_dtype) for rows in self.cardinalities], device_budget_bytes)
         self.device_group = (_make_group(device_embedding_type, [self.cardinalities[i] for i in self.device_ids],
                                          dim, table_dtype, trainable, output_dtype, "device_tables")
                              if self.device_ids else None)

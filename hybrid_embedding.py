@@ -22,7 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
-from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, table_bytes
+from embedding import (TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, split_by_memory,
+                       table_bytes)
 from sharding import Piece, ShardingPlan
 
 
@@ -92,22 +93,10 @@ class HybridEmbedding(tf.keras.layers.Layer):
         self.replicated_tables: Dict[int, tf.Variable] = {}
         self.cpu_pieces: List[int] = []
 
-    def _offloaded(self) -> List[int]:
-        """Indices of local pieces kept in CPU memory: the largest, beyond the per-rank budget."""
-        if self.device_budget_bytes is None:
-            return []
-        order = sorted(range(len(self.local_pieces)), key=lambda i: (self.local_pieces[i].elements, i))
-        used, offloaded = 0, []
-        for i in order:
-            size = table_bytes(self.local_pieces[i].rows, self.local_pieces[i].width, tf.as_dtype(self.dtype))
-            if offloaded or used + size > self.device_budget_bytes:
-                offloaded.append(i)
-            else:
-                used += size
-        return sorted(offloaded)
-
     def build(self, input_shape=None) -> None:
-        self.cpu_pieces = self._offloaded()
+        dtype = tf.as_dtype(self.dtype)
+        _, self.cpu_pieces = split_by_memory([table_bytes(p.rows, p.width, dtype) for p in self.local_pieces],
+                                             self.device_budget_bytes)
         for i, piece in enumerate(self.local_pieces):
             with tf.device("/CPU:0" if i in self.cpu_pieces else None):
                 variable = self.add_weight(name=f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}",

@@ -175,17 +175,15 @@ def configure_tensorflow(local_rank: int) -> None:
 
 def load_feature_spec():
     """The dataset's spec, or the default spec of the synthetic-data flags."""
-    from feature_spec import FeatureSpec
+    from dataloader import load_feature_spec as load
 
-    if FLAGS.dataset_type == "tf_raw" or FLAGS.synthetic_dataset_use_feature_spec:
-        spec = FeatureSpec.from_yaml(os.path.join(FLAGS.dataset_path, FLAGS.feature_spec))
-        spec.check_feature_spec()
-        return spec
-    return FeatureSpec.get_default_feature_spec(FLAGS.synthetic_dataset_num_numerical_features,
-                                                _ints(FLAGS.synthetic_dataset_cardinalities))
+    return load(dataset_type=FLAGS.dataset_type, dataset_path=FLAGS.dataset_path,
+                feature_spec_name=FLAGS.feature_spec, use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec,
+                num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
+                cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities))
 
 
-def build_pipelines(rank: int, world_size: int, compute_dtype, plan):
+def build_pipelines(rank: int, world_size: int, compute_dtype, plan, spec):
     from dataloader import create_input_pipelines
 
     model_parallel_input = plan is not None and not FLAGS.data_parallel_input
@@ -199,7 +197,8 @@ def build_pipelines(rank: int, world_size: int, compute_dtype, plan):
         num_eval_batches=FLAGS.synthetic_dataset_valid_batches,
         cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities),
         num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
-        use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec, validate_data=FLAGS.validate_data)
+        use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec, validate_data=FLAGS.validate_data,
+        feature_spec=spec)
 
 
 def build_model_config(spec, interaction_name: str):
@@ -294,7 +293,7 @@ def run_mode(rank: int, world_size: int, logger) -> None:
                              FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
         if FLAGS.print_sharding_plan:
             print_rank0(plan.describe(), rank=rank)
-    pipelines = build_pipelines(rank, world_size, compute_dtype, plan)
+    pipelines = build_pipelines(rank, world_size, compute_dtype, plan, spec)
     if pipelines.teacher_auc is not None:
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
 

@@ -121,13 +121,3 @@ def make_optimizers(name: str) -> Tuple[Optimizer, Optimizer]:
         return Adam(name="adam_dense"), Adam(name="lazy_adam_embedding")
     raise ValueError(f"--optimizer must be 'sgd' or 'adam', got {name!r}")
 
-
-def all_slot_variables(optimizers: Sequence[Optimizer]) -> List[tf.Variable]:
-    seen, result = set(), []
-    for optimizer in optimizers:
-        if id(optimizer) in seen:
-            continue
-        seen.add(id(optimizer))
-        for slots in optimizer.slots.values():
-            result.extend(slots.values())
-    return result
