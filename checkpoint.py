@@ -24,12 +24,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from embedding import TableView
+from embedding import TableView, row_chunks
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d{9})$")
-CHUNK_ROWS = 1 << 18
 
 
 class CheckpointError(RuntimeError):
@@ -66,8 +65,7 @@ def _save_table(path: Optional[str], table: TableView, what: str) -> None:
     tables), only the writer (path not None) writes."""
     out = (np.lib.format.open_memmap(path, mode="w+", dtype=table.numpy_dtype, shape=(table.rows, table.dim))
            if path else None)
-    for start in range(0, table.rows, CHUNK_ROWS):
-        end = min(table.rows, start + CHUNK_ROWS)
+    for start, end in row_chunks(table.rows, table.dim, table.numpy_dtype.itemsize):
         chunk = table.read_rows(start, end)
         _require_finite(chunk, what)
         if out is not None:
@@ -82,8 +80,7 @@ def _load_table(path: str, table: TableView) -> None:
     array = np.load(path, mmap_mode="r", allow_pickle=False)
     if array.shape != (table.rows, table.dim):
         raise CheckpointError(f"{path}: shape {array.shape}, the model expects {(table.rows, table.dim)}")
-    for start in range(0, table.rows, CHUNK_ROWS):
-        end = min(table.rows, start + CHUNK_ROWS)
+    for start, end in row_chunks(table.rows, table.dim, table.numpy_dtype.itemsize):
         table.write_rows(start, end, np.asarray(array[start:end]))
 
 

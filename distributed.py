@@ -1,8 +1,8 @@
 """The communication layer: rank, size and collectives over Horovod, or a single process.
 
 Under `horovodrun`, `mpirun` or `srun --mpi=pmix` every call goes through Horovod. Launched
-plainly (`python main.py`), the module runs as one process without importing Horovod, and every
-collective is the identity, so library code never branches on the world size itself.
+plainly (`python main.py`), Horovod (or, where it is not installed, this module alone) sees one
+process and every collective is the identity, so library code never branches on the world size.
 """
 from __future__ import annotations
 

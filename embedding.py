@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -69,18 +69,32 @@ class TableSlice(TableView):
         return TableSlice(selector(self.variable), self.row_start, self.row_end)
 
 
-def copy_table(source: TableView, target: TableView, chunk_rows: int = 1 << 18) -> None:
+CHUNK_BYTES = 8 << 20
+
+
+def row_chunks(rows: int, dim: int, itemsize: int = 4) -> Iterator[Tuple[int, int]]:
+    """[start, end) row ranges of about CHUNK_BYTES each, for filling, copying or checkpointing a
+    table piecewise.
+
+    Small, because every transient buffer stays resident in TensorFlow's allocator pool for the
+    rest of the run: 8 MiB chunks instead of 128 MiB ones lower the peak RSS of training.
+    The ranges depend only on the global table shape, so ranks reading a sharded table chunk by
+    chunk (a collective) agree on them.
+    """
+    step = max(1, CHUNK_BYTES // max(1, dim * itemsize))
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+def copy_table(source: TableView, target: TableView) -> None:
     """Copy one table between views (e.g. between embedding implementations), chunk by chunk."""
-    for start in range(0, source.rows, chunk_rows):
-        end = min(source.rows, start + chunk_rows)
+    for start, end in row_chunks(source.rows, source.dim, source.numpy_dtype.itemsize):
         target.write_rows(start, end, source.read_rows(start, end))
 
 
 def table_bytes(rows: int, dim: int, dtype: tf.DType) -> int:
     return rows * dim * dtype.size
 
-
-INIT_CHUNK_ROWS = 1 << 16
 
 
 def assign_rows(variable: tf.Variable, row_start: int, values) -> None:
@@ -102,10 +116,9 @@ def fill_uniform(variable: tf.Variable, row_start: int, rows: int) -> None:
     """
     limit = math.sqrt(1.0 / rows)
     dim = int(variable.shape[1])
-    for start in range(0, rows, INIT_CHUNK_ROWS):
-        count = min(INIT_CHUNK_ROWS, rows - start)
+    for start, end in row_chunks(rows, dim):
         with tf.device("/CPU:0"):
-            chunk = tf.random.uniform([count, dim], -limit, limit, dtype=tf.float32)
+            chunk = tf.random.uniform([end - start, dim], -limit, limit, dtype=tf.float32)
         assign_rows(variable, row_start + start, chunk)
 
 

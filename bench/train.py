@@ -6,9 +6,16 @@ samples/s and model-FLOP utilisation: per-sample FLOPs (2*in*out per dense layer
 the interaction, x3 for forward and backward) times samples/s, divided by the fp32 matmul FLOP/s
 of a 2048^3 TF matmul measured in the same run (the best of every worker's measurement).
 Also inference latency at batch 2048 and the peak RSS against the bytes of parameters +
-optimizer state + two batches.
+optimizer state + two batches, with where it goes: the RSS of the TensorFlow runtime before the
+model exists, the RSS once the tables are built, and the peak while training.
 
-Each configuration runs in its own process (XLA is chosen by environment before TF loads).
+TensorFlow's CPU allocator keeps every page it has touched (a best-fit pool), so the peak is the
+live memory plus what the pool retains. The "low-memory" rows run the same training with the
+system allocator returning every large block (TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1,
+MALLOC_MMAP_THRESHOLD_=131072): their peak is the live memory, paid for in page faults.
+
+Each configuration runs in its own process (XLA and the allocator are chosen by environment
+before TF loads).
 Writes bench/results/train.json and prints a table. Usage: python bench/train.py [--quick]
 """
 from __future__ import annotations
@@ -55,7 +62,16 @@ def matmul_flops_per_s(tf) -> float:
     return 2 * 2048 ** 3 / best
 
 
-def worker(batch_size: int, xla: bool, steps: int) -> dict:
+LOW_MEMORY_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "MALLOC_MMAP_THRESHOLD_": "131072",
+                  "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def worker(batch_size: int, xla: bool, low_memory: bool, steps: int) -> dict:
     """One configuration, in this process: train steps, then inference at batch 2048."""
     import tensorflow as tf
 
@@ -67,7 +83,6 @@ def worker(batch_size: int, xla: bool, steps: int) -> dict:
     from trainer import Evaluator, Trainer, percentiles
 
     tf.keras.utils.set_random_seed(0)
-    peak_matmul = matmul_flops_per_s(tf)
     warmup = 5
     pipelines = create_input_pipelines(dataset_type="synthetic", train_batch_size=batch_size,
                                        eval_batch_size=2048, num_train_batches=warmup + steps,
@@ -76,8 +91,10 @@ def worker(batch_size: int, xla: bool, steps: int) -> dict:
     config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=CARDINALITIES, embedding_dim=DIM,
                         bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction=resolve_interaction_name("auto"),
                         embedding_device_budget_bytes=0)
+    runtime_rss = rss_bytes()
     model = Dlrm(config)
     model.build_weights()
+    built_rss = rss_bytes()
     optimizers = make_optimizers("sgd")
     trainer = Trainer(model, *optimizers, LearningRateScheduler(0.01, 0, 10**9, 1))
     batches = list(pipelines.train)
@@ -88,42 +105,55 @@ def worker(batch_size: int, xla: bool, steps: int) -> dict:
         loss = trainer.train_step(features, labels)[0]
     loss.numpy()
     step_time = (time.perf_counter() - start) / steps
+    training_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     samples_per_s = batch_size / step_time
     achieved = flops_per_sample() * samples_per_s
     latencies, _ = Evaluator.for_model(model).benchmark_inference(pipelines.test, max_batches=40, warmup_batches=10)
     stats = percentiles(latencies)
+    # Last, so its 2048^3 operands do not sit in the allocator pool during the training peak.
+    peak_matmul = matmul_flops_per_s(tf)
     parameter_bytes = sum(v.shape.num_elements() * v.dtype.size for v in model.variables)
     batch_bytes = batch_size * (NUM_NUMERICAL * 4 + len(CARDINALITIES) * 4 + 4)
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"batch_size": batch_size, "xla": xla, "interaction": config.interaction,
+    state_bytes = parameter_bytes + 2 * batch_bytes
+    return {"batch_size": batch_size, "xla": xla, "low_memory_allocator": low_memory,
+            "interaction": config.interaction,
             "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
             "flops_per_sample": flops_per_sample(), "achieved_flops_per_s": achieved,
             "matmul_flops_per_s": peak_matmul,
             "inference_batch_size": 2048, "inference_p99_latency_ms": stats["p99"] * 1000,
             "inference_mean_latency_ms": stats["mean"] * 1000,
             "inference_samples_per_s": 2048 / stats["mean"],
-            "peak_rss_bytes": peak_rss, "model_state_bytes": parameter_bytes + 2 * batch_bytes,
-            "rss_ratio": peak_rss / (parameter_bytes + 2 * batch_bytes)}
+            "runtime_rss_bytes": runtime_rss, "built_rss_bytes": built_rss,
+            "peak_rss_bytes": training_peak_rss, "model_state_bytes": state_bytes,
+            "rss_ratio": training_peak_rss / state_bytes}
+
+
+VARIANTS = [(2048, False, False), (2048, True, False), (4096, False, False), (4096, True, False),
+            (2048, False, True), (4096, False, True)]
+
+
+def run_worker(batch_size: int, xla: bool, low_memory: bool, steps: int) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    if xla:
+        env["TF_XLA_FLAGS"] = "--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit"
+    if low_memory:
+        env.update(LOW_MEMORY_ENV)
+    out = subprocess.run([sys.executable, __file__, "--worker", str(batch_size), str(int(xla)), str(int(low_memory)),
+                          str(steps)], env=env, capture_output=True, text=True, check=False)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"benchmark worker failed (batch {batch_size}, xla {xla}, low memory {low_memory}):\n"
+                         f"{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        batch_size, xla, steps = int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
-        print("RESULT " + json.dumps(worker(batch_size, xla, steps)), flush=True)
+        batch_size, xla, low_memory, steps = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5])
+        print("RESULT " + json.dumps(worker(batch_size, xla, low_memory, steps)), flush=True)
         return
     steps = 5 if "--quick" in sys.argv else 20
-    runs = []
-    for batch_size in (2048, 4096):
-        for xla in (False, True):
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-            if xla:
-                env["TF_XLA_FLAGS"] = "--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit"
-            out = subprocess.run([sys.executable, __file__, "--worker", str(batch_size), "1" if xla else "0",
-                                  str(steps)], env=env, capture_output=True, text=True, check=False)
-            lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-            if out.returncode != 0 or not lines:
-                raise SystemExit(f"benchmark worker failed (batch {batch_size}, xla {xla}):\n{out.stderr[-3000:]}")
-            runs.append(json.loads(lines[-1][len("RESULT "):]))
+    runs = [run_worker(batch_size, xla, low_memory, steps) for batch_size, xla, low_memory in VARIANTS]
     # The machine's peak is the best 2048^3 matmul rate any worker of this run measured: one
     # worker's measurement can be disturbed, which would inflate its MFU.
     peak = max(r["matmul_flops_per_s"] for r in runs)
@@ -134,12 +164,16 @@ def main() -> None:
     with open(RESULTS, "w") as f:
         json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "load_average": os.getloadavg(),
                    "runs": runs}, f, indent=1)
-    print(f"{'batch':>6} {'xla':>5} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} {'peak':>7} {'MFU':>6} "
-          f"{'inf p99 ms':>10} {'inf samples/s':>13} {'RSS/state':>9}")
+    gib = float(1 << 30)
+    print(f"{'batch':>6} {'xla':>5} {'alloc':>7} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} {'peak':>7} "
+          f"{'MFU':>6} {'inf p99 ms':>10} {'inf samples/s':>13} {'runtime':>8} {'built':>6} {'peak':>6} "
+          f"{'RSS/state':>9}")
     for r in runs:
-        print(f"{r['batch_size']:>6} {str(r['xla']):>5} {r['samples_per_s']:>10.0f} {r['step_time_ms']:>8.1f} "
-              f"{r['achieved_flops_per_s'] / 1e9:>8.1f} {r['machine_matmul_flops_per_s'] / 1e9:>7.1f} {r['mfu']:>6.1%} "
-              f"{r['inference_p99_latency_ms']:>10.2f} {r['inference_samples_per_s']:>13.0f} {r['rss_ratio']:>9.2f}")
+        print(f"{r['batch_size']:>6} {str(r['xla']):>5} {'low-mem' if r['low_memory_allocator'] else 'pool':>7} "
+              f"{r['samples_per_s']:>10.0f} {r['step_time_ms']:>8.1f} {r['achieved_flops_per_s'] / 1e9:>8.1f} "
+              f"{r['machine_matmul_flops_per_s'] / 1e9:>7.1f} {r['mfu']:>6.1%} {r['inference_p99_latency_ms']:>10.2f} "
+              f"{r['inference_samples_per_s']:>13.0f} {r['runtime_rss_bytes'] / gib:>7.2f}G "
+              f"{r['built_rss_bytes'] / gib:>5.2f}G {r['peak_rss_bytes'] / gib:>5.2f}G {r['rss_ratio']:>9.2f}")
     print(f"results: {RESULTS}")
 
 
