@@ -122,16 +122,24 @@ def fill_uniform(variable: tf.Variable, row_start: int, rows: int) -> None:
         assign_rows(variable, row_start + start, chunk)
 
 
-class MultiTableEmbedding(tf.keras.layers.Layer):
+class _TableGroup(tf.keras.layers.Layer):
+    """What both table layouts share: the table shapes, the table dtype and the output dtype."""
+
+    def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType,
+                 trainable: bool, output_dtype: Optional[tf.DType], name: str) -> None:
+        super().__init__(name=name, dtype=table_dtype, trainable=trainable)
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.dim = dim
+        self.output_dtype = output_dtype or table_dtype
+
+
+class MultiTableEmbedding(_TableGroup):
     """One variable per table; one gather per table."""
 
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
                  name: str = "multitable_embedding") -> None:
-        super().__init__(name=name, dtype=table_dtype, trainable=trainable)
-        self.cardinalities = [int(c) for c in cardinalities]
-        self.dim = dim
-        self.output_dtype = output_dtype or table_dtype
+        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name)
         self.tables: List[tf.Variable] = []
 
     def build(self, input_shape=None) -> None:
@@ -150,16 +158,13 @@ class MultiTableEmbedding(tf.keras.layers.Layer):
         return [TableSlice(table, 0, rows) for table, rows in zip(self.tables, self.cardinalities)]
 
 
-class FusedEmbedding(tf.keras.layers.Layer):
+class FusedEmbedding(_TableGroup):
     """All tables concatenated in one variable; ids are offset by each table's first row."""
 
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
                  name: str = "fused_embedding") -> None:
-        super().__init__(name=name, dtype=table_dtype, trainable=trainable)
-        self.cardinalities = [int(c) for c in cardinalities]
-        self.dim = dim
-        self.output_dtype = output_dtype or table_dtype
+        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name)
         self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)]).astype(np.int64)
         self.table: Optional[tf.Variable] = None
 
