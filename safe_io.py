@@ -1,0 +1,146 @@
+"""Output-path safety for every writer: checked before any work, never onto an input, never half-written.
+
+Entry points check each output path before they read or compute anything (`check_output_file`,
+`check_output_dir`, `refuse_overlap`), so a bad path costs one error line, not hours of training.
+Writers (checkpoints, SavedModel export, transcode, gen_csv, synthetic data, preprocessing) build
+their output in a hidden temporary sibling and rename it into place once it is complete
+(`atomic_directory`, `atomic_file`): a failure leaves neither partial output nor a stray temporary.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from typing import IO, Iterator, Mapping, Optional
+
+
+class OutputPathError(ValueError):
+    """An output path is unusable, or writing it would destroy an input; the message names both."""
+
+
+def real_path(path: str) -> str:
+    """Absolute path with symbolic links resolved, so two spellings of one place compare equal."""
+    return os.path.realpath(os.path.abspath(os.path.expanduser(path)))
+
+
+def _relation(output: str, other: str) -> Optional[str]:
+    """How `output` relates to `other` on disk: 'is', 'lies inside', 'contains' or None."""
+    a, b = real_path(output), real_path(other)
+    if a == b:
+        return "is"
+    if a.startswith(b.rstrip(os.sep) + os.sep):
+        return "lies inside"
+    if b.startswith(a.rstrip(os.sep) + os.sep):
+        return "contains"
+    return None
+
+
+def refuse_overlap(output: str, output_name: str, inputs: Mapping[str, Optional[str]]) -> None:
+    """Raise if `output` equals, lies inside or contains any input path (None inputs are skipped).
+
+    `inputs` maps a name for the message (a flag such as '--dataset_path') to the input's path.
+    Containment counts both ways: replacing a folder that holds the dataset deletes the dataset.
+    """
+    for input_name, input_path in inputs.items():
+        if not input_path:
+            continue
+        relation = _relation(output, input_path)
+        if relation:
+            raise OutputPathError(f"{output_name} {output} {relation} {input_name} {input_path}; "
+                                  f"refusing to write onto an input")
+
+
+def _nearest_existing(path: str) -> str:
+    current = os.path.abspath(path)
+    while not os.path.lexists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return current
+
+
+def _check_creatable(path: str, name: str) -> None:
+    """The missing part of `path` can be created: its nearest existing ancestor is a writable folder."""
+    ancestor = _nearest_existing(os.path.dirname(os.path.abspath(path)))
+    if not os.path.isdir(ancestor):
+        raise OutputPathError(f"{name} {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{name} {path}: directory {ancestor} is not writable")
+
+
+def check_output_file(path: str, name: str) -> None:
+    """`path` can be created or appended to as a regular file; else one error naming `name`."""
+    if os.path.isdir(path):
+        raise OutputPathError(f"{name} {path} is a directory; a file path is expected")
+    if os.path.lexists(path):
+        if not os.path.isfile(path):
+            raise OutputPathError(f"{name} {path} exists and is not a regular file")
+        if not os.access(path, os.W_OK):
+            raise OutputPathError(f"{name} {path} is not writable")
+        return
+    _check_creatable(path, name)
+
+
+def check_output_dir(path: str, name: str) -> None:
+    """`path` is a writable folder or can be created as one; else one error naming `name`."""
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise OutputPathError(f"{name} {path} exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputPathError(f"{name} {path}: directory is not writable")
+        return
+    _check_creatable(path, name)
+
+
+def temporary_sibling(final: str) -> str:
+    """A hidden name next to `final`, unique to this process: `.NAME.tmp-PID`."""
+    final = os.path.abspath(final)
+    return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str, replace: bool = False) -> Iterator[str]:
+    """Yield an empty temporary sibling folder; once the block succeeds, it becomes `final`.
+
+    An existing `final` is an error unless `replace` (the caller decides what may be replaced); it
+    is then moved aside, the new folder renamed in, and the old one deleted, so `final` never
+    holds a mixture. If the block raises, the temporary folder is removed and `final` is untouched.
+    """
+    final = os.path.abspath(final)
+    if os.path.lexists(final) and not replace:
+        raise OutputPathError(f"{final} already exists; refusing to overwrite it")
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = temporary_sibling(final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp)
+    try:
+        yield tmp
+        if os.path.lexists(final):
+            old = tmp + ".old"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_file(final: str, mode: str = "w", replace: bool = True) -> Iterator[IO]:
+    """Yield a file opened on a temporary sibling; once the block succeeds it replaces `final`."""
+    if os.path.lexists(final) and not replace:
+        raise OutputPathError(f"{final} already exists; refusing to overwrite it")
+    tmp = temporary_sibling(final)
+    try:
+        with open(tmp, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
