@@ -108,29 +108,39 @@ def assign_rows(variable: tf.Variable, row_start: int, values) -> None:
     variable.scatter_update(tf.IndexedSlices(tf.cast(values, variable.dtype), rows))
 
 
-def fill_uniform(variable: tf.Variable, row_start: int, rows: int) -> None:
-    """Rows [row_start, row_start + rows) of `variable` ~ U(-sqrt(1/N), sqrt(1/N)), N = rows (§2.7).
+def fill_uniform(variable: tf.Variable, row_start: int, rows: int, *, seed: int, table: int,
+                 columns: Optional[Tuple[int, int]] = None, full_dim: Optional[int] = None) -> None:
+    """Fill rows [row_start, row_start + rows) of `variable` with table `table`, or with its
+    columns [c0, c1) when `columns` is given: U(-sqrt(1/N), sqrt(1/N)), N = rows (§2.7).
 
-    Filled in row chunks, generated on the CPU, so initialising a huge table never holds more
-    than one chunk besides the table itself.
+    Every value is a pure function of (seed, table, row, column): rows are drawn in blocks fixed
+    by the global table shape (`full_dim` wide), each from a stateless generator keyed by
+    (seed, table, block), so a table starts the same whether it is whole, fused, offloaded or
+    column-sliced over any number of ranks. Generated on the CPU one block at a time, so
+    initialising a huge table never holds more than one block besides the table itself.
     """
     limit = math.sqrt(1.0 / rows)
-    dim = int(variable.shape[1])
-    for start, end in row_chunks(rows, dim):
+    dim = full_dim or int(variable.shape[1])
+    first, last = columns or (0, dim)
+    for block, (start, end) in enumerate(row_chunks(rows, dim)):
         with tf.device("/CPU:0"):
-            chunk = tf.random.uniform([end - start, dim], -limit, limit, dtype=tf.float32)
-        assign_rows(variable, row_start + start, chunk)
+            key = tf.constant([seed, (table << 32) + block], tf.int64)
+            values = tf.random.stateless_uniform([end - start, dim], key, -limit, limit, dtype=tf.float32)
+        assign_rows(variable, row_start + start, values[:, first:last] if columns else values)
 
 
 class _TableGroup(tf.keras.layers.Layer):
     """What both table layouts share: the table shapes, the table dtype and the output dtype."""
 
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType,
-                 trainable: bool, output_dtype: Optional[tf.DType], name: str) -> None:
+                 trainable: bool, output_dtype: Optional[tf.DType], name: str,
+                 table_ids: Optional[Sequence[int]], seed: int) -> None:
         super().__init__(name=name, dtype=table_dtype, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
         self.dim = dim
         self.output_dtype = output_dtype or table_dtype
+        self.table_ids = list(range(len(self.cardinalities)) if table_ids is None else table_ids)
+        self.seed = seed
 
 
 class MultiTableEmbedding(_TableGroup):
@@ -138,15 +148,16 @@ class MultiTableEmbedding(_TableGroup):
 
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
-                 name: str = "multitable_embedding") -> None:
-        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name)
+                 name: str = "multitable_embedding", table_ids: Optional[Sequence[int]] = None,
+                 seed: int = 0) -> None:
+        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed)
         self.tables: List[tf.Variable] = []
 
     def build(self, input_shape=None) -> None:
         for i, rows in enumerate(self.cardinalities):
             table = self.add_weight(name=f"table_{i}", shape=[rows, self.dim], dtype=self.dtype,
                                     initializer="zeros", trainable=self.trainable)
-            fill_uniform(table, 0, rows)
+            fill_uniform(table, 0, rows, seed=self.seed, table=self.table_ids[i])
             self.tables.append(table)
         super().build(input_shape)
 
@@ -163,8 +174,9 @@ class FusedEmbedding(_TableGroup):
 
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
-                 name: str = "fused_embedding") -> None:
-        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name)
+                 name: str = "fused_embedding", table_ids: Optional[Sequence[int]] = None,
+                 seed: int = 0) -> None:
+        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed)
         self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)]).astype(np.int64)
         self.table: Optional[tf.Variable] = None
 
@@ -172,7 +184,7 @@ class FusedEmbedding(_TableGroup):
         self.table = self.add_weight(name="fused_table", shape=[int(self.offsets[-1]), self.dim],
                                      dtype=self.dtype, initializer="zeros", trainable=self.trainable)
         for i, rows in enumerate(self.cardinalities):
-            fill_uniform(self.table, int(self.offsets[i]), rows)
+            fill_uniform(self.table, int(self.offsets[i]), rows, seed=self.seed, table=self.table_ids[i])
         super().build(input_shape)
 
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -185,13 +197,15 @@ class FusedEmbedding(_TableGroup):
                 for i in range(len(self.cardinalities))]
 
 
-def _make_group(embedding_type: str, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType,
-                trainable: bool, output_dtype: tf.DType, name: str) -> tf.keras.layers.Layer:
+def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Sequence[int], dim: int,
+                table_dtype: tf.DType, trainable: bool, output_dtype: tf.DType, name: str,
+                seed: int) -> tf.keras.layers.Layer:
+    """A layer holding tables `table_ids` (indices into `cardinalities`) in one layout."""
     if embedding_type not in EMBEDDING_TYPES:
         raise ValueError(f"embedding type must be one of {EMBEDDING_TYPES}, got {embedding_type!r}")
     cls = MultiTableEmbedding if embedding_type == "multitable" else FusedEmbedding
-    return cls(cardinalities, dim, table_dtype=table_dtype, trainable=trainable,
-               output_dtype=output_dtype, name=name)
+    return cls([cardinalities[i] for i in table_ids], dim, table_dtype=table_dtype, trainable=trainable,
+               output_dtype=output_dtype, name=name, table_ids=table_ids, seed=seed)
 
 
 def split_by_memory(sizes_bytes: Sequence[int],
@@ -219,18 +233,18 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
     def __init__(self, cardinalities: Sequence[int], dim: int, *, device_embedding_type: str = "fused",
                  cpu_embedding_type: str = "multitable", device_budget_bytes: Optional[int] = None,
                  table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
-                 trainable: bool = True, name: str = "embedding") -> None:
+                 trainable: bool = True, seed: int = 0, name: str = "embedding") -> None:
         super().__init__(name=name, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
         self.dim = dim
         self.device_ids, self.cpu_ids = split_by_memory(
             [table_bytes(rows, dim, table_dtype) for rows in self.cardinalities], device_budget_bytes)
-        self.device_group = (_make_group(device_embedding_type, [self.cardinalities[i] for i in self.device_ids],
-                                         dim, table_dtype, trainable, output_dtype, "device_tables")
+        self.device_group = (_make_group(device_embedding_type, self.cardinalities, self.device_ids, dim,
+                                         table_dtype, trainable, output_dtype, "device_tables", seed)
                              if self.device_ids else None)
         with tf.device("/CPU:0"):
-            self.cpu_group = (_make_group(cpu_embedding_type, [self.cardinalities[i] for i in self.cpu_ids],
-                                          dim, tf.float32, trainable, output_dtype, "cpu_tables")
+            self.cpu_group = (_make_group(cpu_embedding_type, self.cardinalities, self.cpu_ids, dim,
+                                          tf.float32, trainable, output_dtype, "cpu_tables", seed)
                               if self.cpu_ids else None)
         order = self.device_ids + self.cpu_ids
         self._restore_order = np.argsort(order).astype(np.int32)

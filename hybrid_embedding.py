@@ -76,7 +76,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
 
     def __init__(self, plan: ShardingPlan, rank: int, *, data_parallel_input: bool = False,
                  table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
-                 trainable: bool = True, device_budget_bytes: Optional[int] = None,
+                 trainable: bool = True, device_budget_bytes: Optional[int] = None, seed: int = 0,
                  name: str = "hybrid_embedding") -> None:
         super().__init__(name=name, dtype=table_dtype, trainable=trainable)
         self.plan = plan
@@ -85,6 +85,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
         self.data_parallel_input = data_parallel_input
         self.output_dtype = output_dtype
         self.device_budget_bytes = device_budget_bytes
+        self.seed = seed
         self.local_pieces = plan.pieces_on(rank)
         self.local_tables = plan.model_parallel_tables_on(rank)
         self.input_tables = (list(range(len(plan.cardinalities))) if data_parallel_input
@@ -102,13 +103,14 @@ class HybridEmbedding(tf.keras.layers.Layer):
                 variable = self.add_weight(name=f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}",
                                            shape=[piece.rows, piece.width], dtype=self.dtype,
                                            trainable=self.trainable, initializer="zeros")
-            fill_uniform(variable, 0, piece.rows)
+            fill_uniform(variable, 0, piece.rows, seed=self.seed, table=piece.table,
+                         columns=(piece.col_start, piece.col_end), full_dim=self.plan.dim)
             self.piece_variables.append(variable)
         for table in self.plan.replicated:
             rows = self.plan.cardinalities[table]
             variable = self.add_weight(name=f"replicated_table_{table}", shape=[rows, self.plan.dim],
                                        dtype=self.dtype, trainable=self.trainable, initializer="zeros")
-            fill_uniform(variable, 0, rows)
+            fill_uniform(variable, 0, rows, seed=self.seed, table=table)
             self.replicated_tables[table] = variable
         super().build(input_shape)
 

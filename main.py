@@ -211,7 +211,7 @@ def build_model_config(spec, interaction_name: str):
         top_mlp_dims=_ints(FLAGS.top_mlp_dims), interaction=interaction_name,
         embedding_type=FLAGS.gpu_embedding_type, cpu_embedding_type=FLAGS.cpu_embedding_type,
         embedding_device_budget_bytes=budget, embedding_trainable=FLAGS.embedding_trainable,
-        table_dtype="float16" if FLAGS.fp16 else "float32")
+        table_dtype="float16" if FLAGS.fp16 else "float32", seed=FLAGS.seed)
 
 
 def training_state(model, optimizers, scheduler, spec):
@@ -262,7 +262,8 @@ def build_model(spec, plan, rank: int, compute_dtype):
 
         embedding_layer = HybridEmbedding(plan, rank, data_parallel_input=FLAGS.data_parallel_input,
                                           output_dtype=compute_dtype, trainable=FLAGS.embedding_trainable,
-                                          device_budget_bytes=config.embedding_device_budget_bytes)
+                                          device_budget_bytes=config.embedding_device_budget_bytes,
+                                          seed=config.seed)
     model = Dlrm(config, embedding_layer)
     model.build_weights()
     placement = model.embedding.placement()

@@ -33,6 +33,7 @@ class DlrmConfig:
     embedding_device_budget_bytes: Optional[int] = None
     embedding_trainable: bool = True
     table_dtype: str = "float32"
+    seed: int = 0
 
     def validate(self) -> None:
         """Shape rules of the reference, each as one clear message naming the flag."""
@@ -53,7 +54,7 @@ class DlrmConfig:
         """The fields two checkpoints must agree on to hold the same weights."""
         fields = asdict(self)
         for free in ("interaction", "embedding_type", "cpu_embedding_type",
-                     "embedding_device_budget_bytes", "embedding_trainable", "table_dtype"):
+                     "embedding_device_budget_bytes", "embedding_trainable", "table_dtype", "seed"):
             fields.pop(free)
         return fields
 
@@ -63,17 +64,25 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class Mlp(tf.keras.layers.Layer):
-    """Dense stack with the reference's initialisers; ReLU on every layer unless the last is linear."""
+    """Dense stack with the reference's initialisers; ReLU on every layer unless the last is linear.
 
-    def __init__(self, widths: Sequence[int], linear_last: bool, name: str) -> None:
+    Each kernel and bias is drawn from its own seed derived from (`seed`, `seed_offset`, layer), so
+    the initial weights do not depend on what else was initialised before (e.g. how many tables
+    this rank holds).
+    """
+
+    def __init__(self, widths: Sequence[int], linear_last: bool, name: str, seed: int = 0,
+                 seed_offset: int = 0) -> None:
         super().__init__(name=name)
         self.dense_layers = []
         for i, width in enumerate(widths):
             last = i == len(widths) - 1
+            layer_seed = (seed * 1_000_003 + seed_offset + i) * 2
             self.dense_layers.append(tf.keras.layers.Dense(
                 width, activation=None if (last and linear_last) else "relu",
-                kernel_initializer=tf.keras.initializers.GlorotNormal(),
-                bias_initializer=tf.keras.initializers.RandomNormal(stddev=math.sqrt(1.0 / width)),
+                kernel_initializer=tf.keras.initializers.GlorotNormal(seed=layer_seed),
+                bias_initializer=tf.keras.initializers.RandomNormal(stddev=math.sqrt(1.0 / width),
+                                                                    seed=layer_seed + 1),
                 name=f"dense_{i}"))
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
@@ -90,15 +99,16 @@ class Dlrm(tf.keras.Model):
         config.validate()
         self.config = config
         self.padded_numerical = _round_up(config.num_numerical_features, 8)
-        self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp")
+        self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp", seed=config.seed)
         self.embedding = embedding_layer or embedding.DualEmbeddingGroup(
             config.cardinalities, config.embedding_dim,
             device_embedding_type=config.embedding_type, cpu_embedding_type=config.cpu_embedding_type,
             device_budget_bytes=config.embedding_device_budget_bytes,
             table_dtype=tf.as_dtype(config.table_dtype), output_dtype=self.compute_dtype,
-            trainable=config.embedding_trainable)
+            trainable=config.embedding_trainable, seed=config.seed)
         self.interact = interaction.make_interaction(config.interaction)
-        self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp")
+        self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp", seed=config.seed,
+                           seed_offset=len(config.bottom_mlp_dims))
 
     def call(self, inputs: Dict[str, Any], training: bool = False) -> tf.Tensor:
         numerical = tf.cast(inputs[NUMERICAL_KEY], self.compute_dtype)
