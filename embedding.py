@@ -93,10 +93,6 @@ def copy_table(source: TableView, target: TableView) -> None:
         target.write_rows(start, end, source.read_rows(start, end))
 
 
-def table_bytes(rows: int, dim: int, dtype: tf.DType) -> int:
-    return rows * dim * dtype.size
-
-
 def assign_rows(variable: tf.Variable, row_start: int, values) -> None:
     """Write rows [row_start, row_start + len(values)) of `variable` in place.
 
@@ -208,37 +204,23 @@ def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Se
                output_dtype=output_dtype, name=name, table_ids=table_ids, seed=seed)
 
 
-def split_by_memory(sizes_bytes: Sequence[int],
-                    device_budget_bytes: Optional[int]) -> Tuple[List[int], List[int]]:
-    """(device ids, cpu ids) of tables given their byte sizes: the smallest tables fill the device
-    budget, the rest go to the CPU. `None` means no budget (everything on the device)."""
-    order = sorted(range(len(sizes_bytes)), key=lambda i: (sizes_bytes[i], i))
-    device, cpu, used = [], [], 0
-    for i in order:
-        if device_budget_bytes is None or (not cpu and used + sizes_bytes[i] <= device_budget_bytes):
-            device.append(i)
-            used += sizes_bytes[i]
-        else:
-            cpu.append(i)
-    return sorted(device), sorted(cpu)
-
-
 class DualEmbeddingGroup(tf.keras.layers.Layer):
-    """Tables on the accelerator up to a memory budget, the largest ones on the CPU (fp32 there).
+    """Tables on the accelerator, except `host_tables` (decided by the sharding plan's memory
+    budget), which live in host memory in fp32.
 
     Both parts are looked up and the vectors are put back in feature order, so the output is the
     same whatever the split; only placement changes.
     """
 
     def __init__(self, cardinalities: Sequence[int], dim: int, *, device_embedding_type: str = "fused",
-                 cpu_embedding_type: str = "multitable", device_budget_bytes: Optional[int] = None,
+                 cpu_embedding_type: str = "multitable", host_tables: Sequence[int] = (),
                  table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
                  trainable: bool = True, seed: int = 0, name: str = "embedding") -> None:
         super().__init__(name=name, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
         self.dim = dim
-        self.device_ids, self.cpu_ids = split_by_memory(
-            [table_bytes(rows, dim, table_dtype) for rows in self.cardinalities], device_budget_bytes)
+        self.cpu_ids = sorted(host_tables)
+        self.device_ids = [t for t in range(len(self.cardinalities)) if t not in self.cpu_ids]
         self.device_group = (_make_group(device_embedding_type, self.cardinalities, self.device_ids, dim,
                                          table_dtype, trainable, output_dtype, "device_tables", seed)
                              if self.device_ids else None)

@@ -22,8 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
-from embedding import (TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, split_by_memory,
-                       table_bytes)
+from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform
 from sharding import Piece, ShardingPlan
 
 
@@ -76,15 +75,13 @@ class HybridEmbedding(tf.keras.layers.Layer):
 
     def __init__(self, plan: ShardingPlan, rank: int, *, data_parallel_input: bool = False,
                  table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
-                 trainable: bool = True, device_budget_bytes: Optional[int] = None, seed: int = 0,
-                 name: str = "hybrid_embedding") -> None:
+                 trainable: bool = True, seed: int = 0, name: str = "hybrid_embedding") -> None:
         super().__init__(name=name, dtype=table_dtype, trainable=trainable)
         self.plan = plan
         self.rank = rank
         self.world_size = plan.world_size
         self.data_parallel_input = data_parallel_input
         self.output_dtype = output_dtype
-        self.device_budget_bytes = device_budget_bytes
         self.seed = seed
         self.local_pieces = plan.pieces_on(rank)
         self.local_tables = plan.model_parallel_tables_on(rank)
@@ -92,26 +89,25 @@ class HybridEmbedding(tf.keras.layers.Layer):
                              else plan.input_tables(rank))
         self.piece_variables: List[tf.Variable] = []
         self.replicated_tables: Dict[int, tf.Variable] = {}
-        self.cpu_pieces: List[int] = []
+
+    def _table_variable(self, name: str, piece: Piece) -> tf.Variable:
+        """A piece's variable in the memory tier the plan chose, initialised."""
+        on_host = self.plan.on_host(self.rank, piece.table, piece.col_start)
+        with tf.device("/CPU:0" if on_host else None):
+            variable = self.add_weight(name=name, shape=[piece.rows, piece.width],
+                                       dtype=self.dtype,
+                                       trainable=self.trainable, initializer="zeros")
+        fill_uniform(variable, 0, piece.rows, seed=self.seed, table=piece.table,
+                     columns=(piece.col_start, piece.col_end), full_dim=self.plan.dim)
+        return variable
 
     def build(self, input_shape=None) -> None:
-        dtype = tf.as_dtype(self.dtype)
-        _, self.cpu_pieces = split_by_memory([table_bytes(p.rows, p.width, dtype) for p in self.local_pieces],
-                                             self.device_budget_bytes)
-        for i, piece in enumerate(self.local_pieces):
-            with tf.device("/CPU:0" if i in self.cpu_pieces else None):
-                variable = self.add_weight(name=f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}",
-                                           shape=[piece.rows, piece.width], dtype=self.dtype,
-                                           trainable=self.trainable, initializer="zeros")
-            fill_uniform(variable, 0, piece.rows, seed=self.seed, table=piece.table,
-                         columns=(piece.col_start, piece.col_end), full_dim=self.plan.dim)
-            self.piece_variables.append(variable)
+        for piece in self.local_pieces:
+            self.piece_variables.append(self._table_variable(
+                f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}", piece))
         for table in self.plan.replicated:
-            rows = self.plan.cardinalities[table]
-            variable = self.add_weight(name=f"replicated_table_{table}", shape=[rows, self.plan.dim],
-                                       dtype=self.dtype, trainable=self.trainable, initializer="zeros")
-            fill_uniform(variable, 0, rows, seed=self.seed, table=table)
-            self.replicated_tables[table] = variable
+            self.replicated_tables[table] = self._table_variable(
+                f"replicated_table_{table}", Piece(table, 0, self.plan.dim, self.rank, self.plan.cardinalities[table]))
         super().build(input_shape)
 
     # ------------------------------------------------------------------ forward
@@ -203,8 +199,9 @@ class HybridEmbedding(tf.keras.layers.Layer):
             if table in self.replicated_tables:
                 result.append("replicated")
                 continue
-            local = [i for i, p in enumerate(self.local_pieces) if p.table == table]
-            result.append("remote" if not local else ("cpu" if any(i in self.cpu_pieces for i in local) else "device"))
+            local = [p for p in self.local_pieces if p.table == table]
+            on_host = any(self.plan.on_host(self.rank, p.table, p.col_start) for p in local)
+            result.append("remote" if not local else ("cpu" if on_host else "device"))
         return result
 
 

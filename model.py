@@ -30,7 +30,7 @@ class DlrmConfig:
     interaction: str = "tensorflow"
     embedding_type: str = "fused"
     cpu_embedding_type: str = "multitable"
-    embedding_device_budget_bytes: Optional[int] = None
+    host_tables: List[int] = field(default_factory=list)  # offloaded to host memory (the plan decides)
     embedding_trainable: bool = True
     table_dtype: str = "float32"
     seed: int = 0
@@ -54,7 +54,7 @@ class DlrmConfig:
         """The fields two checkpoints must agree on to hold the same weights."""
         fields = asdict(self)
         for free in ("interaction", "embedding_type", "cpu_embedding_type",
-                     "embedding_device_budget_bytes", "embedding_trainable", "table_dtype", "seed"):
+                     "host_tables", "embedding_trainable", "table_dtype", "seed"):
             fields.pop(free)
         return fields
 
@@ -103,7 +103,7 @@ class Dlrm(tf.keras.Model):
         self.embedding = embedding_layer or embedding.DualEmbeddingGroup(
             config.cardinalities, config.embedding_dim,
             device_embedding_type=config.embedding_type, cpu_embedding_type=config.cpu_embedding_type,
-            device_budget_bytes=config.embedding_device_budget_bytes,
+            host_tables=config.host_tables,
             table_dtype=tf.as_dtype(config.table_dtype), output_dtype=self.compute_dtype,
             trainable=config.embedding_trainable, seed=config.seed)
         self.interact = interaction.make_interaction(config.interaction)

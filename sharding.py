@@ -9,14 +9,50 @@ Facts matched from distributed-embeddings (reference §2.14, anchors §1):
   least-loaded rank;
 - slices of one table that land on the same rank with adjacent columns are merged;
 - tables with at most `data_parallel_threshold` elements are replicated on every rank.
-The plan is a pure function of its arguments, so every rank computes the same one.
+The plan also decides the memory tier of everything a rank holds (`MemoryBudget`): the smallest
+pieces fill the rank's device budget, counting their optimizer slots and the update's transient;
+the rest live in host memory. The plan is a pure function of its arguments, so every rank computes
+the same one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
+HOST_VALUE_BYTES = 4  # tables offloaded to host memory are kept in float32
+MIN_DEVICE_RESERVE_BYTES = 4 << 30
+
+
+def table_budget_from_device(total_device_bytes: int) -> int:
+    """The share of a device's memory for embedding state when the user sets no limit: all of it
+    but a reserve for the MLPs, activations and the communication buffers (10%, at least 4 GiB),
+    so an 80 GB GPU keeps about 72 GiB of tables, as the reference's 70-75 GiB thresholds did."""
+    return max(0, total_device_bytes - max(MIN_DEVICE_RESERVE_BYTES, total_device_bytes // 10))
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """How much embedding state a rank's device may hold, and what a table costs there.
+
+    A table of `rows` x `width` costs its values, its optimizer slots (Adam: m and v, so 3x the
+    table in all) and the transient of one sparse update: the gradient rows, their merged copy and
+    one gathered row block per slot, for at most `update_rows` rows (the global batch).
+    `device_bytes` None means no limit (everything on the device); 0 puts everything in host memory.
+    """
+    device_bytes: Optional[int]
+    value_bytes: int = 4
+    optimizer_slots: int = 0
+    update_rows: int = 0
+
+    def state_bytes(self, rows: int, width: int, value_bytes: Optional[int] = None) -> int:
+        """The table and its slots, resident for the whole run."""
+        return rows * width * (value_bytes or self.value_bytes) * (1 + self.optimizer_slots)
+
+    def footprint(self, rows: int, width: int) -> int:
+        """Device bytes the table needs: its state plus the transient of one update."""
+        transient = min(rows, self.update_rows) * width * 4 * (2 + self.optimizer_slots)
+        return self.state_bytes(rows, width) + transient
 
 
 class ShardingError(ValueError):
@@ -49,6 +85,8 @@ class ShardingPlan:
     strategy: str
     replicated: List[int] = field(default_factory=list)
     pieces: List[Piece] = field(default_factory=list)
+    budget: MemoryBudget = MemoryBudget(device_bytes=None)
+    host_items: FrozenSet[Tuple[int, int, int]] = frozenset()  # (rank, table, first column) in host memory
 
     def pieces_on(self, rank: int) -> List[Piece]:
         """This rank's model-parallel pieces, ordered by (table, first column)."""
@@ -67,21 +105,48 @@ class ShardingPlan:
     def width_on(self, rank: int) -> int:
         return sum(p.width for p in self.pieces_on(rank))
 
-    def bytes_per_rank(self, dtype_size: int) -> List[int]:
-        replicated = sum(self.cardinalities[t] * self.dim for t in self.replicated)
-        return [(replicated + sum(p.elements for p in self.pieces_on(r))) * dtype_size
-                for r in range(self.world_size)]
+    def items_on(self, rank: int) -> List[Piece]:
+        """Everything `rank` holds: its model-parallel pieces, then the replicated tables whole."""
+        return self.pieces_on(rank) + [Piece(t, 0, self.dim, rank, self.cardinalities[t]) for t in self.replicated]
 
-    def describe(self, dtype_size: int = 4) -> str:
-        """Human-readable plan: every rank's tables and slices, and its bytes."""
+    def on_host(self, rank: int, table: int, col_start: int = 0) -> bool:
+        """Whether the piece of `table` starting at `col_start` on `rank` lives in host memory."""
+        return (rank, table, col_start) in self.host_items
+
+    def host_tables(self, rank: int) -> List[int]:
+        """Tables of which `rank` keeps a piece in host memory."""
+        return sorted({table for r, table, _ in self.host_items if r == rank})
+
+    def memory_per_rank(self) -> List[Tuple[int, int]]:
+        """(device bytes, host bytes) of every rank: tables, optimizer slots and device-side update
+        transients."""
+        usage = []
+        for rank in range(self.world_size):
+            device = host = 0
+            for item in self.items_on(rank):
+                if self.on_host(rank, item.table, item.col_start):
+                    host += self.budget.state_bytes(item.rows, item.width, HOST_VALUE_BYTES)
+                else:
+                    device += self.budget.footprint(item.rows, item.width)
+            usage.append((device, host))
+        return usage
+
+    def describe(self) -> str:
+        """Human-readable plan: every rank's tables and slices, their memory tier, and its bytes."""
+        budget = ("no device limit" if self.budget.device_bytes is None
+                  else f"device budget {self.budget.device_bytes / 2**30:.2f} GiB per rank")
         lines = [f"sharding plan: strategy {self.strategy}, {self.world_size} rank(s), "
-                 f"{len(self.cardinalities)} tables of dim {self.dim}"]
+                 f"{len(self.cardinalities)} tables of dim {self.dim}, {budget}, "
+                 f"{self.budget.optimizer_slots} optimizer slot(s) per table"]
         if self.replicated:
             lines.append(f"  replicated on every rank: tables {self.replicated}")
-        for rank, size in enumerate(self.bytes_per_rank(dtype_size)):
-            pieces = ", ".join(f"table {p.table}" + ("" if p.width == self.dim else f"[cols {p.col_start}:{p.col_end}]")
-                               + f" ({p.rows} rows)" for p in self.pieces_on(rank))
-            lines.append(f"  rank {rank}: {size / 2**20:.1f} MiB: {pieces or 'no model-parallel pieces'}")
+        for rank, (device, host) in enumerate(self.memory_per_rank()):
+            items = ", ".join(
+                f"table {p.table}" + ("" if p.width == self.dim else f"[cols {p.col_start}:{p.col_end}]")
+                + f" ({p.rows} rows{', host' if self.on_host(rank, p.table, p.col_start) else ''})"
+                for p in self.items_on(rank))
+            lines.append(f"  rank {rank}: device {device / 2**20:.1f} MiB, host {host / 2**20:.1f} MiB: "
+                         f"{items or 'no tables'}")
         return "\n".join(lines)
 
 
@@ -145,10 +210,28 @@ def _merge(pieces: List[Piece]) -> List[Piece]:
     return merged
 
 
+def _host_items(plan: ShardingPlan) -> FrozenSet[Tuple[int, int, int]]:
+    """Per rank, the smallest items fill the device budget; from the first that does not fit on,
+    that item and every larger one go to host memory."""
+    if plan.budget.device_bytes is None:
+        return frozenset()
+    host = set()
+    for rank in range(plan.world_size):
+        items = sorted(plan.items_on(rank), key=lambda p: (plan.budget.footprint(p.rows, p.width), p.table))
+        used = 0
+        for position, item in enumerate(items):
+            used += plan.budget.footprint(item.rows, item.width)
+            if used > plan.budget.device_bytes:
+                host.update((rank, p.table, p.col_start) for p in items[position:])
+                break
+    return frozenset(host)
+
+
 def plan_sharding(cardinalities: Sequence[int], dim: int, world_size: int, strategy: str = "memory_balanced",
                   column_slice_threshold: Optional[int] = None,
-                  data_parallel_threshold: Optional[int] = None) -> ShardingPlan:
-    """Place every table (or column slice) on a rank; see the module docstring for the rules."""
+                  data_parallel_threshold: Optional[int] = None,
+                  budget: Optional[MemoryBudget] = None) -> ShardingPlan:
+    """Place every table (or column slice) on a rank and in a memory tier; see the module docstring."""
     if strategy not in STRATEGIES:
         raise ShardingError(f"--dist_strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if world_size < 1:
@@ -168,5 +251,7 @@ def plan_sharding(cardinalities: Sequence[int], dim: int, world_size: int, strat
         unplaced.extend((t, bounds[i], bounds[i + 1]) for i in range(counts[t]))
     ranks = _assign([cardinalities[t] * (end - start) for t, start, end in unplaced], world_size, strategy)
     pieces = [Piece(t, start, end, rank, cardinalities[t]) for (t, start, end), rank in zip(unplaced, ranks)]
-    return ShardingPlan(world_size=world_size, cardinalities=cardinalities, dim=dim, strategy=strategy,
-                        replicated=replicated, pieces=_merge(pieces))
+    plan = ShardingPlan(world_size=world_size, cardinalities=cardinalities, dim=dim, strategy=strategy,
+                        replicated=replicated, pieces=_merge(pieces), budget=budget or MemoryBudget(None))
+    plan.host_items = _host_items(plan)
+    return plan

@@ -207,7 +207,7 @@ def worker(job: str, options: dict) -> dict:
     rank, size = dist.rank(), dist.size()
     result: Dict[str, object] = {"rank": rank}
     plan, _, trainer = build(options, data_parallel_input=False)
-    result["table_bytes_on_rank"] = plan.bytes_per_rank(4)[rank]
+    result["table_bytes_on_rank"] = sum(plan.memory_per_rank()[rank])
     result["peak_rss_after_build_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     batches = rank_batches(options, plan, False, 2)
     if job == "mid" and size > 1:

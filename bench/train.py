@@ -90,7 +90,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, steps: int) -> dict:
                                        num_numerical_features=NUM_NUMERICAL, seed=0)
     config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=CARDINALITIES, embedding_dim=DIM,
                         bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction=resolve_interaction_name("auto"),
-                        embedding_device_budget_bytes=0)
+                        host_tables=list(range(len(CARDINALITIES))))
     runtime_rss = rss_bytes()
     model = Dlrm(config)
     model.build_weights()

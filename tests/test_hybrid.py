@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from multiproc import assert_ok, run_horovod, run_python
-from sharding import STRATEGIES, ShardingError, plan_sharding
+from sharding import STRATEGIES, MemoryBudget, ShardingError, plan_sharding, table_budget_from_device
 
 
 def _coverage(plan):
@@ -139,16 +139,15 @@ def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
 def test_per_rank_cpu_offload_keeps_the_largest_pieces_in_cpu_memory():
     import tensorflow as tf
 
-    from embedding import table_bytes
     from hybrid_embedding import HybridEmbedding
 
     tf.keras.utils.set_random_seed(0)
-    plan = plan_sharding([1000, 10, 500, 40], 8, 1, "basic")
-    budget = sum(table_bytes(rows, 8, tf.float32) for rows in (10, 40))
-    layer = HybridEmbedding(plan, 0, device_budget_bytes=budget)
+    budget = MemoryBudget(device_bytes=(10 + 40) * 8 * 4)
+    plan = plan_sharding([1000, 10, 500, 40], 8, 1, "basic", budget=budget)
+    layer = HybridEmbedding(plan, 0)
     layer.build(None)
     assert layer.placement() == ["cpu", "device", "cpu", "device"]
-    assert all("CPU" in layer.piece_variables[i].device for i in layer.cpu_pieces)
+    assert all("CPU" in v.device for v in layer.piece_variables[::2])
     ids = tuple(tf.constant([1, 2, 3]) for _ in range(4))
     assert layer(ids).shape == (3, 4, 8)
 
@@ -180,3 +179,50 @@ def test_print_sharding_plan(tmp_path):
     assert "sharding plan: strategy basic, 2 rank(s), 4 tables of dim 8" in result.stdout
     assert "replicated on every rank: tables [2]" in result.stdout
     assert "table 0[cols 0:4] (500 rows)" in result.stdout and "table 0[cols 4:8] (500 rows)" in result.stdout
+
+
+GB80 = 81559 * 2**20  # what an 80 GB A100/H100 reports
+
+
+@pytest.mark.parametrize("variant", ["criteo_t15_synthetic", "criteo_t3_synthetic", "criteo_t0_synthetic"])
+@pytest.mark.parametrize("world_size", [1, 8, 16])
+def test_memory_tiers_count_tables_slots_and_update_transients(variant, world_size):
+    from prepare_synthetic_dataset import CRITEO_VARIANTS
+
+    cardinalities = CRITEO_VARIANTS[variant]
+    device_budget = table_budget_from_device(GB80)
+    assert 70 * 2**30 <= device_budget <= 75 * 2**30
+    elements = sum(cardinalities) * 128
+    plans = {}
+    for optimizer, slots in (("sgd", 0), ("adam", 2)):
+        budget = MemoryBudget(device_bytes=device_budget, optimizer_slots=slots, update_rows=65536)
+        plan = plan_sharding(cardinalities, 128, world_size, "memory_balanced", 10**10, budget=budget)
+        usage = plan.memory_per_rank()
+        host_total = sum(host for _, host in usage)
+        for rank, (device, host) in enumerate(usage):
+            assert device <= device_budget, (optimizer, rank)
+            items = plan.items_on(rank)
+            on_host = [p for p in items if plan.on_host(rank, p.table, p.col_start)]
+            on_device = [p for p in items if not plan.on_host(rank, p.table, p.col_start)]
+            # what goes to the host is the largest of the rank's items
+            if on_host and on_device:
+                assert min(budget.footprint(p.rows, p.width) for p in on_host) >= \
+                    max(budget.footprint(p.rows, p.width) for p in on_device)
+            transient = sum(min(p.rows, 65536) * p.width * 4 * (2 + slots) for p in on_device)
+            state = sum(p.rows * p.width * 4 * (1 + slots) for p in on_device)
+            assert device == state + transient
+        device_state = sum(budget.state_bytes(p.rows, p.width) for r in range(world_size) for p in plan.items_on(r)
+                           if not plan.on_host(r, p.table, p.col_start))
+        assert device_state + host_total == elements * 4 * (1 + slots)  # every table and slot counted once
+        plans[optimizer] = (plan, host_total)
+        assert ("host" in plan.describe()) and f"{slots} optimizer slot(s)" in plan.describe()
+    # Adam's slots triple the state, so it never keeps more on the device than SGD does.
+    assert plans["adam"][1] >= plans["sgd"][1]
+    # Known outcomes on 80 GB GPUs (default column slicing, 1e10 elements): t15 always fits; t3 needs
+    # 8 ranks; t0 fits 8 or 16 ranks with SGD, while Adam's 3x state sends its largest slices to the host.
+    offloading = {("criteo_t3_synthetic", 1): ("sgd", "adam"), ("criteo_t0_synthetic", 1): ("sgd", "adam"),
+                  ("criteo_t0_synthetic", 8): ("adam",), ("criteo_t0_synthetic", 16): ("adam",)}
+    for optimizer in ("sgd", "adam"):
+        uses_host = plans[optimizer][1] > 0
+        assert uses_host == (optimizer in offloading.get((variant, world_size), ())), \
+            (variant, world_size, optimizer, plans[optimizer][0].describe())

@@ -38,7 +38,7 @@ def _tables(model: Dlrm) -> list:
 def test_every_layout_starts_from_the_same_tables_and_mlps():
     reference = _model(_config(embedding_type="multitable"))
     tf.random.uniform([100], seed=3)  # other random draws in between change nothing
-    fused_offloaded = _model(_config(embedding_type="fused", embedding_device_budget_bytes=20 * DIM * 4))
+    fused_offloaded = _model(_config(embedding_type="fused", host_tables=[0, 3]))
     assert fused_offloaded.embedding.placement().count("cpu") > 0
     for expected, actual in zip(_tables(reference), _tables(fused_offloaded)):
         np.testing.assert_array_equal(actual, expected)

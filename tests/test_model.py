@@ -110,14 +110,13 @@ def test_embedding_implementations_and_cpu_offload_give_the_same_output():
     reference.build_weights()
     batch = _batch(reference.config)
     expected = reference(batch).numpy()
-    budget = sum(embedding.table_bytes(rows, 8, tf.float32) for rows in (3, 7, 12))
-    for overrides in ({"embedding_type": "fused"}, {"embedding_device_budget_bytes": budget},
-                      {"embedding_device_budget_bytes": 0, "cpu_embedding_type": "fused"}):
+    for overrides in ({"embedding_type": "fused"}, {"host_tables": [1]},
+                      {"host_tables": [0, 1, 2, 3], "cpu_embedding_type": "fused"}):
         other = Dlrm(_config(**overrides))
         other.build_weights()
         _copy_weights(reference, other)
         np.testing.assert_allclose(other(batch).numpy(), expected, rtol=1e-6)
-    split = Dlrm(_config(embedding_device_budget_bytes=budget))
+    split = Dlrm(_config(host_tables=[1]))
     assert split.embedding.placement() == ["device", "cpu", "device", "device"]
 
 
