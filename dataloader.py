@@ -63,8 +63,11 @@ def _check_batch_fits(batch_size: int, num_samples: int, what: str, where: str) 
 def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[str] = None,
                       feature_spec_name: str = DEFAULT_SPEC_NAME, use_feature_spec: bool = False,
                       num_numerical_features: int = 13,
-                      cardinalities: Sequence[int] = (1000,) * 26) -> FeatureSpec:
-    """The validated spec of the dataset, or the default spec of the synthetic dimensions."""
+                      cardinalities: Sequence[int] = (1000,) * 26,
+                      allow_external_paths: bool = False) -> FeatureSpec:
+    """The validated spec of the dataset, or the default spec of the synthetic dimensions.
+
+    Its files must lie inside `dataset_path` unless `allow_external_paths`."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
     if dataset_type == "tf_raw" or use_feature_spec:
@@ -72,7 +75,7 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
             raise ValueError("dataset_path is required for dataset_type 'tf_raw' and for "
                              "synthetic data from a feature spec")
         spec = FeatureSpec.from_yaml(os.path.join(dataset_path, feature_spec_name))
-        spec.check_feature_spec()
+        spec.check_feature_spec(allow_external_paths=allow_external_paths)
         return spec
     return FeatureSpec.get_default_feature_spec(num_numerical_features, list(cardinalities))
 
@@ -87,7 +90,7 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
                            num_train_batches: int = 64008, num_eval_batches: int = 1350,
                            cardinalities: Sequence[int] = (1000,) * 26,
                            num_numerical_features: int = 13, use_feature_spec: bool = False,
-                           validate_data: bool = False,
+                           validate_data: bool = False, allow_external_paths: bool = False,
                            feature_spec: Optional[FeatureSpec] = None) -> InputPipelines:
     """The train and eval pipelines of this rank; every bad input raises before any batch is read.
 
@@ -102,7 +105,8 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
                                              feature_spec_name=feature_spec_name,
                                              use_feature_spec=use_feature_spec,
                                              num_numerical_features=num_numerical_features,
-                                             cardinalities=cardinalities)
+                                             cardinalities=cardinalities,
+                                             allow_external_paths=allow_external_paths)
     _check_partitioning(train_batch_size, eval_batch_size, rank, world_size,
                         local_categorical_ids, len(spec.categorical_names))
     categorical_ids = (range(len(spec.categorical_names)) if local_categorical_ids is None

@@ -2,14 +2,17 @@
 
 A spec names every feature with its dtype (and cardinality for categoricals), groups the features
 into channels (categorical, numerical, label) and says which files of each mapping (train, test)
-hold them. Paths in the spec are relative to the directory of the YAML file.
+hold them. Paths in the spec are relative to the directory of the YAML file and, unless the
+caller allows external paths, must stay inside it (a stray `../` or absolute path would silently
+read or overwrite someone else's files).
 """
 from __future__ import annotations
 
 import copy
 import os
+import stat
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import yaml
@@ -42,6 +45,62 @@ class FeatureSpecError(ValueError):
     """A feature spec or its files are invalid; the message names the file and feature."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses a key repeated in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+        first_lines: Dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = first_lines.get(key)
+            except TypeError:  # an unhashable key: the base constructor reports it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first defined at line {first})",
+                    key_node.start_mark)
+            first_lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_error_line(error: yaml.YAMLError) -> str:
+    """One line for a YAML error: the problem and where (PyYAML's own text spans several lines)."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        context = f" ({error.context})" if error.context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}{context}"
+    return " ".join(str(error).split())
+
+
+def file_kind_problem(path: str) -> Optional[str]:
+    """None if `path` is a regular file (or a link to one); else why not, as the end of a sentence
+    ('not found', 'is a directory, not a regular file', ...), so a FIFO is not opened (it blocks)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "not found"
+    except OSError as error:
+        return f"is not accessible ({error.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"is {kind}, not a regular file"
+
+
+def is_external_path(relative_path: str) -> bool:
+    """True if a spec path is absolute or climbs out of the spec's folder (`../x`)."""
+    if os.path.isabs(relative_path):
+        return True
+    normalised = os.path.normpath(relative_path)
+    return normalised == os.pardir or normalised.startswith(os.pardir + os.sep)
+
+
 def get_categorical_feature_type(cardinality: int) -> str:
     """Smallest of int8/int16/int32 whose max is strictly greater than the cardinality (§4.5)."""
     for dtype in CATEGORICAL_DTYPES:
@@ -65,13 +124,16 @@ class FeatureSpec:
     @classmethod
     def from_yaml(cls, path: str) -> "FeatureSpec":
         """Load a spec; a missing file, bad YAML or a wrong top-level shape raise FeatureSpecError."""
-        if not os.path.isfile(path):
-            raise FeatureSpecError(f"{path}: feature spec file not found")
+        problem = file_kind_problem(path)
+        if problem:
+            raise FeatureSpecError(f"{path}: feature spec file {problem}")
         try:
             with open(path) as f:
-                raw = yaml.safe_load(f)
+                raw = yaml.load(f, Loader=_UniqueKeyLoader)
         except yaml.YAMLError as e:
-            raise FeatureSpecError(f"{path}: YAML syntax error: {e}") from None
+            raise FeatureSpecError(f"{path}: YAML syntax error at {_yaml_error_line(e)}") from None
+        except UnicodeDecodeError as e:
+            raise FeatureSpecError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         if not isinstance(raw, dict):
             raise FeatureSpecError(f"{path}: the top level must be a mapping with feature_spec, "
                                    f"source_spec and channel_spec")
@@ -84,6 +146,10 @@ class FeatureSpec:
         metadata = raw.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise FeatureSpecError(f"{path}: section 'metadata' must be a mapping")
+        teacher_auc = metadata.get("teacher_auc")
+        if teacher_auc is not None and (isinstance(teacher_auc, bool)
+                                        or not isinstance(teacher_auc, (int, float))):
+            raise FeatureSpecError(f"{path}: metadata 'teacher_auc' must be a number, got {teacher_auc!r}")
         spec = cls(feature_spec=raw["feature_spec"], source_spec=raw["source_spec"],
                    channel_spec=raw["channel_spec"], metadata=metadata,
                    base_directory=os.path.dirname(os.path.abspath(path)), path=path)
@@ -175,8 +241,11 @@ class FeatureSpec:
         return self.path or os.path.join(self.base_directory, DEFAULT_SPEC_NAME)
 
     # ----------------------------------------------------------- validation
-    def check_feature_spec(self, chunk_type: str = SPLIT_BINARY) -> None:
-        """Every rule of §4.2 plus: cardinality fits the dtype. Raises FeatureSpecError."""
+    def check_feature_spec(self, chunk_type: str = SPLIT_BINARY,
+                           allow_external_paths: bool = False) -> None:
+        """Every rule of §4.2 plus: cardinality fits the dtype, no file serves two chunks of a
+        mapping, and (unless `allow_external_paths`) every file lies inside the spec's folder.
+        Raises FeatureSpecError."""
         where = self._where()
         self._check_features(where, chunk_type)
         self._check_channels(where)
@@ -187,7 +256,7 @@ class FeatureSpec:
             if isinstance(card, bool) or not isinstance(card, int) or card <= 0:
                 raise FeatureSpecError(f"{where}: categorical feature '{name}' needs a positive integer "
                                        f"cardinality, got {card!r}")
-        self._check_mappings(where, chunk_type)
+        self._check_mappings(where, chunk_type, allow_external_paths)
 
     def _check_features(self, where: str, chunk_type: str) -> None:
         for name, props in self.feature_spec.items():
@@ -231,7 +300,7 @@ class FeatureSpec:
         if unused:
             raise FeatureSpecError(f"{where}: features {unused} are in feature_spec but in no channel")
 
-    def _check_mappings(self, where: str, chunk_type: str) -> None:
+    def _check_mappings(self, where: str, chunk_type: str, allow_external_paths: bool) -> None:
         if set(self.source_spec) != set(MAPPINGS):
             raise FeatureSpecError(f"{where}: source_spec must have exactly the mappings {list(MAPPINGS)}, "
                                    f"got {sorted(self.source_spec)}")
@@ -240,9 +309,16 @@ class FeatureSpec:
             if not isinstance(chunks, list):
                 raise FeatureSpecError(f"{where}: mapping '{mapping}' must be a list of chunks")
             seen: List[str] = []
+            files: Dict[str, List[str]] = {}
             for chunk in chunks:
-                self._check_chunk(where, mapping, chunk, chunk_type)
+                self._check_chunk(where, mapping, chunk, chunk_type, allow_external_paths)
                 seen.extend(chunk[FEATURES_SELECTOR])
+                relative = os.path.normpath(chunk[FILES_SELECTOR][0])
+                if relative in files:
+                    raise FeatureSpecError(f"{where}: mapping '{mapping}': file {chunk[FILES_SELECTOR][0]!r} "
+                                           f"of features {chunk[FEATURES_SELECTOR]} is also the file of "
+                                           f"{files[relative]}; every chunk needs its own file")
+                files[relative] = chunk[FEATURES_SELECTOR]
             repeated = sorted({n for n in seen if seen.count(n) > 1})
             if repeated:
                 raise FeatureSpecError(f"{where}: mapping '{mapping}' lists features {repeated} in more "
@@ -255,7 +331,8 @@ class FeatureSpec:
                 raise FeatureSpecError(f"{where}: mapping '{mapping}' names features {unknown} that are "
                                        f"not defined in feature_spec")
 
-    def _check_chunk(self, where: str, mapping: str, chunk: Any, chunk_type: str) -> None:
+    def _check_chunk(self, where: str, mapping: str, chunk: Any, chunk_type: str,
+                     allow_external_paths: bool) -> None:
         if not isinstance(chunk, dict):
             raise FeatureSpecError(f"{where}: mapping '{mapping}' has a chunk that is not a mapping")
         features = chunk.get(FEATURES_SELECTOR) or []
@@ -269,6 +346,9 @@ class FeatureSpec:
         files = chunk.get(FILES_SELECTOR) or []
         if not isinstance(files, list) or len(files) != 1 or not isinstance(files[0], str):
             raise FeatureSpecError(f"{label}: a chunk needs exactly one file, got {files}")
+        if not allow_external_paths and is_external_path(files[0]):
+            raise FeatureSpecError(f"{label}: file {files[0]!r} lies outside the dataset folder "
+                                   f"{self.base_directory}; external paths must be allowed explicitly")
         if chunk_type != SPLIT_BINARY:
             return
         categorical = [f for f in features if f in self.categorical_names]
@@ -305,12 +385,20 @@ class FeatureSpec:
         counts: Dict[str, int] = {}
         for mapping in mappings:
             per_file: Dict[str, int] = {}
+            identities: Dict[Tuple[int, int], str] = {}
             for chunk in self.source_spec[mapping]:
                 path = self.resolve(chunk[FILES_SELECTOR][0])
                 features = chunk[FEATURES_SELECTOR]
-                if not os.path.isfile(path):
+                problem = file_kind_problem(path)
+                if problem:
                     raise FeatureSpecError(f"{path}: file of feature(s) {features} (mapping '{mapping}') "
-                                           f"not found")
+                                           f"{problem}")
+                status = os.stat(path)
+                twin = identities.setdefault((status.st_dev, status.st_ino), path)
+                if twin != path:
+                    raise FeatureSpecError(f"{path}: file of feature(s) {features} (mapping '{mapping}') "
+                                           f"is the same file on disk as {twin}; every chunk needs its own "
+                                           f"file")
                 record = sum(self.dtype_of(f).itemsize for f in features)
                 size = os.path.getsize(path)
                 if size % record:
