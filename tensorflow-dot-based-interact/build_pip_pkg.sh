@@ -5,8 +5,9 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: $0 [--python PYTHON] [--output DIR]
-Copies setup.py, MANIFEST.in and the Python package (with _dot_based_interact_ops.so, without
-tests and caches) to a temporary directory and builds a wheel into DIR (default: artifacts).
+Copies setup.py, MANIFEST.in and the Python package (with _dot_based_interact_ops.so and its
+CUDA code record .json, without tests and caches) to a temporary directory and builds a wheel
+into DIR (default: artifacts).
 USAGE
 }
 
@@ -32,7 +33,8 @@ staging="$(mktemp -d)"
 trap 'rm -rf "${staging}"' EXIT
 cp "${package_root}/setup.py" "${package_root}/MANIFEST.in" "${staging}/"
 mkdir -p "${staging}/tensorflow_dot_based_interact"
-cp "${package_root}"/tensorflow_dot_based_interact/*.py "${library}" "${staging}/tensorflow_dot_based_interact/"
+cp "${package_root}"/tensorflow_dot_based_interact/*.py "${library}" "${library%.so}.json" \
+  "${staging}/tensorflow_dot_based_interact/"
 
 mkdir -p "${output}"
 output="$(cd "${output}" && pwd)"

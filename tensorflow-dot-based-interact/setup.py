@@ -14,7 +14,7 @@ setup(
     version="0.0.1",
     description="DLRM dot-interaction TensorFlow op with CPU and CUDA kernels",
     packages=find_packages(include=["tensorflow_dot_based_interact"]),
-    package_data={"tensorflow_dot_based_interact": ["*.so"]},
+    package_data={"tensorflow_dot_based_interact": ["*.so", "*.json"]},
     include_package_data=True,
     # The library is built against one TensorFlow release (tensorflow or tensorflow-cpu, which
     # install under different names), so TensorFlow is not declared as a dependency here.

@@ -2,10 +2,12 @@
 
 The library `_dot_based_interact_ops.so` sits next to this file once `make` has run. It is
 loaded on first use, so importing this module never fails; `is_built()` tells whether it can.
+Beside it, `make` writes `_dot_based_interact_ops.json`, the CUDA architectures it compiled.
 """
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -14,6 +16,7 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels
 
 LIBRARY_PATH = Path(__file__).resolve().parent / "_dot_based_interact_ops.so"
+CUDA_RECORD_PATH = LIBRARY_PATH.with_suffix(".json")
 BUILD_HINT = "run `make setup` or `make -C tensorflow-dot-based-interact cpu`"
 SUPPORTED_DTYPES = (tf.float32, tf.float16)
 
@@ -47,6 +50,41 @@ def has_gpu_kernels() -> bool:
     load_op_library()
     registered = kernels.get_registered_kernels_for_op("DotBasedInteract").kernel
     return any(kernel.device_type == "GPU" for kernel in registered)
+
+
+def built_cuda_code() -> dict[str, list[int]]:
+    """The CUDA code in the library, from the record `make` wrote next to it.
+
+    {"cuda_sm": [75, 80, ...], "cuda_ptx": [90]}: architectures with a cubin, and with PTX.
+    Raises OpNotBuiltError when the record is missing or unreadable.
+    """
+    try:
+        record = json.loads(CUDA_RECORD_PATH.read_text())
+        return {key: [int(arch) for arch in record[key]] for key in ("cuda_sm", "cuda_ptx")}
+    except FileNotFoundError:
+        raise OpNotBuiltError(f"{CUDA_RECORD_PATH} does not exist (library built before it was recorded): "
+                              f"rebuild, {BUILD_HINT}") from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise OpNotBuiltError(f"{CUDA_RECORD_PATH} is not a valid CUDA code record ({error}): rebuild, "
+                              f"{BUILD_HINT}") from None
+
+
+def missing_cuda_code(compute_capability: tuple[int, int], code: dict[str, list[int]] | None = None) -> str | None:
+    """Why `code` (default: the library's record) cannot run on a GPU of `compute_capability`; None if it can.
+
+    A cubin for sm_XY runs on devices X.Z with Z >= Y; PTX for compute_XY is compiled by the
+    driver for any device of capability X.Y or newer.
+    """
+    code = built_cuda_code() if code is None else code
+    major, minor = compute_capability
+    device = major * 10 + minor
+    if any(arch // 10 == major and arch <= device for arch in code["cuda_sm"]):
+        return None
+    if any(arch <= device for arch in code["cuda_ptx"]):
+        return None
+    built = ", ".join([f"sm_{arch}" for arch in code["cuda_sm"]] + [f"compute_{arch} (PTX)" for arch in code["cuda_ptx"]])
+    return (f"the op holds CUDA code for {built or 'no architecture'}, none of which runs on compute "
+            f"capability {major}.{minor}")
 
 
 def _check_dtype(inputs: tf.Tensor, bottom_mlp_output: tf.Tensor | None = None) -> None:

@@ -49,3 +49,37 @@ def test_shape_inference_gives_static_width() -> None:
 def test_unsupported_dtype_is_rejected() -> None:
     with pytest.raises(tf.errors.InvalidArgumentError, match="float32 and float16"):
         dbi.dot_based_interact(tf.zeros([2, 3, 8], tf.float64))
+
+
+# The record of a `make gpu` with nvcc 12 or 13: cubins from sm_75 (or sm_70) to sm_90, PTX of sm_90.
+CUDA_13_BUILD = {"cuda_sm": [75, 80, 86, 89, 90], "cuda_ptx": [90]}
+
+
+@pytest.mark.parametrize("capability, runs", [
+    ((7, 0), False),  # V100: no sm_70 cubin from nvcc 13, and PTX 9.0 is newer than the device
+    ((7, 5), True), ((8, 0), True), ((8, 6), True),
+    ((8, 7), True),   # Orin: the sm_86 cubin runs on 8.7 (same major, older minor)
+    ((9, 0), True),
+    ((10, 0), True), ((12, 0), True),  # Blackwell: the driver compiles the compute_90 PTX
+    ((6, 1), False),
+])
+def test_missing_cuda_code_follows_cubin_and_ptx_compatibility(capability: tuple[int, int], runs: bool) -> None:
+    reason = dbi.missing_cuda_code(capability, CUDA_13_BUILD)
+    if runs:
+        assert reason is None
+    else:
+        assert f"{capability[0]}.{capability[1]}" in reason and "sm_75" in reason and "compute_90 (PTX)" in reason
+
+
+def test_without_ptx_a_newer_major_is_missing() -> None:
+    assert dbi.missing_cuda_code((8, 6), {"cuda_sm": [80], "cuda_ptx": []}) is None
+    assert "9.0" in dbi.missing_cuda_code((9, 0), {"cuda_sm": [80], "cuda_ptx": []})
+
+
+def test_the_build_records_its_cuda_code_next_to_the_library() -> None:
+    code = dbi.built_cuda_code()
+    if dbi.has_gpu_kernels():
+        assert code["cuda_sm"] and code["cuda_ptx"] == [max(code["cuda_sm"])]
+    else:
+        assert code == {"cuda_sm": [], "cuda_ptx": []}
+        assert "no architecture" in dbi.missing_cuda_code((9, 0))

@@ -4,7 +4,7 @@
 // in L1, so each sample is computed in fp32 with 8-float SIMD vectors (GCC vector extensions)
 // and compiled for several x86-64 levels (target_clones), chosen at load time by the CPU.
 // Half inputs are widened to fp32 per sample and results rounded once at the end.
-// (x86-64 with GCC >= 12 or Clang: _Float16, vector extensions and target_clones.)
+// (GCC >= 11 or Clang: vector extensions and target_clones on x86-64.)
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -17,8 +17,11 @@
 namespace dot_based_interact {
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 12)
 #define DBI_MULTIVERSIONED __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#elif defined(__x86_64__) && defined(__GNUC__)
+// GCC 11 cannot dispatch on x86-64 levels, only on single ISA features: FMA (implies AVX).
+#define DBI_MULTIVERSIONED __attribute__((target_clones("fma", "default")))
 #else
 #define DBI_MULTIVERSIONED
 #endif
@@ -199,14 +202,22 @@ void SampleGrad(const float* sample, const float* pair_grads, int64_t num_vector
   if (num_vectors - k == 1) CombineAllColumns<1>(last_coefficients, sample, num_vectors, dim, grad + k * dim);
 }
 
-// Half <-> fp32 conversions through _Float16, which the x86-64-v3+ clones vectorise (F16C).
-// Eigen::half holds the same 16 bits, so values are moved with memcpy.
-static_assert(sizeof(Eigen::half) == sizeof(_Float16), "Eigen::half must be 16 bits");
+// Half <-> fp32 conversions. Where the compiler has _Float16 (GCC >= 12 and Clang on x86-64
+// define __FLT16_MAX__), the x86-64-v3+ clones vectorise them with F16C; elsewhere (GCC 11, the
+// NGC 24.02 image's compiler) Eigen::half converts, with the same round-to-nearest-even.
+// Both types hold the same 16 bits, so values are moved with memcpy.
+#if defined(__FLT16_MAX__)
+using HalfBits = _Float16;
+#else
+using HalfBits = Eigen::half;
+#endif
+static_assert(sizeof(Eigen::half) == sizeof(HalfBits), "Eigen::half must be 16 bits");
+
 DBI_MULTIVERSIONED
 void WidenHalves(const Eigen::half* values, int64_t count, float* widened) {
   for (int64_t k = 0; k < count; ++k) {
-    _Float16 value;
-    std::memcpy(&value, values + k, sizeof(value));
+    HalfBits value;
+    std::memcpy(static_cast<void*>(&value), values + k, sizeof(value));
     widened[k] = static_cast<float>(value);
   }
 }
@@ -214,7 +225,7 @@ void WidenHalves(const Eigen::half* values, int64_t count, float* widened) {
 DBI_MULTIVERSIONED
 void NarrowToHalves(const float* values, int64_t count, Eigen::half* narrowed) {
   for (int64_t k = 0; k < count; ++k) {
-    const _Float16 value = static_cast<_Float16>(values[k]);
+    const HalfBits value = static_cast<HalfBits>(values[k]);
     std::memcpy(static_cast<void*>(narrowed + k), &value, sizeof(value));
   }
 }

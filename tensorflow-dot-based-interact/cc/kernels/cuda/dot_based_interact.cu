@@ -16,11 +16,6 @@ namespace {
 using namespace nvcuda;
 
 constexpr int kThreads = 128;  // 4 warps per block
-constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 16;                        // WMMA tiles are 16 x 16
-constexpr int kTileRows = kTensorCoreMaxVectors;  // vectors padded to 2 tiles
-constexpr int kGramStride = kTileRows + 4;       // fp32 rows; +4 keeps 32-byte tile alignment
-constexpr int kResultStride = kTensorCoreMaxDim + 4;
 
 __device__ __forceinline__ float ToFloat(float value) { return value; }
 __device__ __forceinline__ float ToFloat(__half value) { return __half2float(value); }
@@ -100,6 +95,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- tensor-core kernels: F <= 32, D <= 128 ---------------------------------------------------
+
+// WMMA with TF32 operands exists from sm_80 (Ampere) on. For older targets (sm_70, sm_75) the
+// tensor-core kernels are stubs that trap: ChooseKernel never launches them below compute 8.0.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 16;                        // WMMA tiles are 16 x 16
+constexpr int kTileRows = kTensorCoreMaxVectors;  // vectors padded to 2 tiles
+constexpr int kGramStride = kTileRows + 4;       // fp32 rows; +4 keeps 32-byte tile alignment
+constexpr int kResultStride = kTensorCoreMaxDim + 4;
 
 // WMMA operand types per element type: fp16 (k = 16) or TF32 from fp32 storage (k = 8).
 template <typename T>
@@ -230,6 +235,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#else
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ForwardTensorCoreKernel(InteractShape, const T* __restrict__,
+                                                                    T* __restrict__) {
+  __trap();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    BackwardTensorCoreKernel(InteractShape, bool, const T* __restrict__, const T* __restrict__, T* __restrict__,
+                             T* __restrict__) {
+  __trap();
+}
+
+#endif  // tensor-core kernels
+
 // ---- dispatch ----------------------------------------------------------------------------------
 
 bool FitsTensorCores(const InteractShape& shape) {
@@ -246,7 +268,7 @@ int ComputeCapabilityMajor() {
 
 template <typename T>
 KernelKind ChooseKernel(const InteractShape& shape, bool allow_tf32) {
-  // Built for sm_80+ only; the check keeps the choice right if older targets are added.
+  // The tensor-core kernels hold code for sm_80 and newer only (see their #if).
   const bool tensor_cores = FitsTensorCores(shape) && ComputeCapabilityMajor() >= 8;
   if (std::is_same<T, __half>::value) return tensor_cores ? KernelKind::kFp16TensorCore : KernelKind::kSimt;
   return tensor_cores && allow_tf32 ? KernelKind::kTf32TensorCore : KernelKind::kSimt;
