@@ -14,8 +14,9 @@ Names accepted by :func:`make_interaction` (the model's ``--dot_interaction`` va
 * ``dummy``: each vector averaged over D first (a cheap stand-in with the same output width).
 * ``custom_cuda``: the compiled ``DotBasedInteract`` op on the GPU.
 * ``custom_cpu``: the compiled ``DotBasedInteract`` op on the CPU.
-* ``auto``: the fastest available of ``custom_cuda``, ``custom_cpu``, ``tensorflow``; call
-  :func:`resolve_interaction_name` to learn (and log) which one it picked.
+* ``auto``: with a GPU, ``custom_cuda`` when the op holds code for the GPU's compute
+  capability, else ``tensorflow`` (logging why); without one, ``custom_cpu`` when the op is
+  built, else ``tensorflow``. :func:`resolve_interaction_name` tells which one it picked.
 """
 from __future__ import annotations
 
@@ -128,14 +129,39 @@ def _custom_op(device: str) -> Interaction:
     return interaction
 
 
+def missing_gpu_code(gpu: tf.config.PhysicalDevice) -> str | None:
+    """Why custom_cuda cannot run on `gpu`, or None when the op holds code for its compute capability."""
+    package = _import_op_package()
+    if not package.is_built():
+        return f"the custom interaction op is not built ({BUILD_HINT})"
+    if not package.has_gpu_kernels():
+        return "the custom interaction op has no CUDA kernels (`make -C tensorflow-dot-based-interact gpu`)"
+    capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+    if capability is None:
+        return f"TensorFlow reports no compute capability for {gpu.name}"
+    try:
+        return package.missing_cuda_code(capability)
+    except package.OpNotBuiltError as error:
+        return str(error)
+
+
 def resolve_interaction_name(name: str) -> str:
-    """Turn `name` into a concrete implementation name; `auto` picks the fastest available."""
+    """Turn `name` into a concrete implementation name; `auto` picks the fastest that can run here.
+
+    On a GPU the CPU kernel is never picked: pinning the interaction to the CPU would copy every
+    batch off the device and back, so the TF ops run on the GPU instead.
+    """
     if name not in INTERACTION_NAMES:
         raise ValueError(f"unknown interaction {name!r}; choose one of {', '.join(INTERACTION_NAMES)}")
     if name != "auto":
         return name
-    if custom_op_has_gpu():
-        return "custom_cuda"
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        reason = missing_gpu_code(gpus[0])
+        if reason is None:
+            return "custom_cuda"
+        logger.warning("dot interaction: auto does not use custom_cuda: %s; using tensorflow", reason)
+        return "tensorflow"
     if custom_op_available():
         return "custom_cpu"
     return "tensorflow"
