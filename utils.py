@@ -14,6 +14,9 @@ import sys
 import time
 from typing import Any, Dict, Iterable, Optional, TextIO, Tuple, Union
 
+from safe_io import OutputPathError, check_output_file
+
+_PREFIX = "DLLL "
 Step = Union[str, int, Tuple[Any, ...]]
 
 
@@ -46,19 +49,22 @@ class DllLogger:
         self._stdout = stdout
         self._start = time.time()
         self._formats: Dict[str, str] = {}
+        self._path = log_path if enabled and log_path else None
         self._file: Optional[TextIO] = None
-        if enabled and log_path:
-            directory = os.path.dirname(os.path.abspath(log_path))
-            os.makedirs(directory, exist_ok=True)
-            self._file = open(log_path, "a", buffering=1)
 
     def _write(self, record: Dict[str, Any]) -> None:
+        """Append one record; the file (and its folder) is created at the first record, so a run
+        that stops before logging anything leaves no file behind."""
+        if self._path is None:
+            return
         now = time.time()
         line = {"timestamp": str(now), "datetime": str(_dt.datetime.fromtimestamp(now)),
                 "elapsedtime": str(now - self._start)}
         line.update(record)
-        if self._file is not None:
-            self._file.write("DLLL " + json.dumps(line) + "\n")
+        if self._file is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
+            self._file = open(self._path, "a", buffering=1)
+        self._file.write(_PREFIX + json.dumps(line) + "\n")
 
     def metadata(self, metric: str, metadata: Dict[str, Any]) -> None:
         """Declare a metric's unit and stdout format (e.g. {'unit': 's', 'format': ':.5f'})."""
@@ -98,12 +104,26 @@ class DllLogger:
             self._file = None
 
 
+def check_log_file(path: str, name: str) -> None:
+    """`path` can take `DLLL` records: a new file, or an existing dllogger log to append to.
+
+    Any other existing file is refused (OutputPathError naming `name`): appending records to a
+    feature spec, a manifest or a script would corrupt it.
+    """
+    check_output_file(path, name)
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as f:
+            head = f.read(len(_PREFIX))
+        if head != _PREFIX.encode():
+            raise OutputPathError(f"{name} {path} exists and is not a dllogger log; refusing to append to it")
+
+
 def read_dllogger_file(path: str) -> Iterable[Dict[str, Any]]:
     """Parse the records of a `DLLL {json}` file (lines without the prefix are skipped)."""
     with open(path) as f:
         for line in f:
-            if line.startswith("DLLL "):
-                yield json.loads(line[len("DLLL "):])
+            if line.startswith(_PREFIX):
+                yield json.loads(line[len(_PREFIX):])
 
 
 def print_rank0(*args: Any, rank: int = 0, **kwargs: Any) -> None:
