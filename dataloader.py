@@ -7,7 +7,9 @@ Every element is `(features, labels)`:
                                       in ascending categorical index order},
   labels   = float32 [local_b, 1].
 A rank's local slice of a global batch of b samples is rows [(r*b)//W, ((r+1)*b)//W).
-Training drops the last partial batch; evaluation covers every test sample.
+Training drops the last partial batch; evaluation covers every test sample. Every value read is
+checked (see `datasets`); consume the datasets inside `datasets.surface_data_errors` so that bad
+data arrives as one DataError rather than a TensorFlow error.
 """
 from __future__ import annotations
 
@@ -90,7 +92,8 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
                            num_train_batches: int = 64008, num_eval_batches: int = 1350,
                            cardinalities: Sequence[int] = (1000,) * 26,
                            num_numerical_features: int = 13, use_feature_spec: bool = False,
-                           validate_data: bool = False, allow_external_paths: bool = False,
+                           validate_data: bool = False, check_values: bool = True,
+                           allow_external_paths: bool = False,
                            feature_spec: Optional[FeatureSpec] = None) -> InputPipelines:
     """The train and eval pipelines of this rank; every bad input raises before any batch is read.
 
@@ -98,8 +101,9 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
     owns (None: all). With `data_parallel_input` the rank reads its local slice of those features,
     otherwise their whole global batch. Batch sizes are global. A `feature_spec` already loaded with
     `load_feature_spec` is used as is instead of being read again. `validate_data` reads every
-    categorical file once to check its ids against the cardinality (tf_raw only). Synthetic data
-    is drawn in memory from the teacher of `datasets.SyntheticTeacher` (batch order fixed).
+    file once up front to check its values (tf_raw only); `check_values` checks each batch as it is
+    read (on by default; off only to measure its cost). Synthetic data is drawn in memory from the
+    teacher of `datasets.SyntheticTeacher` (batch order fixed).
     """
     spec = feature_spec or load_feature_spec(dataset_type=dataset_type, dataset_path=dataset_path,
                                              feature_spec_name=feature_spec_name,
@@ -121,13 +125,13 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
     _check_batch_fits(train_batch_size, counts[TRAIN_MAPPING], "train", where)
     _check_batch_fits(eval_batch_size, counts[TEST_MAPPING], "test", where)
     if validate_data:
-        datasets.validate_categorical_ids(spec, (TRAIN_MAPPING, TEST_MAPPING))
+        datasets.validate_data(spec, (TRAIN_MAPPING, TEST_MAPPING))
     readers = {
         mapping: datasets.SplitBinaryReader(
             spec, mapping, batch, rank=rank, world_size=world_size,
             categorical_ids=categorical_ids, data_parallel_categoricals=data_parallel_input,
             drop_remainder=(mapping == TRAIN_MAPPING), numerical_dtype=compute_dtype,
-            num_samples=counts[mapping])
+            num_samples=counts[mapping], check_values=check_values)
         for mapping, batch in ((TRAIN_MAPPING, train_batch_size), (TEST_MAPPING, eval_batch_size))}
     return InputPipelines(
         train=readers[TRAIN_MAPPING].dataset(shuffle_batch_order, seed),

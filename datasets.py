@@ -7,20 +7,28 @@ of the numerical features and labels) straight into 64-byte aligned views of a r
 which TensorFlow adopts without a copy, then decodes them in the graph (float16 -> compute dtype,
 bool -> float32, int8/int16 -> int32).
 
+Every batch's values are checked where they are read, at a cost of a few vectorised reductions:
+label bytes are 0 or 1, numericals are finite, ids lie in [0, cardinality). A bad value stops the
+pipeline with a DataError naming the file, feature, sample and value; since TensorFlow turns errors
+inside the pipeline into its own, `surface_data_errors` turns them back where batches are consumed.
+
 The synthetic data comes from a fixed random "teacher" (see `SyntheticTeacher`), so a model
 trained on it can learn something and its AUC can be compared with the teacher's.
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +42,105 @@ PREFETCH_BATCHES = 2
 
 
 class DataError(ValueError):
-    """The data (not the spec) is unusable: ids out of range, a batch larger than the data, ..."""
+    """The data (not the spec) is unusable: bad stored values, a batch larger than the data, ..."""
+
+
+# ------------------------------------------------------------------------------ value checks
+# One contract for stored values, applied per batch by the reader and by the up-front scan.
+
+def check_labels(raw: np.ndarray, path: str, feature: str, mapping: str, first_sample: int) -> None:
+    """Labels are bool bytes 0 or 1; any other byte (which TensorFlow reads as true) is a DataError."""
+    raw = raw.reshape(-1).view(np.uint8)
+    if raw.size and raw.max() > 1:
+        index = int(np.flatnonzero(raw > 1)[0])
+        raise DataError(f"{path}: label '{feature}' (mapping '{mapping}') has byte {raw[index]} at "
+                        f"sample {first_sample + index}; a bool label must be stored as 0 or 1")
+
+
+_FLOAT16_MAGNITUDE = 0x7FFF
+_FLOAT16_INF = 0x7C00  # magnitude bits at or above it: Inf or NaN
+
+
+def check_numericals(values: np.ndarray, path: str, features: Sequence[str], mapping: str,
+                     first_sample: int) -> None:
+    """Numericals [samples, features] float16 are finite; NaN or Inf is a DataError."""
+    bits = values.view(np.uint16)
+    if bits.size and (bits & _FLOAT16_MAGNITUDE).max() >= _FLOAT16_INF:
+        row, column = (int(i) for i in np.argwhere(~np.isfinite(values))[0])
+        raise DataError(f"{path}: numerical feature '{features[column]}' (mapping '{mapping}') is "
+                        f"{values[row, column]} at sample {first_sample + row}; numerical features "
+                        f"must be finite")
+
+
+def unsigned_cardinalities(cardinalities: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """Cardinalities in the unsigned type of `dtype`'s width, as `check_ids` compares them."""
+    return np.asarray(cardinalities, dtype=f"u{np.dtype(dtype).itemsize}")
+
+
+def check_ids(block: np.ndarray, cardinalities: np.ndarray, paths: Sequence[str],
+              features: Sequence[str], mapping: str, first_sample: int) -> None:
+    """Ids [features, samples] lie in [0, cardinality) of their feature, else a DataError.
+
+    Read as unsigned, a negative id is huge, so one maximum per feature checks both bounds.
+    """
+    if not block.shape[1]:
+        return
+    unsigned = block.view(cardinalities.dtype)
+    bad_features = np.flatnonzero(unsigned.max(axis=1) >= cardinalities)
+    if bad_features.size:
+        row = int(bad_features[0])
+        sample = int(np.flatnonzero(unsigned[row] >= cardinalities[row])[0])
+        raise DataError(f"{paths[row]}: feature '{features[row]}' (mapping '{mapping}') has id "
+                        f"{block[row, sample]} at sample {first_sample + sample}, outside "
+                        f"[0, {cardinalities[row]}) given by its cardinality")
+
+
+# Errors raised inside a tf.data pipeline reach the consumer as a TensorFlow error carrying a
+# traceback (and TensorFlow logs it). So the reader files its DataError here under a number, makes
+# the pipeline fail with an assertion naming that number, and `surface_data_errors` raises it again.
+_PIPELINE_ERROR_TAG = "DLRM input data error #"
+_PIPELINE_ERROR_PATTERN = re.compile(re.escape(_PIPELINE_ERROR_TAG) + r"\] \[(\d+)\]")
+SERVING_INPUT_ERROR = "invalid serving input:"
+_SERVING_ERROR_PATTERN = re.compile(re.escape(SERVING_INPUT_ERROR) + r"[^\n\]]*")
+_pipeline_errors: Dict[int, DataError] = {}
+_pipeline_error_numbers = itertools.count(1)
+_pipeline_errors_lock = threading.Lock()
+
+
+def _file_pipeline_error(error: Optional[DataError]) -> np.int64:
+    """0 for no error, else the number under which `error` waits for `surface_data_errors`."""
+    if error is None:
+        return np.int64(0)
+    with _pipeline_errors_lock:
+        number = next(_pipeline_error_numbers)
+        _pipeline_errors[number] = error
+    return np.int64(number)
+
+
+def _data_error_in(message: str) -> Optional[DataError]:
+    """The DataError a TensorFlow error message stands for, if it stands for one."""
+    filed = _PIPELINE_ERROR_PATTERN.search(message)
+    if filed:
+        with _pipeline_errors_lock:
+            error = _pipeline_errors.pop(int(filed.group(1)), None)
+        if error is not None:
+            return error
+    serving = _SERVING_ERROR_PATTERN.search(message)
+    return DataError(serving.group(0)) if serving else None
+
+
+@contextlib.contextmanager
+def surface_data_errors() -> Iterator[None]:
+    """Inside the block (or the decorated function), bad data found in a TensorFlow graph (the
+    reader's value checks, a SavedModel's input asserts) is raised as the DataError it is, one
+    line without TensorFlow's dump; other errors pass unchanged."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        data_error = _data_error_in(error.message)
+        if data_error is None:
+            raise
+        raise data_error from None
 
 
 def local_slice(global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
@@ -92,13 +198,18 @@ class SplitBinaryReader:
 
     Per batch, one aligned arena receives: the labels, the numericals, and one [features, rows]
     block per categorical dtype, so few arrays cross into TensorFlow (each crossing has a cost).
+    With `check_values` (the default) every value read is checked (`check_labels`,
+    `check_numericals`, `check_ids`); turning it off only serves to measure what it costs.
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
                  rank: int = 0, world_size: int = 1,
                  categorical_ids: Optional[Sequence[int]] = None,
                  data_parallel_categoricals: bool = False, drop_remainder: bool = True,
-                 numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None):
+                 numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None,
+                 check_values: bool = True):
+        self.mapping = mapping
+        self.check_values = check_values
         self.global_batch_size = global_batch_size
         self.rank = rank
         self.world_size = world_size
@@ -114,7 +225,9 @@ class SplitBinaryReader:
         names = spec.categorical_names
         ids = range(len(names)) if categorical_ids is None else categorical_ids
         self.categorical_features = [names[i] for i in ids]
-        self.num_numerical = len(spec.numerical_names)
+        self.numerical_features = spec.numerical_names
+        self.num_numerical = len(self.numerical_features)
+        self.label_feature = spec.label_name
 
         self._label_path = spec.file_of(mapping, spec.label_name)
         self._numerical_path = (spec.file_of(mapping, spec.numerical_names[0])
@@ -129,6 +242,10 @@ class SplitBinaryReader:
             else:
                 group[1].append(position)
         self._categorical_paths = [spec.file_of(mapping, name) for name in self.categorical_features]
+        cardinalities = dict(zip(names, spec.cardinalities))
+        self._group_cardinalities = [
+            unsigned_cardinalities([cardinalities[self.categorical_features[p]] for p in members], dtype)
+            for dtype, members in self._groups]
         self._fds = {path: os.open(path, os.O_RDONLY)
                      for path in [self._label_path, self._numerical_path, *self._categorical_paths]
                      if path is not None}
@@ -152,7 +269,20 @@ class SplitBinaryReader:
 
     def read_batch(self, batch_index: int) -> List[np.ndarray]:
         """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), then one
-        [features, rows] block per categorical dtype group."""
+        [features, rows] block per categorical dtype group. Bad data raises DataError."""
+        arrays, error = self._read(batch_index)
+        if error is not None:
+            raise error
+        return arrays
+
+    def _read_and_file_error(self, batch_index: int) -> List[np.ndarray]:
+        """`read_batch` for the pipeline: the arrays, then the number its DataError is filed
+        under (0: none), so the pipeline fails with an assertion instead of a Python traceback."""
+        arrays, error = self._read(batch_index)
+        return [*arrays, _file_pipeline_error(error)]
+
+    def _read(self, batch_index: int) -> Tuple[List[np.ndarray], Optional[DataError]]:
+        """The batch's arrays (whole even when the data is bad) and the DataError found, if any."""
         start, size = self.batch_rows(int(batch_index))
         lo, hi = local_slice(size, self.rank, self.world_size)
         local_first, local_rows = start + lo, hi - lo
@@ -169,18 +299,32 @@ class SplitBinaryReader:
             return view
 
         labels = carve((local_rows,), np.dtype(LABEL_DTYPE))
-        self._pread(self._label_path, labels, local_first)
-        arrays = [labels]
-        if self.num_numerical:
-            numerical = carve((local_rows, self.num_numerical), np.dtype(NUMERICAL_DTYPE))
-            self._pread(self._numerical_path, numerical, local_first)
-            arrays.append(numerical)
-        for dtype, members in self._groups:
-            block = carve((len(members), categorical_rows), dtype)
-            for row, position in zip(block, members):
-                self._pread(self._categorical_paths[position], row, categorical_first)
-            arrays.append(block)
-        return arrays
+        numerical = (carve((local_rows, self.num_numerical), np.dtype(NUMERICAL_DTYPE))
+                     if self.num_numerical else None)
+        blocks = [carve((len(members), categorical_rows), dtype) for dtype, members in self._groups]
+        arrays = [labels] + ([numerical] if numerical is not None else []) + blocks
+        try:
+            self._pread(self._label_path, labels, local_first)
+            if numerical is not None:
+                self._pread(self._numerical_path, numerical, local_first)
+            for (_, members), block in zip(self._groups, blocks):
+                for row, position in zip(block, members):
+                    self._pread(self._categorical_paths[position], row, categorical_first)
+            if self.check_values:
+                self._check(labels, numerical, blocks, local_first, categorical_first)
+        except DataError as error:
+            return arrays, error
+        return arrays, None
+
+    def _check(self, labels: np.ndarray, numerical: Optional[np.ndarray], blocks: List[np.ndarray],
+               local_first: int, categorical_first: int) -> None:
+        check_labels(labels, self._label_path, self.label_feature, self.mapping, local_first)
+        if numerical is not None:
+            check_numericals(numerical, self._numerical_path, self.numerical_features, self.mapping,
+                             local_first)
+        for (_, members), block, cardinalities in zip(self._groups, blocks, self._group_cardinalities):
+            check_ids(block, cardinalities, [self._categorical_paths[p] for p in members],
+                      [self.categorical_features[p] for p in members], self.mapping, categorical_first)
 
     def _pread(self, path: str, buffer: np.ndarray, first_sample: int) -> None:
         sample_bytes = buffer.nbytes // max(len(buffer), 1)
@@ -217,8 +361,12 @@ class SplitBinaryReader:
         raw_types += [tf.as_dtype(dtype) for dtype, _ in self._groups]
 
         def load(batch_index):
-            return self._decode(tf.numpy_function(self.read_batch, [batch_index], raw_types,
-                                                  stateful=False))
+            *raw, error_number = tf.numpy_function(self._read_and_file_error, [batch_index],
+                                                   raw_types + [tf.int64], stateful=False)
+            checked = tf.debugging.Assert(tf.equal(error_number, 0),
+                                          [_PIPELINE_ERROR_TAG, error_number])
+            with tf.control_dependencies([checked]):
+                return self._decode([tf.identity(array) for array in raw])
 
         options = tf.data.Options()
         options.deterministic = True
@@ -235,24 +383,43 @@ def _close_all(fds: Sequence[int]) -> None:
         os.close(fd)
 
 
+def _file_chunks(path: str, dtype: np.dtype, width: int,
+                 chunk_bytes: int) -> Iterator[Tuple[int, np.ndarray]]:
+    """(first sample, values [samples, width]) of a whole file, about `chunk_bytes` at a time."""
+    sample_bytes = dtype.itemsize * width
+    total = os.path.getsize(path) // sample_bytes
+    step = max(1, chunk_bytes // sample_bytes)
+    for start in range(0, total, step):
+        count = min(step, total - start)
+        values = np.fromfile(path, dtype=dtype, count=count * width, offset=start * sample_bytes)
+        yield start, values.reshape(count, width)
+
+
+def validate_data(spec: FeatureSpec, mappings: Sequence[str], chunk_bytes: int = 1 << 24) -> None:
+    """Every stored value of `mappings` passes the reader's checks, read once before any training
+    (labels, numericals, then ids); raise DataError naming the first culprit."""
+    for mapping in mappings:
+        path = spec.file_of(mapping, spec.label_name)
+        for start, labels in _file_chunks(path, np.dtype(LABEL_DTYPE), 1, chunk_bytes):
+            check_labels(labels, path, spec.label_name, mapping, start)
+        if spec.numerical_names:
+            path = spec.file_of(mapping, spec.numerical_names[0])
+            for start, values in _file_chunks(path, np.dtype(NUMERICAL_DTYPE),
+                                              len(spec.numerical_names), chunk_bytes):
+                check_numericals(values, path, spec.numerical_names, mapping, start)
+    validate_categorical_ids(spec, mappings, chunk_bytes)
+
+
 def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
-                             chunk_samples: int = 1 << 22) -> None:
+                             chunk_bytes: int = 1 << 24) -> None:
     """Check every categorical id lies in [0, cardinality); raise DataError naming the culprit."""
     for mapping in mappings:
         for name, cardinality in zip(spec.categorical_names, spec.cardinalities):
             path = spec.file_of(mapping, name)
             dtype = spec.dtype_of(name)
-            total = os.path.getsize(path) // dtype.itemsize
-            for start in range(0, total, chunk_samples):
-                ids = np.fromfile(path, dtype=dtype, count=min(chunk_samples, total - start),
-                                  offset=start * dtype.itemsize)
-                bad = np.flatnonzero((ids < 0) | (ids >= cardinality))
-                if bad.size:
-                    sample = start + int(bad[0])
-                    raise DataError(f"{path}: feature '{name}' (mapping '{mapping}') has id "
-                                    f"{int(ids[bad[0]])} at sample {sample}, outside "
-                                    f"[0, {cardinality}) given by its cardinality; "
-                                    f"{bad.size} bad ids in this chunk")
+            for start, ids in _file_chunks(path, dtype, 1, chunk_bytes):
+                check_ids(ids.reshape(1, -1), unsigned_cardinalities([cardinality], dtype), [path],
+                          [name], mapping, start)
 
 
 # --------------------------------------------------------------------------- writing

@@ -14,13 +14,31 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
+from datasets import SERVING_INPUT_ERROR
 from embedding import copy_table
 from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm
 
 SIGNATURE = "serving_default"
 
 
+def _checked(tensor: tf.Tensor, bad: tf.Tensor, template: str,
+             values: Callable[[tf.Tensor, tf.Tensor], list]) -> tf.Tensor:
+    """`tensor`, once no element of `bad` [B, n] is True; else fail with `template` formatted for
+    the first bad (row, column, *values). The message is built only on that failure path."""
+    def fail() -> tf.Tensor:
+        row, column = tf.unstack(tf.where(bad)[0])
+        message = tf.strings.format(template, [row, column, *values(row, column)])
+        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+            return tf.identity(tensor)
+
+    return tf.cond(tf.reduce_any(bad), fail, lambda: tf.identity(tensor))
+
+
 class _Serving(tf.Module):
+    """The serving signature. It refuses ids outside [0, cardinality) of their column (they would
+    read a neighbouring table's rows in the fused layout) and non-finite numericals, with an
+    InvalidArgumentError starting `datasets.SERVING_INPUT_ERROR` and naming the row and column."""
+
     def __init__(self, model: Dlrm) -> None:
         super().__init__(name="dlrm_serving")
         self.model = model
@@ -30,6 +48,16 @@ class _Serving(tf.Module):
             tf.TensorSpec([None, len(config.cardinalities)], tf.int32, name=CATEGORICAL_KEY)])
 
     def _serve(self, numerical_features: tf.Tensor, categorical_features: tf.Tensor) -> Dict[str, tf.Tensor]:
+        cardinalities = tf.constant(self.model.config.cardinalities, tf.int32)
+        numerical_features = _checked(
+            numerical_features, ~tf.math.is_finite(numerical_features),
+            f"{SERVING_INPUT_ERROR} {NUMERICAL_KEY} row {{}}, column {{}} is {{}}; numerical features "
+            f"must be finite", lambda row, column: [numerical_features[row, column]])
+        categorical_features = _checked(
+            categorical_features, (categorical_features < 0) | (categorical_features >= cardinalities),
+            f"{SERVING_INPUT_ERROR} {CATEGORICAL_KEY} row {{}}, column {{}} has id {{}}, outside "
+            f"[0, {{}}) given by the cardinality of that column",
+            lambda row, column: [categorical_features[row, column], cardinalities[column]])
         ids = tuple(tf.unstack(categorical_features, num=len(self.model.config.cardinalities), axis=1))
         logits = self.model({NUMERICAL_KEY: numerical_features, CATEGORICAL_KEY: ids}, training=False)
         return {"probabilities": tf.sigmoid(logits), "logits": logits}

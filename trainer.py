@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import distributed as dist
 import metrics
+from datasets import surface_data_errors
 from lr_scheduler import LearningRateScheduler
 from model import Dlrm
 from optimizers import Optimizer
@@ -125,6 +126,7 @@ class Evaluator:
     def for_model(cls, model: Dlrm, auc_thresholds: Optional[int] = None) -> "Evaluator":
         return cls(tf.function(lambda features: model(features, training=False)), auc_thresholds)
 
+    @surface_data_errors()
     def _gather_predictions(self, dataset: tf.data.Dataset, max_batches: Optional[int] = None,
                             latencies: Optional[List[float]] = None) -> Tuple[np.ndarray, np.ndarray]:
         """Logits and labels of every rank, concatenated; optionally per-batch fetch+forward latency."""
@@ -180,6 +182,7 @@ class LoopConfig:
     profile_this_rank: bool = False
 
 
+@surface_data_errors()
 def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset, test_dataset: tf.data.Dataset,
                config: LoopConfig,
                save_checkpoint: Optional[Callable[[int], None]] = None) -> TrainResult:

@@ -79,7 +79,7 @@ def test_every_spec_generates_teacher_labelled_data(tmp_path, path):
     loaded.check_feature_spec()
     assert loaded.check_files() == {"train": 2048, "test": 1024}
     assert loaded.metadata["teacher_auc"] == teacher_auc and 0.65 < teacher_auc < 0.95
-    datasets.validate_categorical_ids(loaded, ["train", "test"])
+    datasets.validate_data(loaded, ["train", "test"])
     labels = np.fromfile(loaded.file_of("train", loaded.label_name), dtype=bool)
     assert 0.2 < labels.mean() < 0.8
 
