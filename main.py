@@ -216,14 +216,14 @@ def build_model_config(spec, interaction_name: str):
 
 def training_state(model, optimizers, scheduler, spec):
     """The variables a checkpoint saves and restores, named in the global per-table layout."""
-    from checkpoint import TrainingState
+    from checkpoint import STEP_COUNTER, TrainingState
 
     dense_optimizer, embedding_optimizer = optimizers
     tables = model.table_views()
     slot_names = embedding_optimizer.slot_names if model.embedding_variables else ()
     slot_views = {slot: model.table_views(lambda v, slot=slot: embedding_optimizer.slot_variables(v)[slot])
                   for slot in slot_names}
-    counters = {"lr_schedule_step": scheduler.step, "dense_optimizer_iterations": dense_optimizer.iterations}
+    counters = {STEP_COUNTER: scheduler.step, "dense_optimizer_iterations": dense_optimizer.iterations}
     if embedding_optimizer is not dense_optimizer:
         counters["embedding_optimizer_iterations"] = embedding_optimizer.iterations
     dense = model.dense_weight_map()
@@ -233,6 +233,26 @@ def training_state(model, optimizers, scheduler, spec):
         table_slots=[{slot: views[i] for slot, views in slot_views.items()} for i in range(len(tables))],
         dense=dense, dense_slots={name: dense_optimizer.slot_variables(v) for name, v in dense.items()},
         counters=counters)
+
+
+def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
+    """Before any training: check --restore_checkpoint_path (in train mode, that steps are left)
+    and --save_checkpoint_path (checkpoint.check_save_folder, on every rank), then restore.
+    Returns this run's lineage id: the restored checkpoint's, or a new one."""
+    import checkpoint
+    from utils import print_rank0
+
+    resumed = checkpoint.open_checkpoint(FLAGS.restore_checkpoint_path) if FLAGS.restore_checkpoint_path else None
+    lineage = checkpoint.run_lineage(resumed)
+    if FLAGS.mode == "train" and resumed is not None:
+        checkpoint.check_resume_step(resumed, FLAGS.epochs * steps_per_epoch, FLAGS.max_steps)
+    if FLAGS.mode == "train" and FLAGS.save_checkpoint_path:
+        checkpoint.check_save_folder(FLAGS.save_checkpoint_path, state.model_config, state.feature_names, lineage,
+                                     resumed, "--save_checkpoint_path")
+    if resumed is not None:
+        checkpoint.restore(resumed, state)
+        print_rank0(f"restored {resumed.path} (step {resumed.step})", rank=rank)
+    return lineage
 
 
 def log_final(logger, data: dict) -> None:
@@ -310,9 +330,7 @@ def run_mode(rank: int, world_size: int, logger) -> None:
                                       FLAGS.decay_steps)
     trainer = Trainer(model, *optimizers, scheduler, loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None)
     state = training_state(model, optimizers, scheduler, spec)
-    if FLAGS.restore_checkpoint_path:
-        step = checkpoint.restore(FLAGS.restore_checkpoint_path, state)
-        print_rank0(f"restored {checkpoint.resolve(FLAGS.restore_checkpoint_path)} (step {step})", rank=rank)
+    lineage = prepare_checkpoints(state, pipelines.train_steps, rank)
     evaluator = Evaluator.for_model(model, FLAGS.auc_thresholds)
 
     if FLAGS.mode == "deploy":
@@ -327,7 +345,7 @@ def run_mode(rank: int, world_size: int, logger) -> None:
 
     def save(step: int) -> None:
         saved_steps.append(step)
-        path = checkpoint.save(FLAGS.save_checkpoint_path, step, state, keep=FLAGS.keep_checkpoints,
+        path = checkpoint.save(FLAGS.save_checkpoint_path, step, state, lineage, keep=FLAGS.keep_checkpoints,
                                writer=rank == 0)
         dist.barrier()
         print_rank0(f"checkpoint saved: {path}", rank=rank)

@@ -150,7 +150,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     assert result.returncode != 0
     assert "error:" in result.stderr and ("NaN" in result.stderr or "nan" in result.stderr)
     found = checkpoint.list_checkpoints(str(root))
-    assert found and not glob.glob(f"{root}/.tmp-*")
+    assert found and not glob.glob(f"{root}/.step_*.tmp-*")
     for path in found:
         for name, array in checkpoint_arrays(path).items():
             assert np.isfinite(array).all(), name
@@ -170,7 +170,7 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     try:
         deadline = time.time() + 240
         while time.time() < deadline:
-            if checkpoint.list_checkpoints(str(root)) and glob.glob(f"{root}/.tmp-*/embeddings/*"):
+            if checkpoint.list_checkpoints(str(root)) and glob.glob(f"{root}/.step_*.tmp-*/embeddings/*"):
                 break
             time.sleep(0.02)
         else:
@@ -180,7 +180,7 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
-    assert glob.glob(f"{root}/.tmp-*"), "the kill should have interrupted a save"
+    assert glob.glob(f"{root}/.step_*.tmp-*"), "the kill should have interrupted a save"
     latest = checkpoint.resolve(str(root))
     assert all(os.path.isfile(os.path.join(p, checkpoint.MANIFEST)) for p in glob.glob(f"{root}/step_*"))
     assert_ok(main_py(big + ["--mode", "eval", "--restore_checkpoint_path", str(root)]))
