@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-setup:  ## install what is missing (Debian packages, .venv, Horovod wheel cache); idempotent
+setup:  ## install what is missing for this host, CPU or GPU (DLRM_GPU=1|0 overrides); idempotent; `scripts/setup.sh --plan` lists it
 	scripts/setup.sh
 
 demo: setup  ## set up, then run the main job on the embedded synthetic default
