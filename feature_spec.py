@@ -45,6 +45,11 @@ class FeatureSpecError(ValueError):
     """A feature spec or its files are invalid; the message names the file and feature."""
 
 
+# Two chunks reading one file would read the same bytes as two features, or score training data
+# as test data when the mappings share it.
+_OWN_FILE_RULE = "every chunk of every mapping needs its own file"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """A safe YAML loader that refuses a key repeated in one mapping (PyYAML keeps the last)."""
 
@@ -154,6 +159,9 @@ class FeatureSpec:
                    channel_spec=raw["channel_spec"], metadata=metadata,
                    base_directory=os.path.dirname(os.path.abspath(path)), path=path)
         for name, props in spec.feature_spec.items():
+            if not isinstance(name, str):
+                raise FeatureSpecError(f"{path}: feature name {name!r} is a {type(name).__name__}, not a "
+                                       f"string (YAML reads bare no/yes/on/off and numbers so); quote it")
             if not isinstance(props, dict):
                 raise FeatureSpecError(f"{path}: feature '{name}' must map to a dict of properties")
         return spec
@@ -305,20 +313,20 @@ class FeatureSpec:
             raise FeatureSpecError(f"{where}: source_spec must have exactly the mappings {list(MAPPINGS)}, "
                                    f"got {sorted(self.source_spec)}")
         all_features = set(self.feature_spec)
+        owners: Dict[str, str] = {}  # normalised file path -> the chunk that reads it
         for mapping, chunks in self.source_spec.items():
             if not isinstance(chunks, list):
                 raise FeatureSpecError(f"{where}: mapping '{mapping}' must be a list of chunks")
             seen: List[str] = []
-            files: Dict[str, List[str]] = {}
             for chunk in chunks:
                 self._check_chunk(where, mapping, chunk, chunk_type, allow_external_paths)
                 seen.extend(chunk[FEATURES_SELECTOR])
+                owner = f"features {chunk[FEATURES_SELECTOR]} of mapping '{mapping}'"
                 relative = os.path.normpath(chunk[FILES_SELECTOR][0])
-                if relative in files:
-                    raise FeatureSpecError(f"{where}: mapping '{mapping}': file {chunk[FILES_SELECTOR][0]!r} "
-                                           f"of features {chunk[FEATURES_SELECTOR]} is also the file of "
-                                           f"{files[relative]}; every chunk needs its own file")
-                files[relative] = chunk[FEATURES_SELECTOR]
+                if relative in owners:
+                    raise FeatureSpecError(f"{where}: file {chunk[FILES_SELECTOR][0]!r} of {owner} is also "
+                                           f"the file of {owners[relative]}; {_OWN_FILE_RULE}")
+                owners[relative] = owner
             repeated = sorted({n for n in seen if seen.count(n) > 1})
             if repeated:
                 raise FeatureSpecError(f"{where}: mapping '{mapping}' lists features {repeated} in more "
@@ -383,9 +391,9 @@ class FeatureSpec:
     def check_files(self, mappings: Sequence[str] = MAPPINGS) -> Dict[str, int]:
         """Every file exists, holds whole records and agrees on the sample count; returns the counts."""
         counts: Dict[str, int] = {}
+        identities: Dict[Tuple[int, int], str] = {}  # (device, inode) -> path, over all mappings
         for mapping in mappings:
             per_file: Dict[str, int] = {}
-            identities: Dict[Tuple[int, int], str] = {}
             for chunk in self.source_spec[mapping]:
                 path = self.resolve(chunk[FILES_SELECTOR][0])
                 features = chunk[FEATURES_SELECTOR]
@@ -397,8 +405,7 @@ class FeatureSpec:
                 twin = identities.setdefault((status.st_dev, status.st_ino), path)
                 if twin != path:
                     raise FeatureSpecError(f"{path}: file of feature(s) {features} (mapping '{mapping}') "
-                                           f"is the same file on disk as {twin}; every chunk needs its own "
-                                           f"file")
+                                           f"is the same file on disk as {twin}; {_OWN_FILE_RULE}")
                 record = sum(self.dtype_of(f).itemsize for f in features)
                 size = os.path.getsize(path)
                 if size % record:

@@ -90,16 +90,19 @@ channel_spec:
   categorical: [cat_0.bin]
   label: [label]
 source_spec:
-  train: &files
-  - {type: split_binary, features: [num_0], files: [numerical.bin]}
-  - {type: split_binary, features: [label], files: [label.bin]}
-  - {type: split_binary, features: [cat_0.bin], files: [cat_0.bin]}
-  test: *files
+  train:
+  - {type: split_binary, features: [num_0], files: [train/numerical.bin]}
+  - {type: split_binary, features: [label], files: [train/label.bin]}
+  - {type: split_binary, features: [cat_0.bin], files: [train/cat_0.bin]}
+  test:
+  - {type: split_binary, features: [num_0], files: [test/numerical.bin]}
+  - {type: split_binary, features: [label], files: [test/label.bin]}
+  - {type: split_binary, features: [cat_0.bin], files: [test/cat_0.bin]}
 """
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda text: text + "channel_spec:\n  numerical: []\n", ["'channel_spec'", "line 15",
+    (lambda text: text + "channel_spec:\n  numerical: []\n", ["'channel_spec'", "line 18",
                                                                 "first defined at line 5"]),
     (lambda text: text.replace("  label: {dtype: bool}\n",
                                "  label: {dtype: bool}\n  num_0: {dtype: float32}\n"),
@@ -110,7 +113,7 @@ source_spec:
 def test_a_duplicate_yaml_key_is_an_error_naming_the_key_and_lines(tmp_path, edit, words):
     path = tmp_path / "feature_spec.yaml"
     path.write_text(SPEC_TEXT)
-    FeatureSpec.from_yaml(str(path)).check_feature_spec()  # the unedited text (with an alias) loads
+    FeatureSpec.from_yaml(str(path)).check_feature_spec()  # the unedited text loads
     path.write_text(edit(SPEC_TEXT))
     with pytest.raises(FeatureSpecError) as error:
         FeatureSpec.from_yaml(str(path))
@@ -166,18 +169,31 @@ def test_a_data_path_that_is_not_a_regular_file_is_named_so(data_dir, kind, word
     refused(data_dir, f"{path}: file of feature(s) ['cat_0.bin'] (mapping 'test') {words}")
 
 
-def test_one_file_for_two_chunks_is_refused(data_dir):
-    set_file(data_dir, "train", "cat_1.bin", "train/./cat_0.bin")
-    refused(data_dir, "mapping 'train'", "'train/./cat_0.bin'", "['cat_1.bin']", "['cat_0.bin']",
-            "every chunk needs its own file")
+@pytest.mark.parametrize("mapping, feature, relative, owner", [
+    ("train", "cat_1.bin", "train/./cat_0.bin", "features ['cat_0.bin'] of mapping 'train'"),
+    ("test", "label", "train/label.bin", "features ['label'] of mapping 'train'"),  # test on train data
+])
+def test_one_file_for_two_chunks_is_refused(data_dir, mapping, feature, relative, owner):
+    set_file(data_dir, mapping, feature, relative)
+    message = refused(data_dir, spec_path(data_dir), f"features ['{feature}'] of mapping '{mapping}'",
+                      owner, "every chunk of every mapping needs its own file")
+    assert f"file {relative!r} of " in message or f"file {os.path.normpath(relative)!r} of " in message
 
 
 @pytest.mark.parametrize("link", [os.link, os.symlink])
-def test_two_names_of_one_file_on_disk_are_refused(data_dir, link):
+@pytest.mark.parametrize("twin", ["test/cat_0.bin", "train/cat_1.bin"])
+def test_two_names_of_one_file_on_disk_are_refused(data_dir, link, twin):
     (data_dir / "test" / "cat_1.bin").unlink()
-    link(data_dir / "test" / "cat_0.bin", data_dir / "test" / "cat_1.bin")
+    link(data_dir / twin, data_dir / "test" / "cat_1.bin")
     refused(data_dir, f"{data_dir / 'test' / 'cat_1.bin'}: file of feature(s) ['cat_1.bin']",
-            f"is the same file on disk as {data_dir / 'test' / 'cat_0.bin'}")
+            f"is the same file on disk as {data_dir / twin}")
+
+
+def test_a_feature_name_yaml_reads_as_a_boolean_is_refused(tmp_path):
+    path = tmp_path / "feature_spec.yaml"
+    path.write_text(SPEC_TEXT.replace("  label: {dtype: bool}\n", "  label: {dtype: bool}\n  no: {dtype: float16}\n"))
+    with pytest.raises(FeatureSpecError, match="feature name False is a bool, not a string .* quote it"):
+        FeatureSpec.from_yaml(str(path))
 
 
 # ------------------------------------------------------------------------------- main.py
