@@ -2,12 +2,15 @@
 
 Writes a Criteo-shaped dataset (13 numerical float16, 26 categorical int32, bool label) larger
 than 2 GB, warms the page cache, then measures in separate single-core processes:
-  * raw:      numpy.fromfile of every train file (whole files), samples/s;
-  * pipeline: one epoch of `dataloader.create_input_pipelines(...).train` at batch 65536,
-              samples/s and the process's peak RSS (the loader should hold only a few batches).
-Raw and pipeline runs alternate (best of --rounds each), so a busy machine slows both alike.
-Writes bench/results/loader.json with pipeline_samples_per_s, raw_read_samples_per_s, ratio and
-peak RSS, and prints a table.
+  * raw:       numpy.fromfile of every train file (whole files), samples/s;
+  * pipeline:  one epoch of `dataloader.create_input_pipelines(...).train` at batch 65536,
+               samples/s and the process's peak RSS (the loader should hold only a few batches),
+               then one epoch of bare `SplitBinaryReader.read_batch` calls;
+  * unchecked: the same without the per-batch value checks (`check_values=False`), to price them.
+Raw, pipeline and unchecked runs alternate (best of --rounds each), so a busy machine slows all
+alike. The checks' cost per sample is set against a training step's time per sample from
+bench/results/train.json (batch 4096, no XLA, pool allocator). Writes bench/results/loader.json
+and prints a table, with the 1-minute load average before and after (others share the machine).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import numpy as np  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "loader.json"
+TRAIN_RESULTS = REPO_ROOT / "bench" / "results" / "train.json"
 NUM_NUMERICAL = 13
 NUM_CATEGORICAL = 26
 CARDINALITY = 100_000  # int32 ids, as the large Criteo tables
@@ -88,18 +92,19 @@ def measure_raw(directory: str, num_samples: int) -> dict:
     return {"raw_read_samples_per_s": num_samples / best}
 
 
-def measure_pipeline(directory: str, num_samples: int) -> dict:
-    """One epoch of the train pipeline consumed by a Python loop (as a training loop does) and
-    one consumed inside the graph (no Python per batch); peak RSS of this process."""
+def measure_pipeline(directory: str, num_samples: int, check_values: bool) -> dict:
+    """One epoch of the train pipeline consumed by a Python loop (as a training loop does), one
+    consumed inside the graph (no Python per batch), and one of bare `read_batch` calls; peak RSS."""
     core = pin_to_one_core()
     import tensorflow as tf
 
     import dataloader
+    import datasets
 
     rss_before = peak_rss_mib()
     train = dataloader.create_input_pipelines(dataset_type="tf_raw", dataset_path=directory,
-                                              train_batch_size=BATCH_SIZE,
-                                              eval_batch_size=BATCH_SIZE).train
+                                              train_batch_size=BATCH_SIZE, eval_batch_size=BATCH_SIZE,
+                                              check_values=check_values).train
     start = time.perf_counter()
     samples = sum(int(labels.shape[0]) for _, labels in train)
     python_loop = time.perf_counter() - start
@@ -108,8 +113,14 @@ def measure_pipeline(directory: str, num_samples: int) -> dict:
         element[1], out_type=tf.int64)[0]))
     graph_loop = time.perf_counter() - start
     assert samples == in_graph == num_samples // BATCH_SIZE * BATCH_SIZE
-    return {"pipeline_samples_per_s": samples / python_loop,
-            "pipeline_in_graph_samples_per_s": samples / graph_loop, "core": core,
+    reader = datasets.SplitBinaryReader(dataloader.load_feature_spec(dataset_path=directory), "train",
+                                        BATCH_SIZE, check_values=check_values)
+    start = time.perf_counter()
+    for batch in range(len(reader)):
+        reader.read_batch(batch)
+    read_batch_loop = time.perf_counter() - start
+    return {"samples_per_s": samples / python_loop, "in_graph_samples_per_s": samples / graph_loop,
+            "read_batch_samples_per_s": len(reader) * BATCH_SIZE / read_batch_loop, "core": core,
             "rss_before_reading_mib": rss_before, "peak_rss_mib": peak_rss_mib()}
 
 
@@ -121,17 +132,43 @@ def run_role(role: str, directory: str, num_samples: int) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
-def best_of(rounds: int, directory: str, num_samples: int) -> tuple:
-    """Alternate raw and pipeline runs, so a busy machine slows both alike; keep each's best."""
-    raw, pipeline = [], []
+def best_of(rounds: int, directory: str, num_samples: int) -> dict:
+    """Alternate the roles, so a busy machine slows each alike; per role the best rate of each
+    measure over the rounds, and the highest peak RSS."""
+    runs: dict = {role: [] for role in ROLES}
     for _ in range(rounds):
-        raw.append(run_role("raw", directory, num_samples))
-        pipeline.append(run_role("pipeline", directory, num_samples))
-    best_pipeline = max(pipeline, key=lambda r: r["pipeline_samples_per_s"])
-    best_pipeline["pipeline_in_graph_samples_per_s"] = max(
-        r["pipeline_in_graph_samples_per_s"] for r in pipeline)
-    best_pipeline["peak_rss_mib"] = max(r["peak_rss_mib"] for r in pipeline)
-    return max(raw, key=lambda r: r["raw_read_samples_per_s"]), best_pipeline
+        for role in ROLES:
+            runs[role].append(run_role(role, directory, num_samples))
+    best = {}
+    for role, results in runs.items():
+        best[role] = {key: (max(r[key] for r in results) if key.endswith("per_s") or key.startswith("peak")
+                            else results[0][key]) for key in results[0]}
+    return best
+
+
+def train_step_seconds_per_sample() -> dict:
+    """A training step's time per sample from bench/results/train.json (batch 4096, no XLA, pool)."""
+    runs = json.loads(TRAIN_RESULTS.read_text())["runs"]
+    run = next(r for r in runs if r["batch_size"] == 4096 and not r["xla"] and not r["low_memory_allocator"])
+    return {"train_batch_size": run["batch_size"], "train_step_time_ms": run["step_time_ms"],
+            "train_seconds_per_sample": run["step_time_ms"] / 1000 / run["batch_size"]}
+
+
+# (name in the JSON, rate measured by measure_pipeline, row of the table)
+MEASURES = (("python_loop", "samples_per_s", "pipeline, Python loop"),
+            ("in_graph", "in_graph_samples_per_s", "pipeline, in-graph loop"),
+            ("read_batch", "read_batch_samples_per_s", "read_batch calls"))
+ROLES = ("raw", "pipeline", "unchecked")
+
+
+def check_costs(checked: dict, unchecked: dict, train_seconds_per_sample: float) -> dict:
+    """Seconds per sample the value checks add, per measure, and as a fraction of a training step."""
+    costs = {}
+    for name, rate, _ in MEASURES:
+        added = 1 / checked[rate] - 1 / unchecked[rate]
+        costs[f"check_{name}_seconds_per_sample"] = added
+        costs[f"check_{name}_fraction_of_train_step"] = added / train_seconds_per_sample
+    return costs
 
 
 def main() -> None:
@@ -140,14 +177,14 @@ def main() -> None:
     parser.add_argument("--train_batches", type=int, default=264,
                         help="full train batches to write (264 x 65536 samples = 2.27 GB)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds")
-    parser.add_argument("--role", choices=("raw", "pipeline"), help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
     parser.add_argument("--num_samples", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "raw":
         print(json.dumps(measure_raw(args.data_dir, args.num_samples)))
         return
-    if args.role == "pipeline":
-        print(json.dumps(measure_pipeline(args.data_dir, args.num_samples)))
+    if args.role:
+        print(json.dumps(measure_pipeline(args.data_dir, args.num_samples, args.role == "pipeline")))
         return
 
     directory = args.data_dir or tempfile.mkdtemp(prefix="dlrm_loader_bench_")
@@ -157,28 +194,47 @@ def main() -> None:
         dataset_bytes = sum(os.path.getsize(p) for p in train_files(directory))
         num_samples = os.path.getsize(os.path.join(directory, "train", "label.bin"))
         warm_page_cache(directory)
-        raw, pipeline = best_of(args.rounds, directory, num_samples)
+        load_before = os.getloadavg()[0]
+        best = best_of(args.rounds, directory, num_samples)
     finally:
         if not args.data_dir:
             shutil.rmtree(directory, ignore_errors=True)
+    raw, pipeline, unchecked = best["raw"], best["pipeline"], best["unchecked"]
+    train = train_step_seconds_per_sample()
     result = {
         "shape": f"{NUM_NUMERICAL} numerical float16, {NUM_CATEGORICAL} categorical int32, bool label",
         "batch_size": BATCH_SIZE, "train_samples": num_samples, "dataset_bytes": dataset_bytes,
-        "cores": 1, "load_average_1min": os.getloadavg()[0], **raw, **pipeline,
-        "ratio": pipeline["pipeline_samples_per_s"] / raw["raw_read_samples_per_s"],
-        "ratio_in_graph": pipeline["pipeline_in_graph_samples_per_s"] / raw["raw_read_samples_per_s"],
+        "cores": 1, "load_average_1min_before": load_before, "load_average_1min": os.getloadavg()[0],
+        **raw, "core": pipeline["core"], "rss_before_reading_mib": pipeline["rss_before_reading_mib"],
+        "peak_rss_mib": pipeline["peak_rss_mib"],
+        "pipeline_samples_per_s": pipeline["samples_per_s"],
+        "pipeline_in_graph_samples_per_s": pipeline["in_graph_samples_per_s"],
+        "read_batch_samples_per_s": pipeline["read_batch_samples_per_s"],
+        "unchecked_pipeline_samples_per_s": unchecked["samples_per_s"],
+        "unchecked_pipeline_in_graph_samples_per_s": unchecked["in_graph_samples_per_s"],
+        "unchecked_read_batch_samples_per_s": unchecked["read_batch_samples_per_s"],
+        "ratio": pipeline["samples_per_s"] / raw["raw_read_samples_per_s"],
+        "ratio_in_graph": pipeline["in_graph_samples_per_s"] / raw["raw_read_samples_per_s"],
         "batch_bytes": dataset_bytes // num_samples * BATCH_SIZE,
+        **train, **check_costs(pipeline, unchecked, train["train_seconds_per_sample"]),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    million = 1e6
     print(f"{'dataset':<34}{dataset_bytes / 1e9:.2f} GB, {num_samples} samples, batch {BATCH_SIZE}")
-    print(f"{'raw numpy.fromfile (1 core)':<34}{raw['raw_read_samples_per_s'] / 1e6:8.2f} M samples/s")
-    print(f"{'pipeline, Python loop (1 core)':<34}{pipeline['pipeline_samples_per_s'] / 1e6:8.2f} M samples/s")
-    print(f"{'pipeline, in-graph loop (1 core)':<34}"
-          f"{pipeline['pipeline_in_graph_samples_per_s'] / 1e6:8.2f} M samples/s")
-    print(f"{'ratio':<34}{result['ratio']:8.2f}")
+    print(f"{'raw numpy.fromfile (1 core)':<34}{raw['raw_read_samples_per_s'] / million:8.2f} M samples/s")
+    print(f"{'M samples/s (1 core)':<34}{'checked':>8}{'unchecked':>10}{'check ns/sample':>17}"
+          f"{'% of train step':>17}")
+    for name, rate, label in MEASURES:
+        print(f"{label:<34}{pipeline[rate] / million:8.2f}{unchecked[rate] / million:10.2f}"
+              f"{result[f'check_{name}_seconds_per_sample'] * 1e9:17.2f}"
+              f"{result[f'check_{name}_fraction_of_train_step'] * 100:16.4f}%")
+    print(f"{'train step (results/train.json)':<34}{train['train_step_time_ms']:8.1f} ms at batch "
+          f"{train['train_batch_size']} = {train['train_seconds_per_sample'] * 1e9:.0f} ns/sample")
+    print(f"{'ratio (Python loop / raw)':<34}{result['ratio']:8.2f}")
     print(f"{'peak RSS while reading':<34}{pipeline['peak_rss_mib']:8.0f} MiB "
           f"(before reading {pipeline['rss_before_reading_mib']:.0f} MiB)")
+    print(f"{'load average (1 min)':<34}{load_before:.2f} before, {result['load_average_1min']:.2f} after")
     print(f"wrote {RESULTS.relative_to(REPO_ROOT)}")
 
 
