@@ -82,7 +82,8 @@ def missing_cuda_code(compute_capability: tuple[int, int], code: dict[str, list[
         return None
     if any(arch <= device for arch in code["cuda_ptx"]):
         return None
-    built = ", ".join([f"sm_{arch}" for arch in code["cuda_sm"]] + [f"compute_{arch} (PTX)" for arch in code["cuda_ptx"]])
+    built = ", ".join([f"sm_{arch}" for arch in code["cuda_sm"]]
+                      + [f"compute_{arch} (PTX)" for arch in code["cuda_ptx"]])
     return (f"the op holds CUDA code for {built or 'no architecture'}, none of which runs on compute "
             f"capability {major}.{minor}")
 

