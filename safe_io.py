@@ -1,7 +1,8 @@
 """Output-path safety for every writer: checked before any work, never onto an input, never half-written.
 
 Entry points check each output path before they read or compute anything (`check_output_file`,
-`check_output_dir`, `refuse_overlap`), so a bad path costs one error line, not hours of training.
+`check_output_dir`, `refuse_overlap`, `check_replaceable` for a folder replaced whole), so a bad
+path costs one error line, not hours of training.
 Writers (checkpoints, SavedModel export, transcode, gen_csv, synthetic data, preprocessing) build
 their output in a hidden temporary sibling and rename it into place once it is complete
 (`atomic_directory`, `atomic_file`): a failure leaves neither partial output nor a stray temporary.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from typing import IO, Iterator, Mapping, Optional
+from typing import IO, Iterable, Iterator, Mapping, Optional
 
 
 class OutputPathError(ValueError):
@@ -93,6 +94,41 @@ def check_output_dir(path: str, name: str) -> None:
     _check_creatable(path, name)
 
 
+def check_replaceable(final: str, name: str, produced: Iterable[str], replace: bool) -> bool:
+    """Check that the folder `final` may become a new folder holding the top-level entries `produced`.
+
+    Returns whether `final` exists (pass it as `atomic_directory`'s `replace`). Absent or empty: fine.
+    Holding anything: refused unless `replace`, and refused even then when it holds entries the new
+    folder would not, since replacing the folder would delete them. The output is renamed into place
+    from a sibling, so the parent must be writable and `final` must not be a mount point.
+    """
+    check_output_dir(final, name)
+    _check_creatable(final, name)
+    if not os.path.isdir(final):
+        return False
+    if os.path.islink(final):
+        raise OutputPathError(f"{name} {final} is a symbolic link; the output would replace the link, "
+                              f"not fill {real_path(final)}: give that folder instead")
+    if os.path.ismount(final):
+        raise OutputPathError(f"{name} {final} is a mount point; the output is built beside it and "
+                              f"renamed into place, so choose a folder inside it")
+    existing = sorted(os.listdir(final))
+    if existing and not replace:
+        raise OutputPathError(f"{name} {final} already holds {_listing(existing)}; refusing to "
+                              f"overwrite it (pass --overwrite to replace it)")
+    foreign = sorted(set(existing) - set(produced))
+    if foreign:
+        raise OutputPathError(f"{name} {final} holds {_listing(foreign)}, which the new output would "
+                              f"not contain; refusing to delete them (move them away or choose "
+                              f"another {name})")
+    return True
+
+
+def _listing(names: list) -> str:
+    shown = ", ".join(names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def temporary_sibling(final: str) -> str:
     """A hidden name next to `final`, unique to this process: `.NAME.tmp-PID`."""
     final = os.path.abspath(final)
@@ -119,7 +155,11 @@ def atomic_directory(final: str, replace: bool = False) -> Iterator[str]:
         if os.path.lexists(final):
             old = tmp + ".old"
             os.rename(final, old)
-            os.rename(tmp, final)
+            try:
+                os.rename(tmp, final)
+            except BaseException:
+                os.rename(old, final)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
