@@ -22,9 +22,7 @@ import itertools
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
@@ -34,8 +32,9 @@ import numpy as np
 import tensorflow as tf
 
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
-                          NUMERICAL_DTYPE, FeatureSpec)
+                          NUMERICAL_DTYPE, FeatureSpec, is_external_path)
 from metrics import exact_auc
+from safe_io import OutputPathError, atomic_directory, check_replaceable
 
 BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without copying
 PREFETCH_BATCHES = 2
@@ -424,33 +423,45 @@ def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
 
 # --------------------------------------------------------------------------- writing
 class SplitBinaryWriter:
-    """Writes one dataset directory (spec + train/test files) atomically.
+    """Writes one dataset folder (spec + train/test files), all or nothing.
 
-    Arrays are appended to files in a staging directory next to the destination; `commit`
-    moves them into place and writes the spec, so a failed run leaves nothing half-written.
-    Existing destination files are refused unless `overwrite`.
+    The files grow in a hidden temporary sibling of the destination (`safe_io.atomic_directory`);
+    `commit` writes the spec there and renames the folder into place. An exception in the `with`
+    block (KeyboardInterrupt included), or leaving it without `commit`, deletes the temporary folder
+    and leaves the destination as it was. A destination holding anything is refused unless
+    `overwrite`, and even then when it holds entries the new dataset would not replace
+    (`safe_io.check_replaceable`). `output_name` names the destination in errors (e.g. a flag).
     """
 
     def __init__(self, spec: FeatureSpec, overwrite: bool = False,
-                 spec_file_name: str = DEFAULT_SPEC_NAME):
+                 spec_file_name: str = DEFAULT_SPEC_NAME, output_name: str = "output folder"):
         self.spec = spec
         self.spec_file_name = spec_file_name
-        self.destination = spec.base_directory
-        self._relative_paths = sorted({chunk[FILES_SELECTOR][0]
-                                       for chunks in spec.source_spec.values() for chunk in chunks})
-        existing = [p for p in self._relative_paths + [spec_file_name]
-                    if os.path.exists(os.path.join(self.destination, p))]
-        if existing and not overwrite:
-            shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
-            raise FileExistsError(f"{self.destination}: output already holds {shown}; refusing to "
-                                  f"overwrite or append (pass --overwrite to replace them)")
-        os.makedirs(self.destination, exist_ok=True)
-        self._staging = tempfile.mkdtemp(prefix=".staging-", dir=self.destination)
+        self.destination = os.path.abspath(spec.base_directory)
+        self._relative_paths = _dataset_files(spec)
+        replace = self.check_destination(spec, overwrite, spec_file_name, output_name)
         self._files: Dict[str, BinaryIO] = {}
+        self._publish = atomic_directory(self.destination, replace=replace)
+        self._staging = self._publish.__enter__()
+
+    @staticmethod
+    def check_destination(spec: FeatureSpec, overwrite: bool = False,
+                          spec_file_name: str = DEFAULT_SPEC_NAME,
+                          output_name: str = "output folder") -> bool:
+        """Raise unless the dataset of `spec` may be written to its folder; return whether that
+        folder exists (it is then replaced). Callers may check before expensive work."""
+        entries = {relative.split(os.sep)[0] for relative in _dataset_files(spec)}
+        if (spec_file_name in entries | {"", os.curdir, os.pardir}
+                or os.path.basename(spec_file_name) != spec_file_name):
+            raise OutputPathError(f"spec file name {spec_file_name!r} must be a plain file name that "
+                                  f"no data file of the dataset uses")
+        return check_replaceable(os.path.abspath(spec.base_directory), output_name,
+                                 entries | {spec_file_name}, overwrite)
 
     def _file(self, mapping: str, feature: str) -> BinaryIO:
-        relative = next(chunk[FILES_SELECTOR][0] for chunk in self.spec.source_spec[mapping]
-                        if feature in chunk[FEATURES_SELECTOR])
+        relative = os.path.normpath(next(chunk[FILES_SELECTOR][0]
+                                         for chunk in self.spec.source_spec[mapping]
+                                         if feature in chunk[FEATURES_SELECTOR]))
         if relative not in self._files:
             path = os.path.join(self._staging, relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -469,32 +480,59 @@ class SplitBinaryWriter:
             np.asarray(ids).astype(spec.dtype_of(name)).tofile(self._file(mapping, name))
 
     def commit(self) -> str:
-        """Move the files into place, write the spec; return the spec's path."""
-        for handle in self._files.values():
-            handle.close()
+        """Complete the folder (empty files for mappings without samples, the spec), rename it
+        into place; return the spec's final path."""
+        self._close_files()
         for relative in self._relative_paths:
             staged = os.path.join(self._staging, relative)
             if not os.path.exists(staged):  # a mapping that received no samples
                 os.makedirs(os.path.dirname(staged), exist_ok=True)
                 open(staged, "wb").close()
-            final = os.path.join(self.destination, relative)
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.replace(staged, final)
-        shutil.rmtree(self._staging)
-        return self.spec.to_yaml(os.path.join(self.destination, self.spec_file_name))
+        self.spec.to_yaml(os.path.join(self._staging, self.spec_file_name))
+        publish, self._publish = self._publish, None
+        publish.__exit__(None, None, None)
+        return os.path.join(self.destination, self.spec_file_name)
 
     def abort(self) -> None:
-        """Drop everything written so far."""
+        """Drop everything written so far; the destination stays as it was."""
+        self._discard(_NotCommitted, None, None)
+
+    def _discard(self, exc_type, exc, traceback) -> None:
+        self._close_files()
+        if self._publish is not None:
+            publish, self._publish = self._publish, None
+            publish.__exit__(exc_type, exc, traceback)  # removes the temporary folder
+
+    def _close_files(self) -> None:
         for handle in self._files.values():
             handle.close()
-        shutil.rmtree(self._staging, ignore_errors=True)
 
     def __enter__(self) -> "SplitBinaryWriter":
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is not None:
-            self.abort()
+        self._discard(exc_type or _NotCommitted, exc, traceback)
+
+
+class _NotCommitted(Exception):
+    """Thrown into the publishing step when a writer is dropped without `commit`."""
+
+
+def _dataset_files(spec: FeatureSpec) -> List[str]:
+    """The spec's data files, relative to its folder; each must stay inside it and serve one chunk."""
+    owners: Dict[str, str] = {}
+    for mapping, chunks in spec.source_spec.items():
+        for chunk in chunks:
+            relative = os.path.normpath(chunk[FILES_SELECTOR][0])
+            owner = f"mapping '{mapping}', features {chunk[FEATURES_SELECTOR]}"
+            where = f"{spec.path or spec.base_directory}: file {chunk[FILES_SELECTOR][0]!r} of {owner}"
+            if is_external_path(relative) or relative == os.curdir:
+                raise OutputPathError(f"{where} does not lie inside the dataset folder")
+            if relative in owners:
+                raise OutputPathError(f"{where} is also the file of {owners[relative]}; every chunk "
+                                      f"needs its own file")
+            owners[relative] = owner
+    return sorted(owners)
 
 
 # ------------------------------------------------------------------ synthetic teacher
@@ -582,13 +620,14 @@ class SyntheticTeacher:
 
 
 def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_samples: int,
-                            seed: int, overwrite: bool = False,
-                            chunk_samples: int = 1 << 20) -> float:
-    """Write teacher-labelled split-binary data for `spec`; store and return the test teacher AUC."""
+                            seed: int, overwrite: bool = False, chunk_samples: int = 1 << 20,
+                            output_name: str = "output folder") -> float:
+    """Write teacher-labelled split-binary data for `spec` (all or nothing, see SplitBinaryWriter);
+    store and return the test teacher AUC."""
     spec.check_feature_spec()
     teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
     rng = np.random.default_rng(seed)
-    with SplitBinaryWriter(spec, overwrite=overwrite) as writer:
+    with SplitBinaryWriter(spec, overwrite=overwrite, output_name=output_name) as writer:
         test_labels, test_probabilities = [], []
         for mapping, total in (("train", num_train_samples), ("test", num_test_samples)):
             for start in range(0, total, chunk_samples):

@@ -4,6 +4,9 @@ The dimensions come from --num_numerical_features and --synthetic_dataset_table_
 --variant with the real Criteo cardinalities, or from an existing --feature_spec (whose file
 layout is kept). Labels are drawn from a fixed random teacher model (datasets.SyntheticTeacher);
 the teacher's AUC on the test split is printed and stored in the spec as metadata.teacher_auc.
+Everything main.py needs is checked before any sample is drawn (a numerical and a categorical
+feature, a whole batch of train and of test samples, int32-sized tables); the folder is written
+beside --synthetic_dataset_dir and renamed into place, so a failure leaves nothing behind.
 
 Example:
   python prepare_synthetic_dataset.py --synthetic_dataset_dir /tmp/synthetic \\
@@ -13,12 +16,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+import numpy as np
 from absl import app, flags
 
-from datasets import DataError, write_synthetic_dataset
+from datasets import write_synthetic_dataset
 from feature_spec import FeatureSpec, FeatureSpecError
+from safe_io import refuse_overlap
 
 # Cardinalities of the Criteo 1TB dataset preprocessed with frequency thresholds 15, 3 and 0
 # (reference §4.12 and §13.2).
@@ -38,31 +43,66 @@ CRITEO_NUMERICAL_FEATURES = 13
 FLAGS = flags.FLAGS
 
 
+# Largest cardinality whose ids fit int32 split-binary files (feature_spec.get_categorical_feature_type).
+MAX_CARDINALITY = int(np.iinfo(np.int32).max) - 1
+
+
 def parse_cardinalities(values: List[str]) -> List[int]:
-    """Positive integer cardinalities from a list of strings, or ValueError."""
+    """Cardinalities from --synthetic_dataset_table_sizes: at least one, each in [1, MAX_CARDINALITY]."""
     try:
         cardinalities = [int(v) for v in values]
     except ValueError:
         raise ValueError(f"--synthetic_dataset_table_sizes must be integers, got {values}") from None
-    if any(c < 1 for c in cardinalities):
-        raise ValueError(f"--synthetic_dataset_table_sizes must be positive, got {cardinalities}")
+    if not cardinalities:
+        raise ValueError("--synthetic_dataset_table_sizes is empty; main.py needs at least one "
+                         "categorical feature")
+    bad = [c for c in cardinalities if not 1 <= c <= MAX_CARDINALITY]
+    if bad:
+        raise ValueError(f"--synthetic_dataset_table_sizes must lie in [1, {MAX_CARDINALITY}] (ids are "
+                         f"int32), got {bad[0]}")
     return cardinalities
+
+
+def sample_counts(num_entries: int, num_test_entries: Optional[int], batch_size: int) -> Tuple[int, int]:
+    """Train and test samples, rounded down to whole batches; at least one batch of each."""
+    if batch_size < 1:
+        raise ValueError(f"--synthetic_dataset_batch_size must be at least 1, got {batch_size}")
+    counts = []
+    for flag, entries in (("--synthetic_dataset_num_entries", num_entries),
+                          ("--synthetic_dataset_num_test_entries",
+                           num_entries if num_test_entries is None else num_test_entries)):
+        if entries < batch_size:
+            raise ValueError(f"{flag} is {entries}, less than one batch of "
+                             f"--synthetic_dataset_batch_size {batch_size}: samples are written in "
+                             f"whole batches and training needs train and test samples")
+        counts.append(entries // batch_size * batch_size)
+    return counts[0], counts[1]
 
 
 def output_spec(output_dir: str, feature_spec_path: Optional[str], variant: Optional[str],
                 num_numerical: int, table_sizes: List[str]) -> FeatureSpec:
-    """The spec to write: a given one re-rooted at `output_dir`, or a default Criteo-style one."""
+    """The spec to write: a given one re-rooted at `output_dir`, or a default Criteo-style one.
+
+    Refuses dimensions main.py cannot train: no numerical or no categorical feature.
+    """
     if feature_spec_path:
         spec = FeatureSpec.from_yaml(feature_spec_path)
         spec.check_feature_spec()
+        for channel, names in (("numerical", spec.numerical_names),
+                               ("categorical", spec.categorical_names)):
+            if not names:
+                raise FeatureSpecError(f"--feature_spec {feature_spec_path} has no {channel} features; "
+                                       f"main.py needs at least one")
         spec.base_directory, spec.path = os.path.abspath(output_dir), None
         return spec
     if variant:
         return FeatureSpec.get_default_feature_spec(CRITEO_NUMERICAL_FEATURES,
                                                     CRITEO_VARIANTS[variant], output_dir)
+    if num_numerical < 1:
+        raise ValueError(f"--num_numerical_features must be at least 1 (main.py's bottom MLP needs a "
+                         f"numerical feature), got {num_numerical}")
     return FeatureSpec.get_default_feature_spec(num_numerical, parse_cardinalities(table_sizes),
                                                 output_dir)
-
 
 
 def define_flags() -> None:
@@ -80,30 +120,27 @@ def define_flags() -> None:
     flags.DEFINE_string("feature_spec", None, "feature spec YAML whose dimensions and file layout to use")
     flags.DEFINE_string("synthetic_dataset_dir", "/tmp/dlrm_synthetic_data", "output directory")
     flags.DEFINE_integer("seed", 12345, "seed of the teacher and of the samples")
-    flags.DEFINE_boolean("overwrite", False, "replace existing output files instead of refusing")
+    flags.DEFINE_boolean("overwrite", False, "replace the dataset already in --synthetic_dataset_dir "
+                         "(never --feature_spec; refused while the folder holds files the new "
+                         "dataset would not replace)")
 
 
 def main(argv: List[str]) -> None:
     del argv
-    if FLAGS.feature_spec and FLAGS.variant:
-        sys.exit("error: --feature_spec and --variant are mutually exclusive")
-    batch = FLAGS.synthetic_dataset_batch_size
-    if batch < 1:
-        sys.exit(f"error: --synthetic_dataset_batch_size must be positive, got {batch}")
-    test_entries = (FLAGS.synthetic_dataset_num_test_entries
-                    if FLAGS.synthetic_dataset_num_test_entries is not None
-                    else FLAGS.synthetic_dataset_num_entries)
-    num_train = FLAGS.synthetic_dataset_num_entries // batch * batch
-    num_test = test_entries // batch * batch
-    if num_train < 1 or num_test < 1:
-        sys.exit(f"error: need at least one batch of {batch} samples for train and test, got "
-                 f"{FLAGS.synthetic_dataset_num_entries} and {test_entries} entries")
+    output_dir = FLAGS.synthetic_dataset_dir
     try:
-        spec = output_spec(FLAGS.synthetic_dataset_dir, FLAGS.feature_spec, FLAGS.variant,
+        if FLAGS.feature_spec and FLAGS.variant:
+            raise ValueError("--feature_spec and --variant are mutually exclusive")
+        num_train, num_test = sample_counts(FLAGS.synthetic_dataset_num_entries,
+                                            FLAGS.synthetic_dataset_num_test_entries,
+                                            FLAGS.synthetic_dataset_batch_size)
+        refuse_overlap(output_dir, "--synthetic_dataset_dir", {"--feature_spec": FLAGS.feature_spec})
+        spec = output_spec(output_dir, FLAGS.feature_spec, FLAGS.variant,
                            FLAGS.num_numerical_features, FLAGS.synthetic_dataset_table_sizes)
         teacher_auc = write_synthetic_dataset(spec, num_train, num_test, seed=FLAGS.seed,
-                                              overwrite=FLAGS.overwrite)
-    except (FeatureSpecError, DataError, FileExistsError, ValueError) as error:
+                                              overwrite=FLAGS.overwrite,
+                                              output_name="--synthetic_dataset_dir")
+    except (ValueError, OSError) as error:  # FeatureSpecError, DataError, OutputPathError, I/O
         sys.exit(f"error: {error}")
     print(f"wrote {num_train} train and {num_test} test samples to {spec.base_directory}")
     print(f"teacher_auc {teacher_auc:.6f} (AUC of the teacher's probabilities on the test split)")
