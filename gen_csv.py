@@ -2,8 +2,10 @@
 
 For every mapping and chunk: labels 0 or 1 (both occur; the reference's were always 0),
 numerical values uniform in [0, 1), categorical ids uniform in [0, cardinality). A copy of the
-spec is written as <output>/feature_spec.yaml, so `transcode.py --input <output>` finds it. Each file is
-written to a temporary name and renamed; existing files are refused unless --overwrite.
+spec is written as <output>/feature_spec.yaml, so `transcode.py --input <output>` finds it.
+The spec's file paths must stay inside --output, and --output must not hold the spec. Everything
+is written into a temporary folder beside --output and renamed into place, so a failure leaves
+nothing behind; existing output is refused unless --overwrite.
 
 Example:
   python gen_csv.py --feature_spec_in tests/transcoding/small_csv.yaml --output /tmp/csv --size 1000
@@ -21,6 +23,7 @@ from absl import app, flags
 
 from feature_spec import (CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME, FEATURES_SELECTOR,
                           FILES_SELECTOR, FeatureSpec, FeatureSpecError)
+from safe_io import atomic_directory, check_replaceable, refuse_overlap
 
 FLAGS = flags.FLAGS
 
@@ -29,40 +32,43 @@ ROWS_PER_WRITE = 65536
 
 def generate_csv(spec_path: str, output_dir: str, size: int, seed: int = 0,
                  overwrite: bool = False) -> List[str]:
-    """Write the CSV files of the spec under `output_dir` (plus the spec); return their paths."""
+    """Write the CSV files of the spec under `output_dir` (plus the spec); return their paths.
+
+    Every check runs before anything is written; the folder appears complete or not at all.
+    """
     if size < 1:
         raise ValueError(f"--size must be positive, got {size}")
     spec = FeatureSpec.from_yaml(spec_path)
-    spec.check_feature_spec(chunk_type=CSV)
+    spec.check_feature_spec(chunk_type=CSV)  # also keeps every file path inside the folder
     for name in spec.categorical_names:
         if not isinstance(spec.feature_spec[name].get(CARDINALITY_SELECTOR), int):
             raise FeatureSpecError(f"{spec_path}: feature '{name}' needs an integer cardinality to "
                                    f"generate ids, got {spec.feature_spec[name].get(CARDINALITY_SELECTOR)!r}")
-    spec_copy = os.path.join(output_dir, DEFAULT_SPEC_NAME)
-    targets = [os.path.join(output_dir, chunk[FILES_SELECTOR][0])
-               for chunks in spec.source_spec.values() for chunk in chunks]
-    existing = [p for p in targets + [spec_copy] if os.path.exists(p)
-                and not os.path.samefile(p, spec_path)]
-    if existing and not overwrite:
-        raise FileExistsError(f"{existing[0]} exists ({len(existing)} output files do); refusing to "
-                              f"overwrite (pass --overwrite to replace them)")
+    chunks = [chunk for mapping_chunks in spec.source_spec.values() for chunk in mapping_chunks]
+    relative_paths = [os.path.normpath(chunk[FILES_SELECTOR][0]) for chunk in chunks]
+    names = relative_paths + [DEFAULT_SPEC_NAME]
+    repeated = sorted({p for p in names if names.count(p) > 1})
+    if repeated:
+        raise FeatureSpecError(f"{spec_path}: file {repeated[0]!r} would be written twice (by two "
+                               f"chunks, or as the spec copy); every output needs its own file")
+    refuse_overlap(output_dir, "--output", {"--feature_spec_in": spec_path})
+    entries = {path.split(os.sep)[0] for path in relative_paths} | {DEFAULT_SPEC_NAME}
+    replace = check_replaceable(output_dir, "--output", entries, overwrite)
     rng = np.random.default_rng(seed)
     cardinality = dict(zip(spec.categorical_names, spec.cardinalities))
-    chunks = [chunk for mapping_chunks in spec.source_spec.values() for chunk in mapping_chunks]
-    for chunk, target in zip(chunks, targets):
-        _write_chunk(target, chunk[FEATURES_SELECTOR], spec, cardinality, size, rng)
-    if not os.path.exists(spec_copy) or not os.path.samefile(spec_copy, spec_path):
-        shutil.copyfile(spec_path, spec_copy + ".tmp")
-        os.replace(spec_copy + ".tmp", spec_copy)
-    return targets
+    with atomic_directory(output_dir, replace=replace) as staging:
+        for chunk, relative in zip(chunks, relative_paths):
+            _write_chunk(os.path.join(staging, relative), chunk[FEATURES_SELECTOR], spec,
+                         cardinality, size, rng)
+        shutil.copyfile(spec_path, os.path.join(staging, DEFAULT_SPEC_NAME))
+    return [os.path.join(os.path.abspath(output_dir), relative) for relative in relative_paths]
 
 
 def _write_chunk(target: str, features: List[str], spec: FeatureSpec, cardinality: dict, size: int,
                  rng: np.random.Generator) -> None:
-    """One CSV file of `size` rows, written in slices to a temporary name, then renamed."""
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    temporary = target + ".tmp"
-    with open(temporary, "w") as handle:
+    """One CSV file of `size` rows, written in slices."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w") as handle:
         for start in range(0, size, ROWS_PER_WRITE):
             rows = min(ROWS_PER_WRITE, size - start)
             columns = {}
@@ -74,8 +80,6 @@ def _write_chunk(target: str, features: List[str], spec: FeatureSpec, cardinalit
                 else:
                     columns[name] = rng.random(rows, dtype=np.float32)
             pd.DataFrame(columns).to_csv(handle, header=False, index=False)
-    os.replace(temporary, target)
-
 
 
 def define_flags() -> None:
@@ -84,7 +88,8 @@ def define_flags() -> None:
     flags.DEFINE_string("output", "/data", "directory the spec's file paths are relative to")
     flags.DEFINE_integer("size", 1000, "rows per mapping")
     flags.DEFINE_integer("seed", 0, "random seed")
-    flags.DEFINE_boolean("overwrite", False, "replace existing files instead of refusing")
+    flags.DEFINE_boolean("overwrite", False, "replace the files already in --output (never the spec; "
+                         "refused while --output holds files this run would not replace)")
 
 
 def main(argv: List[str]) -> None:
@@ -92,7 +97,7 @@ def main(argv: List[str]) -> None:
     try:
         paths = generate_csv(FLAGS.feature_spec_in, FLAGS.output, FLAGS.size, FLAGS.seed,
                              FLAGS.overwrite)
-    except (FeatureSpecError, FileExistsError, ValueError) as error:
+    except (ValueError, OSError) as error:  # FeatureSpecError, OutputPathError, I/O
         sys.exit(f"error: {error}")
     print(f"wrote {len(paths)} CSV files of {FLAGS.size} rows under {FLAGS.output}")
 

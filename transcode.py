@@ -2,12 +2,14 @@
 
 The input spec describes headerless CSV files (chunk type `csv`, one file per chunk, one column
 per listed feature; a file may hold several features, grouped differently per mapping).
-Pass 1 reads every file in chunks, checks the values (labels 0/1, categorical ids integral and
-non-negative, numbers numeric, files of a mapping of equal length) and infers each categorical
-cardinality (max id + 1) for `cardinality: auto`; a declared cardinality must cover the data.
-Pass 2 writes the default split-binary layout (reference §4.3) into a staging directory and
-moves it into place, so a failure leaves nothing half-written. Existing output is refused unless
---overwrite.
+The output folder is checked first: it must not overlap the input folder, its spec or any CSV
+file, and existing output is refused unless --overwrite. Pass 1 reads every file in chunks,
+checks the values (labels 0/1; categorical ids integral, non-negative and within int32;
+numericals finite and within float16's range; no empty file; files of a mapping of equal length)
+and infers each categorical cardinality (max id + 1) for `cardinality: auto`; a declared
+cardinality must cover the data. Pass 2 writes the default split-binary layout (reference §4.3)
+into a temporary folder beside the output and renames it into place (datasets.SplitBinaryWriter),
+so a failure leaves nothing half-written.
 
 Example:
   python transcode.py --input /data/csv --output /data/binary
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -26,8 +28,13 @@ from datasets import DataError, SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME,
                           FEATURES_SELECTOR, FILES_SELECTOR, MAPPINGS, FeatureSpec,
                           FeatureSpecError)
+from safe_io import refuse_overlap
 
 FLAGS = flags.FLAGS
+
+# The largest id whose cardinality (id + 1) still fits the int32 ids of split-binary (§4.5).
+MAX_ID = int(np.iinfo(np.int32).max) - 2
+FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 def _read_chunks(spec: FeatureSpec, chunk: Dict, chunk_size: int) -> Iterator[pd.DataFrame]:
@@ -44,7 +51,8 @@ def _read_chunks(spec: FeatureSpec, chunk: Dict, chunk_size: int) -> Iterator[pd
             frame.columns = features
             yield frame
     except pd.errors.EmptyDataError:
-        return
+        raise DataError(f"{path}: empty CSV file (features {features}); every file needs at least "
+                        f"one row") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: unreadable CSV ({error})") from None
 
@@ -68,14 +76,47 @@ def _mapping_chunks(spec: FeatureSpec, mapping: str, chunk_size: int) -> Iterato
         yield {name: frame[name] for frame in frames for name in frame.columns}
 
 
-def _integral_column(column: pd.Series, feature: str, mapping: str) -> np.ndarray:
-    """The column as int64, or DataError for missing, non-integral or negative values."""
+def _refuse_first(bad: np.ndarray, column: pd.Series, path: str, feature: str, problem: str) -> None:
+    """DataError naming the file, line, feature and value of the first flagged row, if any."""
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{path}: line {column.index[row] + 1}: feature '{feature}' value "
+                        f"{column.iloc[row]!r} {problem}")
+
+
+def _integers(column: pd.Series, path: str, feature: str, largest: int, what: str) -> np.ndarray:
+    """The column as int64, or DataError for a value that is not an integer in [0, largest]."""
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(values) | (values != np.floor(values)) | (values < 0))
-    if bad.size:
-        raise DataError(f"mapping '{mapping}', feature '{feature}': value {column.iloc[bad[0]]!r} at "
-                        f"row {column.index[bad[0]]} is not a non-negative integer")
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values != np.floor(values)) | (values < 0) | (values > largest)
+    _refuse_first(bad, column, path, feature, f"is not {what}")
     return values.astype(np.int64)
+
+
+def _numbers(column: pd.Series, path: str, feature: str) -> np.ndarray:
+    """The column as float64, or DataError for NaN, inf, text, or a value float16 cannot hold."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+    _refuse_first(~np.isfinite(values), column, path, feature, "is not a finite number")
+    with np.errstate(over="ignore"):
+        overflow = np.isinf(values.astype(np.float16))
+    _refuse_first(overflow, column, path, feature,
+                  f"overflows float16, the stored numerical type (largest magnitude {FLOAT16_MAX:.0f})")
+    return values
+
+
+def checked_arrays(spec: FeatureSpec, mapping: str, columns: Dict[str, pd.Series]
+                   ) -> Tuple[Optional[np.ndarray], np.ndarray, List[np.ndarray]]:
+    """One row chunk as (numericals [n, k] or None, labels, ids per categorical), every value checked."""
+    def path(name: str) -> str:
+        return spec.file_of(mapping, name)
+
+    numerical = (np.stack([_numbers(columns[n], path(n), n) for n in spec.numerical_names], axis=1)
+                 if spec.numerical_names else None)
+    labels = _integers(columns[spec.label_name], path(spec.label_name), spec.label_name, 1,
+                       "a label 0 or 1")
+    ids = [_integers(columns[n], path(n), n, MAX_ID, f"an id in [0, {MAX_ID}]")
+           for n in spec.categorical_names]
+    return numerical, labels, ids
 
 
 def infer_cardinalities(spec: FeatureSpec, chunk_size: int) -> List[int]:
@@ -83,56 +124,63 @@ def infer_cardinalities(spec: FeatureSpec, chunk_size: int) -> List[int]:
     observed = {name: 0 for name in spec.categorical_names}
     for mapping in MAPPINGS:
         for columns in _mapping_chunks(spec, mapping, chunk_size):
-            labels = _integral_column(columns[spec.label_name], spec.label_name, mapping)
-            if labels.size and labels.max() > 1:
-                raise DataError(f"mapping '{mapping}', label '{spec.label_name}': labels must be 0 "
-                                f"or 1, found {labels.max()}")
-            for name in spec.numerical_names:
-                values = pd.to_numeric(columns[name], errors="coerce")
-                if values.isna().any():
-                    row = int(np.flatnonzero(values.isna().to_numpy())[0])
-                    raise DataError(f"mapping '{mapping}', feature '{name}': value "
-                                    f"{columns[name].iloc[row]!r} at row {columns[name].index[row]} "
-                                    f"is not a number")
-            for name in spec.categorical_names:
-                ids = _integral_column(columns[name], name, mapping)
-                if ids.size:
-                    observed[name] = max(observed[name], int(ids.max()) + 1)
+            _, _, ids = checked_arrays(spec, mapping, columns)
+            for name, feature_ids in zip(spec.categorical_names, ids):
+                observed[name] = max(observed[name], int(feature_ids.max()) + 1)
     cardinalities = []
     for name in spec.categorical_names:
         declared = spec.feature_spec[name].get(CARDINALITY_SELECTOR)
         if declared == AUTO_CARDINALITY:
-            cardinalities.append(max(observed[name], 1))
+            cardinalities.append(observed[name])
             continue
         if declared < observed[name]:
             raise DataError(f"{spec.path}: feature '{name}' declares cardinality {declared} but the "
                             f"data holds id {observed[name] - 1}")
+        if declared > MAX_ID + 1:
+            raise FeatureSpecError(f"{spec.path}: feature '{name}' declares cardinality {declared}; "
+                                   f"split-binary ids are int32, so it must be at most {MAX_ID + 1}")
         cardinalities.append(declared)
     return cardinalities
+
+
+def _input_paths(spec: FeatureSpec, input_dir: str) -> Dict[str, str]:
+    """Every input of the conversion, by a name for error messages."""
+    inputs = {"--input": input_dir, "--feature_spec_in": spec.path}
+    for mapping, chunks in spec.source_spec.items():
+        for chunk in chunks:
+            name = f"the CSV file of mapping '{mapping}', features {chunk[FEATURES_SELECTOR]},"
+            inputs[name] = spec.resolve(chunk[FILES_SELECTOR][0])
+    return inputs
 
 
 def transcode(input_dir: str, output_dir: str, feature_spec_in: str = DEFAULT_SPEC_NAME,
               feature_spec_out: str = DEFAULT_SPEC_NAME, chunk_size: int = 65536,
               overwrite: bool = False) -> FeatureSpec:
-    """Convert the CSV dataset of `input_dir` into split-binary in `output_dir`; return its spec."""
+    """Convert the CSV dataset of `input_dir` into split-binary in `output_dir`; return its spec.
+
+    The output is checked before the data is read: it must not overlap any input, even with
+    `overwrite`, and anything already there is refused unless `overwrite`.
+    """
+    if not input_dir:
+        raise ValueError("--input is required: the folder of the CSV dataset")
     if chunk_size < 1:
         raise ValueError(f"--chunk_size must be positive, got {chunk_size}")
     spec = FeatureSpec.from_yaml(os.path.join(input_dir, feature_spec_in))
     spec.check_feature_spec(chunk_type=CSV)
+    refuse_overlap(output_dir, "--output", _input_paths(spec, input_dir))
+    output_dir = os.path.abspath(output_dir)
+    layout = FeatureSpec.get_default_feature_spec(  # the file layout only; cardinalities come later
+        len(spec.numerical_names), [1] * len(spec.categorical_names), output_dir)
+    SplitBinaryWriter.check_destination(layout, overwrite, feature_spec_out, "--output")
     cardinalities = infer_cardinalities(spec, chunk_size)
-    out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), cardinalities,
-                                               os.path.abspath(output_dir))
+    out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), cardinalities, output_dir)
     out.metadata = dict(spec.metadata)
-    with SplitBinaryWriter(out, overwrite=overwrite, spec_file_name=feature_spec_out) as writer:
+    with SplitBinaryWriter(out, overwrite, feature_spec_out, "--output") as writer:
         for mapping in MAPPINGS:
             for columns in _mapping_chunks(spec, mapping, chunk_size):
-                numerical = np.stack([columns[n].to_numpy(np.float64) for n in spec.numerical_names],
-                                     axis=1) if spec.numerical_names else None
-                writer.append(mapping, numerical, columns[spec.label_name].to_numpy(np.int64),
-                              [columns[n].to_numpy(np.int64) for n in spec.categorical_names])
+                writer.append(mapping, *checked_arrays(spec, mapping, columns))
         out.path = writer.commit()
     return out
-
 
 
 def define_flags() -> None:
@@ -142,7 +190,8 @@ def define_flags() -> None:
     flags.DEFINE_string("output", "/data", "output directory for the split-binary dataset")
     flags.DEFINE_string("feature_spec_out", DEFAULT_SPEC_NAME, "output spec name, inside --output")
     flags.DEFINE_integer("chunk_size", 65536, "CSV rows per chunk held in memory")
-    flags.DEFINE_boolean("overwrite", False, "replace existing output files instead of refusing")
+    flags.DEFINE_boolean("overwrite", False, "replace the dataset already in --output (never an input; "
+                         "refused while --output holds files the new dataset would not replace)")
 
 
 def main(argv: List[str]) -> None:
@@ -150,7 +199,7 @@ def main(argv: List[str]) -> None:
     try:
         spec = transcode(FLAGS.input, FLAGS.output, FLAGS.feature_spec_in, FLAGS.feature_spec_out,
                          FLAGS.chunk_size, FLAGS.overwrite)
-    except (FeatureSpecError, DataError, FileExistsError, ValueError) as error:
+    except (ValueError, OSError) as error:  # FeatureSpecError, DataError, OutputPathError, I/O
         sys.exit(f"error: {error}")
     counts = spec.check_files()
     print(f"wrote {counts['train']} train and {counts['test']} test samples to {spec.path}; "
