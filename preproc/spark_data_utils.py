@@ -335,18 +335,22 @@ def transform(spark: SparkSession, paths: Sequence[str], days: Sequence[int], mo
               output_folder: str, ordering: str, take_log: bool, seed: int, broadcast_max_rows: int,
               write_mode: str, strict: bool) -> Dict[str, object]:
     """Apply the dictionaries and the numerical transform; write parquet `_c0`..`_c39` in the
-    requested order; returns the summary."""
+    requested order; returns the summary.
+
+    Lines are counted after the ordering, rejected ones dropped only then: the sort of 'input'
+    ordering samples its input in a job of its own, which would count every line twice.
+    """
     parsed = parse_lines(read_day_files(spark, paths)).withColumn(RANDOM_KEY, F.rand(seed))
     if strict:
         fail_on_first_rejected_line(parsed)
-    counter, observed = RejectionCounter.attach(parsed, days, "transform")
     dictionary = read_dictionary(spark, model_folder)
     sizes = dictionary_sizes(dictionary)
-    valid = observed.where(F.col(REASON).isNull()).select(
+    lines = parsed.select(
         LABEL_COLUMN, *[transform_numerical(F.col(name), take_log).alias(name) for name in INTEGER_COLUMNS],
-        *CATEGORICAL_COLUMNS, DAY, BLOCK_START, POSITION, RANDOM_KEY)
-    rows = order_rows(apply_dictionary(valid, dictionary, sizes, broadcast_max_rows), ordering)
-    rows.select(*output_columns()).write.mode(write_mode).parquet(output_folder)
+        *CATEGORICAL_COLUMNS, DAY, BLOCK_START, POSITION, RANDOM_KEY, REASON)
+    ordered = order_rows(apply_dictionary(lines, dictionary, sizes, broadcast_max_rows), ordering)
+    counter, observed = RejectionCounter.attach(ordered, days, "transform")
+    observed.where(F.col(REASON).isNull()).select(*output_columns()).write.mode(write_mode).parquet(output_folder)
     summary = counter.summary()
     summary["dictionary_sizes"] = sizes
     return summary
