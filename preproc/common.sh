@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the preprocessing scripts (sourced, not run): settings, spark-submit lookup and the
 # sequence of Spark jobs that both run_spark_cpu.sh and run_spark_gpu.sh perform.
 
@@ -93,20 +94,43 @@ split_last_day() {
     echo "split $day_file: $half lines -> test, $((lines - half)) lines -> validation" >&2
 }
 
+# Replaces the folder $1 by the complete folder $2 (same file system): the old one is moved aside,
+# the new one renamed in, then the old one deleted; if the rename fails, the old one is put back.
+replace_folder() {
+    local final="$1" staging="$2" old="$2.old"
+    rm -rf "$old"
+    if [[ -e "$final" ]]; then
+        mv "$final" "$old"
+    fi
+    if ! mv "$staging" "$final"; then
+        [[ -e "$old" ]] && mv "$old" "$final"
+        die "could not move $staging to $final"
+    fi
+    rm -rf "$old"
+}
+
+# Sets an EXIT trap that runs the command string $1, and makes Ctrl-C and TERM exit through it.
+on_exit() {
+    # shellcheck disable=SC2064
+    trap "$1" EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
 # The four Spark jobs of the reference (§5.2), written to OUTPUT.partial and renamed into place.
 # Needs SPARK_SUBMIT_ARGS, SHUFFLE_PARTITIONS, TEST_SHUFFLE_PARTITIONS; TRAIN_TRANSFORM_CONF optional.
 run_criteo_spark_jobs() {
     local input_path="$1" output_path="$2" frequency_limit="$3"
     require_num_days
     find_spark_home
+    "$PYTHON" "$PREPROC_DIR/check_paths.py" spark "$input_path" "$output_path" || exit 1
     local last_day=$((NUM_DAYS - 1))
     local staging="${output_path%/}.partial"
     local strict_flag=()
     [[ "$STRICT" == 1 ]] && strict_flag=(--strict)
     rm -rf "$staging"
+    on_exit "rm -rf '$staging'"
     mkdir -p "$staging/summary" "$staging/temp/test" "$staging/temp/validation" "${SPARK_LOCAL_DIRS:?}"
-    # shellcheck disable=SC2064
-    trap "rm -rf '$staging'" EXIT
 
     spark_job "$SHUFFLE_PARTITIONS" "" --mode generate_models --days "0-$last_day" \
         --input_folder "$input_path" --model_folder "$staging/models" --frequency_limit "$frequency_limit" \
@@ -127,8 +151,7 @@ run_criteo_spark_jobs() {
     done
     rm -rf "$staging/temp"
     spark_params_stamp "$input_path" "$frequency_limit" >"$staging/_PARAMS"
-    rm -rf "$output_path"
-    mv "$staging" "$output_path"
-    trap - EXIT
+    replace_folder "$output_path" "$staging"
+    trap - EXIT INT TERM
     echo "Spark output complete: $output_path" >&2
 }

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Resources of one DGX-2 (80 cores, 16 GPUs, 800 GB usable), as in the reference; sourced by
 # run_spark_gpu.sh. Every value can be overridden from the environment.
 TOTAL_CORES="${TOTAL_CORES:-80}"

@@ -7,7 +7,9 @@
 #      finished run with the same input, NUM_DAYS and threshold)
 #   3. parquet_to_binary.py + split_dataset.py into final_output_dir (skipped when it is newer
 #      than the Spark output it was built from)
-# Every step writes to a temporary folder and renames it into place, so a failed run leaves no
+# The four folders below must not overlap, and the Spark output and final folders may only hold
+# earlier outputs of this pipeline (both are checked before anything runs). Every step writes to
+# a temporary folder and renames it into place, so a failed or interrupted run leaves no
 # half-written output. frequency_threshold: N, or a comma list with col:N items (col = 14..39).
 #
 # Environment (defaults as the reference):
@@ -44,6 +46,8 @@ PARALLEL_JOBS="${PARALLEL_JOBS:-$(nproc)}"
 export NUM_DAYS STRICT PYTHON
 
 "$HERE/verify_criteo_downloaded.sh" "$download_dir"
+"$PYTHON" "$HERE/check_paths.py" dataset "$download_dir" "$spark_output_path" "$conversion_intermediate_dir" \
+    "$final_output_dir" || exit 1
 
 if spark_output_complete "$spark_output_path" "$(spark_params_stamp "$download_dir" "$FREQUENCY_THRESHOLD")"; then
     echo "Reusing the Spark output in $spark_output_path (same input, NUM_DAYS and threshold)"
@@ -57,15 +61,23 @@ if [[ -f "$final_output_dir/feature_spec.yaml" && "$summary" -nt "$spark_output_
     exit 0
 fi
 
-staging="${final_output_dir%/}.partial"
-packed="$conversion_intermediate_dir/packed"
-rm -rf "$staging" "$conversion_intermediate_dir"
-trap 'rm -rf "$staging" "$conversion_intermediate_dir"' EXIT
+# Scratch files live in a fresh folder inside conversion_intermediate_dir, removed at the end (and
+# conversion_intermediate_dir too when this run created it); split_dataset.py replaces
+# final_output_dir only once the new dataset is complete.
+intermediate_created=0
+[[ -d "$conversion_intermediate_dir" ]] || intermediate_created=1
+mkdir -p "$conversion_intermediate_dir"
+scratch="$(mktemp -d "${conversion_intermediate_dir%/}/.conversion.XXXXXX")"
+remove_scratch() {
+    rm -rf "$scratch"
+    if [[ "$intermediate_created" == 1 ]]; then
+        rmdir "$conversion_intermediate_dir" 2>/dev/null || true
+    fi
+}
+on_exit remove_scratch
 "$PYTHON" "$HERE/parquet_to_binary.py" --parallel_jobs "$PARALLEL_JOBS" --src_dir "$spark_output_path" \
-    --intermediate_dir "$conversion_intermediate_dir/parts" --dst_dir "$packed"
-cp "$spark_output_path/model_size.json" "$packed/"
-"$PYTHON" "$HERE/split_dataset.py" --dataset "$packed" --output "$staging" \
+    --intermediate_dir "$scratch/parts" --dst_dir "$scratch/packed"
+cp "$spark_output_path/model_size.json" "$scratch/packed/"
+"$PYTHON" "$HERE/split_dataset.py" --dataset "$scratch/packed" --output "$final_output_dir" --overwrite \
     --spark_summary_dir "$spark_output_path/summary"
-rm -rf "$final_output_dir"
-mv "$staging" "$final_output_dir"
 echo "Dataset ready: $final_output_dir (rejected lines are counted in $summary)"

@@ -7,6 +7,10 @@ Raw line: 40 tab-separated fields, `_c0` label (0/1), `_c1`..`_c13` integers, `_
 hexadecimal categoricals; any field but the label may be empty. A line that breaks these rules is
 rejected: it is counted per day file and per reason in the summary file, or with `--strict` it stops
 the job with an error naming the file and line.
+
+Outputs are checked before Spark starts (never an input; an existing one only with
+`--write_mode overwrite`). Local output folders are written beside themselves and renamed into
+place, so a failed job leaves neither part files nor a deleted previous output.
 """
 from __future__ import annotations
 
@@ -20,8 +24,12 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
+from pyspark.sql import Column, DataFrame, DataFrameWriter, Observation, SparkSession, Window
 from pyspark.sql import functions as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir,  # noqa: E402
+                     check_output_file, refuse_overlap)
 
 NUM_INTEGER_FEATURES = 13
 NUM_CATEGORICAL_FEATURES = 26
@@ -325,7 +333,7 @@ def generate_models(spark: SparkSession, paths: Sequence[str], days: Sequence[in
         fail_on_first_rejected_line(parsed)
     counter, observed = RejectionCounter.attach(parsed, days, "generate_models")
     dictionary = build_dictionary(observed.where(F.col(REASON).isNull()), default_limit, per_column_limits)
-    dictionary.write.mode(write_mode).partitionBy("column").parquet(model_folder)
+    write_parquet(dictionary.write.partitionBy("column"), model_folder, write_mode)
     summary = counter.summary()
     summary["dictionary_sizes"] = dictionary_sizes(read_dictionary(spark, model_folder))
     return summary
@@ -350,19 +358,61 @@ def transform(spark: SparkSession, paths: Sequence[str], days: Sequence[int], mo
         *CATEGORICAL_COLUMNS, DAY, BLOCK_START, POSITION, RANDOM_KEY, REASON)
     ordered = order_rows(apply_dictionary(lines, dictionary, sizes, broadcast_max_rows), ordering)
     counter, observed = RejectionCounter.attach(ordered, days, "transform")
-    observed.where(F.col(REASON).isNull()).select(*output_columns()).write.mode(write_mode).parquet(output_folder)
+    write_parquet(observed.where(F.col(REASON).isNull()).select(*output_columns()).write, output_folder,
+                  write_mode)
     summary = counter.summary()
     summary["dictionary_sizes"] = sizes
     return summary
 
 
+def is_cluster_path(path: str) -> bool:
+    """A URL such as hdfs://... or s3a://...: Spark writes it, the local file system cannot rename it."""
+    return "://" in path
+
+
+def write_parquet(writer: DataFrameWriter, path: str, write_mode: str) -> None:
+    """Run the job that writes a parquet folder. A local folder is written beside itself and renamed
+    into place: a failed job leaves nothing, and 'overwrite' replaces the old output only once the
+    new one is complete. A cluster path relies on Spark's own output commit."""
+    if is_cluster_path(path):
+        writer.mode(write_mode).parquet(path)
+        return
+    with atomic_directory(path, replace=write_mode == "overwrite") as staging:
+        writer.mode("overwrite").parquet(staging)
+
+
 def write_json(path: str, content: Dict[str, object]) -> None:
     """Write JSON atomically (temporary file + rename)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
+    with atomic_file(path) as f:
         json.dump(content, f, indent=2)
         f.write("\n")
-    os.replace(path + ".tmp", path)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before Spark starts: every local output is usable, is no input, and exists only if it may be
+    replaced (`--write_mode overwrite`). Raises OutputPathError naming the flag."""
+    inputs = {"--input_folder": args.input_folder}
+    folders = {}
+    if args.mode == "generate_models":
+        folders["--model_folder"] = args.model_folder
+    else:
+        inputs["--model_folder"] = args.model_folder
+        folders["--output_folder"] = args.output_folder
+    files = {"--model_size_file": args.model_size_file, "--summary_file": args.summary_file}
+    for name, path in {**folders, **files}.items():
+        if path and not is_cluster_path(path):
+            refuse_overlap(path, name, {k: v for k, v in inputs.items() if not is_cluster_path(v)})
+    for name, path in folders.items():
+        if is_cluster_path(path):
+            continue
+        check_output_dir(path, name)
+        if args.write_mode == "errorifexists" and os.path.lexists(path):
+            raise OutputPathError(f"{name} {path} already exists; refusing to overwrite it "
+                                  f"(--write_mode overwrite replaces it)")
+    for name, path in files.items():
+        if path and not is_cluster_path(path):
+            check_output_file(path, name)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -391,6 +441,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.mode == "transform" and not args.output_folder:
         print("error: --output_folder is required with --mode transform", file=sys.stderr)
         return 2
+    try:
+        check_outputs(args)
+    except OutputPathError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     spark = SparkSession.builder.appName(f"dlrm-criteo-{args.mode}").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     try:
@@ -405,7 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 args.write_mode, args.strict)
             if args.model_size_file:
                 write_json(args.model_size_file, summary["dictionary_sizes"])
-    except InputError as error:
+    except (InputError, OutputPathError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:

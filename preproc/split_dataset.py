@@ -6,6 +6,11 @@ parquet_to_binary.py) and `model_size.json` ({column: largest id}). Output folde
 `numerical.bin` (float16, 13 per row, row-major) and `cat_0.bin`..`cat_25.bin` (the smallest
 integer dtype that holds the column's cardinality). With a Spark summary folder, it also writes
 `preprocessing_summary.json` and checks that rows + rejected lines == input lines per split.
+
+Every value is checked on the way (labels 0/1, numericals finite in float16, ids below their
+cardinality), since a narrowing cast would otherwise change it silently. The output folder is
+checked first (never an input; existing output only with --overwrite), built beside itself and
+renamed into place, so a failure leaves nothing half-written.
 """
 from __future__ import annotations
 
@@ -14,33 +19,73 @@ import json
 import os
 import sys
 from contextlib import ExitStack
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from feature_spec import FeatureSpec, get_categorical_feature_type  # noqa: E402
+from feature_spec import DEFAULT_SPEC_NAME, FeatureSpec, get_categorical_feature_type  # noqa: E402
+from safe_io import atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
 
 SPLITS = ("train", "test", "validation")
 NUM_FIELDS = 40
+RECORD_BYTES = 4 * NUM_FIELDS
 SUMMARY_NAME = "preprocessing_summary.json"
+
+
+def output_entries(with_summary: bool) -> List[str]:
+    """The top-level names of the output folder."""
+    return [*SPLITS, DEFAULT_SPEC_NAME] + ([SUMMARY_NAME] if with_summary else [])
 
 
 def read_cardinalities(model_size_file: str, num_categorical: int) -> List[int]:
     """Cardinalities (largest id + 1) in column order from `model_size.json`."""
-    with open(model_size_file) as f:
-        sizes = json.load(f)
-    first = NUM_FIELDS - num_categorical
-    return [int(sizes[f"_c{first + i}"]) + 1 for i in range(num_categorical)]
+    try:
+        with open(model_size_file) as f:
+            sizes = json.load(f)
+        first = NUM_FIELDS - num_categorical
+        return [int(sizes[f"_c{first + i}"]) + 1 for i in range(num_categorical)]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{model_size_file}: not a {{column: largest id}} map of the categorical "
+                         f"columns ({type(error).__name__}: {error})") from None
+
+
+def packed_rows(packed_file: str) -> int:
+    """Rows of a packed file; a size that is not a whole number of records is an error."""
+    size = os.path.getsize(packed_file)
+    if size % RECORD_BYTES:
+        raise ValueError(f"{packed_file}: size {size} B is not a whole number of {RECORD_BYTES}-byte records")
+    return size // RECORD_BYTES
+
+
+def _refuse_bad(bad: np.ndarray, packed_file: str, first_row: int, problem: Callable[[int], str]) -> None:
+    """ValueError naming the record and column of the first True in `bad` [rows, columns], if any."""
+    if bad.any():
+        row, column = (int(i[0]) for i in np.nonzero(bad))
+        raise ValueError(f"{packed_file}: record {first_row + row}: {problem(column)}")
+
+
+def check_records(chunk: np.ndarray, packed_file: str, first_row: int, num_numerical: int,
+                  cardinalities: Sequence[int]) -> np.ndarray:
+    """Validate a [rows, 40] int32 chunk; return its numericals as float16."""
+    first_categorical = 1 + num_numerical
+    _refuse_bad((chunk[:, :1] != 0) & (chunk[:, :1] != 1), packed_file, first_row,
+                lambda _: "label is not 0 or 1")
+    with np.errstate(over="ignore"):
+        numerical = np.ascontiguousarray(chunk[:, 1:first_categorical]).view("<f4").astype("<f2")
+    _refuse_bad(~np.isfinite(numerical), packed_file, first_row,
+                lambda c: f"numerical column _c{1 + c} is not finite in float16 (NaN, inf or beyond 65504)")
+    ids = chunk[:, first_categorical:]
+    _refuse_bad((ids < 0) | (ids >= np.asarray(cardinalities)), packed_file, first_row,
+                lambda c: f"id of column _c{first_categorical + c} lies outside [0, {cardinalities[c]}) "
+                          f"given by model_size.json")
+    return numerical
 
 
 def split_packed_file(packed_file: str, output_dir: str, num_numerical: int, cardinalities: Sequence[int],
                       chunk_rows: int) -> int:
     """Write one split's label/numerical/categorical files from a packed file; returns the row count."""
-    size = os.path.getsize(packed_file)
-    record_bytes = 4 * NUM_FIELDS
-    if size % record_bytes:
-        raise ValueError(f"{packed_file}: size {size} B is not a whole number of {record_bytes}-byte records")
+    packed_rows(packed_file)
     os.makedirs(output_dir, exist_ok=True)
     first_categorical = 1 + num_numerical
     dtypes = [np.dtype(get_categorical_feature_type(c)) for c in cardinalities]
@@ -55,9 +100,9 @@ def split_packed_file(packed_file: str, output_dir: str, num_numerical: int, car
             chunk = np.fromfile(packed, dtype="<i4", count=chunk_rows * NUM_FIELDS).reshape(-1, NUM_FIELDS)
             if not len(chunk):
                 break
+            numerical.write(check_records(chunk, packed_file, rows, num_numerical, cardinalities).tobytes())
             rows += len(chunk)
             label.write(chunk[:, 0].astype(np.bool_).tobytes())
-            numerical.write(np.ascontiguousarray(chunk[:, 1:first_categorical]).view("<f4").astype("<f2").tobytes())
             for i, (out, dtype) in enumerate(zip(categorical, dtypes)):
                 out.write(chunk[:, first_categorical + i].astype(dtype.newbyteorder("<")).tobytes())
     return rows
@@ -65,13 +110,21 @@ def split_packed_file(packed_file: str, output_dir: str, num_numerical: int, car
 
 def merge_summaries(spark_summary_dir: str, rows: Dict[str, int], cardinalities: Sequence[int]) -> Dict[str, object]:
     """One summary of the whole run; raises if rows + rejected lines differ from input lines."""
+    try:
+        return _merge_summaries(spark_summary_dir, rows, cardinalities)
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{spark_summary_dir}: incomplete Spark summary "
+                         f"({type(error).__name__}: {error})") from None
+
+
+def _merge_summaries(spark_summary_dir: str, rows: Dict[str, int], cardinalities: Sequence[int]) -> Dict[str, object]:
     splits = {}
     for split in SPLITS:
         with open(os.path.join(spark_summary_dir, f"{split}.json")) as f:
             spark = json.load(f)
         if rows[split] + spark["rejected_lines"] != spark["input_lines"]:
-            raise RuntimeError(f"{split}: {rows[split]} rows + {spark['rejected_lines']} rejected lines != "
-                               f"{spark['input_lines']} input lines; the output is inconsistent")
+            raise ValueError(f"{split}: {rows[split]} rows + {spark['rejected_lines']} rejected lines != "
+                             f"{spark['input_lines']} input lines; the output is inconsistent")
         splits[split] = {"rows": rows[split], "input_lines": spark["input_lines"],
                          "rejected_lines": spark["rejected_lines"], "rejected_by_reason": spark["rejected_by_reason"],
                          "by_day": spark["by_day"], "input_folder": spark["input_folder"]}
@@ -83,19 +136,27 @@ def merge_summaries(spark_summary_dir: str, rows: Dict[str, int], cardinalities:
 
 
 def split_dataset(dataset_dir: str, output_dir: str, num_numerical: int = 13, chunk_rows: int = 32768,
-                  spark_summary_dir: Optional[str] = None) -> Dict[str, int]:
-    """Write the whole split-binary dataset and its feature spec; returns rows per split."""
-    num_categorical = NUM_FIELDS - 1 - num_numerical
-    cardinalities = read_cardinalities(os.path.join(dataset_dir, "model_size.json"), num_categorical)
-    rows = {split: split_packed_file(os.path.join(dataset_dir, f"{split}_data.bin"), os.path.join(output_dir, split),
-                                     num_numerical, cardinalities, chunk_rows)
-            for split in SPLITS}
-    FeatureSpec.get_default_feature_spec(num_numerical, cardinalities, output_dir).to_yaml()
-    if spark_summary_dir:
-        summary = merge_summaries(spark_summary_dir, rows, cardinalities)
-        with open(os.path.join(output_dir, SUMMARY_NAME), "w") as f:
-            json.dump(summary, f, indent=2)
-            f.write("\n")
+                  spark_summary_dir: Optional[str] = None, overwrite: bool = False) -> Dict[str, int]:
+    """Write the whole split-binary dataset and its feature spec, all or nothing; returns rows per split."""
+    if not 0 <= num_numerical <= NUM_FIELDS - 1:
+        raise ValueError(f"--numerical_features must lie in [0, {NUM_FIELDS - 1}], got {num_numerical}")
+    if chunk_rows < 1:
+        raise ValueError(f"--batch_size must be at least 1, got {chunk_rows}")
+    refuse_overlap(output_dir, "--output", {"--dataset": dataset_dir, "--spark_summary_dir": spark_summary_dir})
+    replace = check_replaceable(output_dir, "--output", output_entries(bool(spark_summary_dir)), overwrite)
+    cardinalities = read_cardinalities(os.path.join(dataset_dir, "model_size.json"), NUM_FIELDS - 1 - num_numerical)
+    packed = {split: os.path.join(dataset_dir, f"{split}_data.bin") for split in SPLITS}
+    for path in packed.values():
+        packed_rows(path)
+    with atomic_directory(output_dir, replace) as staging:
+        rows = {split: split_packed_file(packed[split], os.path.join(staging, split), num_numerical, cardinalities,
+                                         chunk_rows)
+                for split in SPLITS}
+        FeatureSpec.get_default_feature_spec(num_numerical, cardinalities, staging).to_yaml()
+        if spark_summary_dir:
+            with open(os.path.join(staging, SUMMARY_NAME), "w") as f:
+                json.dump(merge_summaries(spark_summary_dir, rows, cardinalities), f, indent=2)
+                f.write("\n")
     return rows
 
 
@@ -106,8 +167,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--batch_size", type=int, default=32768, help="rows read per chunk")
     parser.add_argument("--numerical_features", type=int, default=13)
     parser.add_argument("--spark_summary_dir", help="folder with the Spark jobs' summaries (<split>.json)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output (refused while it holds other files)")
     args = parser.parse_args(argv)
-    rows = split_dataset(args.dataset, args.output, args.numerical_features, args.batch_size, args.spark_summary_dir)
+    try:
+        rows = split_dataset(args.dataset, args.output, args.numerical_features, args.batch_size,
+                             args.spark_summary_dir, args.overwrite)
+    except (ValueError, OSError) as error:  # OutputPathError, FeatureSpecError, bad records, I/O
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(", ".join(f"{split}: {n} rows" for split, n in rows.items()) + f" -> {args.output}")
     return 0
 

@@ -412,3 +412,162 @@ def test_total_random_order_is_seeded(spark_utils, tmp_path):
     np.testing.assert_array_equal(first, again)
     input_labels = [int(line.split("\t")[0]) for day in (0, 1) for line in lines[day]]
     assert len(first) == len(input_labels) and list(first[:, 0]) != input_labels
+
+
+# ----------------------------------------------------------------------------- safe outputs (issue 12)
+def snapshot(root) -> Dict[str, object]:
+    """Every path under `root` (hidden ones included) with its bytes, or None for a folder."""
+    found: Dict[str, object] = {}
+    for folder, dirs, files in os.walk(root):
+        found.update({os.path.relpath(os.path.join(folder, d), root): None for d in dirs})
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                found[os.path.relpath(os.path.join(folder, name), root)] = f.read()
+    return found
+
+
+def run_preproc_script(script: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(PREPROC, script), *map(str, args)], env=_environment(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def write_spark_like_output(folder, rows_per_part=(3, 2)) -> None:
+    """<split>/part-*.parquet with columns _c0.._c39 (int, float, int) and _SUCCESS, as Spark writes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(0)
+    for split in ("train", "test", "validation"):
+        os.makedirs(os.path.join(folder, split))
+        for index, rows in enumerate(rows_per_part):
+            columns = {"_c0": pa.array(rng.integers(0, 2, rows), pa.int32())}
+            columns.update({f"_c{i}": pa.array(rng.random(rows), pa.float32()) for i in range(1, 14)})
+            columns.update({f"_c{i}": pa.array(rng.integers(0, 5, rows), pa.int32()) for i in range(14, 40)})
+            pq.write_table(pa.table(columns), os.path.join(folder, split, f"part-{index:05d}.parquet"))
+        open(os.path.join(folder, split, "_SUCCESS"), "w").close()
+
+
+def test_parquet_to_binary_is_all_or_nothing(tmp_path):
+    src, scratch, dst = tmp_path / "spark", tmp_path / "scratch", tmp_path / "packed"
+    write_spark_like_output(str(src))
+    ok = run_preproc_script("parquet_to_binary.py", "--src_dir", src, "--intermediate_dir", scratch,
+                            "--dst_dir", dst, "--parallel_jobs", "1")
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(os.listdir(tmp_path)) == ["packed", "spark"]  # the scratch folder it made is gone
+    assert {name: os.path.getsize(dst / name) for name in os.listdir(dst)} == {
+        f"{split}_data.bin": 5 * 160 for split in ("train", "test", "validation")}
+
+    (src / "validation" / "part-00001.parquet").write_bytes(b"not parquet")
+    before = snapshot(tmp_path)
+    cases = [(["--dst_dir", tmp_path / "new"], [f"{src}/validation/part-00001.parquet: unreadable parquet part"]),
+             (["--dst_dir", dst], [f"--dst_dir {dst} already holds", "--overwrite"]),
+             (["--dst_dir", dst, "--overwrite"], ["unreadable parquet part"]),  # the old output survives
+             (["--dst_dir", src / "train", "--overwrite"], ["lies inside --src_dir"])]
+    for args, fragments in cases:
+        result = run_preproc_script("parquet_to_binary.py", "--src_dir", src, "--intermediate_dir", scratch,
+                                    "--parallel_jobs", "1", *args)
+        assert_one_error(result, *fragments)
+    assert snapshot(tmp_path) == before
+
+
+def packed_dataset(folder, rows: int = 50, cardinality: int = 7) -> np.ndarray:
+    """<split>_data.bin (the same valid records for each split) and model_size.json; returns the records."""
+    rng = np.random.default_rng(1)
+    records = np.empty((rows, 40), "<i4")
+    records[:, 0] = rng.integers(0, 2, rows)
+    records[:, 1:14] = rng.random((rows, 13)).astype("<f4").view("<i4")
+    records[:, 14:] = rng.integers(0, cardinality, (rows, 26))
+    os.makedirs(folder)
+    for split in ("train", "test", "validation"):
+        records.tofile(os.path.join(folder, f"{split}_data.bin"))
+    with open(os.path.join(folder, "model_size.json"), "w") as f:
+        json.dump({f"_c{i}": cardinality - 1 for i in range(14, 40)}, f)
+    return records
+
+
+@pytest.mark.parametrize("corruption, message", [
+    ((7, 0, 2), "record 7: label is not 0 or 1"),
+    ((9, 3, np.float32(np.inf).view("<i4")), "record 9: numerical column _c3 is not finite"),
+    ((4, 5, np.float32(70000).view("<i4")), "record 4: numerical column _c5 is not finite in float16"),
+    ((3, 20, 7), "record 3: id of column _c20 lies outside [0, 7)"),
+    ((2, 30, -1), "record 2: id of column _c30 lies outside [0, 7)"),
+])
+def test_split_dataset_refuses_values_a_cast_would_change(tmp_path, corruption, message):
+    sys.path.insert(0, PREPROC)
+    from split_dataset import split_dataset
+    records = packed_dataset(str(tmp_path / "packed"))
+    row, column, value = corruption
+    records[row, column] = value
+    records.tofile(str(tmp_path / "packed" / "validation_data.bin"))  # the last split: earlier ones were written
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match=f"validation_data.bin: {message}".replace("[", r"\[").replace(")", r"\)")):
+        split_dataset(str(tmp_path / "packed"), str(tmp_path / "final"), chunk_rows=16)
+    assert snapshot(tmp_path) == before
+
+
+def test_split_dataset_outputs_and_path_errors(tmp_path):
+    packed, final = tmp_path / "packed", tmp_path / "final"
+    packed_dataset(str(packed))
+    ok = run_preproc_script("split_dataset.py", "--dataset", packed, "--output", final)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(os.listdir(final)) == ["feature_spec.yaml", "test", "train", "validation"]
+    assert FeatureSpec.from_yaml(str(final / "feature_spec.yaml")).check_files() == {"train": 50, "test": 50}
+    (final / "notes.txt").write_text("mine")
+    with open(packed / "test_data.bin", "ab") as f:
+        f.write(b"\0" * 7)
+    before = snapshot(tmp_path)
+    cases = [(["--output", final], [f"--output {final} already holds", "--overwrite"]),
+             (["--output", final, "--overwrite"], ["holds notes.txt, which the new output would not contain"]),
+             (["--output", packed / "sub", "--overwrite"], [f"lies inside --dataset {packed}"]),
+             (["--output", tmp_path / "new"], ["test_data.bin: size 8007 B is not a whole number of 160-byte records"]),
+             (["--output", final / "notes.txt" / "x"], ["is a file, not a directory"])]
+    for args, fragments in cases:
+        assert_one_error(run_preproc_script("split_dataset.py", "--dataset", packed, *args), *fragments)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("overlap", ["final_output_dir", "conversion_intermediate_dir", "spark_output_path"])
+def test_prepare_dataset_refuses_folders_that_overlap(small_raw, overlap):
+    """An output that is, holds or lies in the raw input or another output would be deleted by a run."""
+    tmp = str(small_raw)
+    target = {"final_output_dir": os.path.join(tmp, "raw"),                  # the raw input itself
+              "conversion_intermediate_dir": tmp,                           # holds everything
+              "spark_output_path": os.path.join(tmp, "final", "spark")}[overlap]  # inside the final folder
+    before = snapshot(tmp)
+    result = run_prepare(tmp, "CPU", "2", **{overlap: target})
+    assert_one_error(result, f"{overlap} {target}")
+    assert snapshot(tmp) == before
+
+
+@needs_spark
+def test_spark_outputs_are_written_whole_or_not_at_all(spark_utils, tmp_path, capsys):
+    u, spark = spark_utils.utils, spark_utils.spark
+    from pyspark.sql import functions as F
+    final = tmp_path / "out"
+    u.write_parquet(spark.range(5).write, str(final), "errorifexists")
+    old = snapshot(tmp_path)
+    failing = spark.range(5).select(F.when(F.col("id") < 3, F.col("id"))
+                                    .otherwise(F.raise_error(F.lit("boom"))).alias("id"))
+    with pytest.raises(Exception, match="boom"):
+        u.write_parquet(failing.write, str(final), "overwrite")
+    assert snapshot(tmp_path) == old  # the previous output is intact and no temporary folder is left
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for args, message in (
+            (["--mode", "transform", "--output_folder", str(final)], f"--output_folder {final} already exists"),
+            (["--mode", "transform", "--output_folder", str(raw / "out"), "--write_mode", "overwrite"],
+             "lies inside --input_folder"),
+            (["--mode", "generate_models", "--model_folder", str(tmp_path)], "contains --input_folder")):
+        arguments = ["--days", "0-1", "--input_folder", str(raw), "--model_folder", str(tmp_path / "m"), *args]
+        assert u.main(arguments) == 1  # refused before Spark is asked to do anything
+        errors = capsys.readouterr().err.strip().splitlines()
+        assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0], errors
+    assert sorted(os.listdir(tmp_path)) == ["out", "raw"]
