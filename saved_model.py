@@ -8,8 +8,8 @@ same layout as the custom op, so the SavedModel runs without the compiled op lib
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import shutil
 from typing import Callable, Dict
 
 import tensorflow as tf
@@ -17,8 +17,16 @@ import tensorflow as tf
 from datasets import SERVING_INPUT_ERROR
 from embedding import copy_table
 from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm
+from safe_io import OutputPathError, atomic_directory, check_replaceable
 
 SIGNATURE = "serving_default"
+# Written into every export; an existing folder is replaced only when it holds this marker.
+EXPORT_MARKER = "dlrm_export.json"
+EXPORT_FORMAT = "dlrm-tf2-savedmodel"
+EXPORT_VERSION = 1
+# Everything tf.saved_model.save and `export` put into the folder.
+EXPORT_ENTRIES = frozenset({"saved_model.pb", "variables", "assets", "fingerprint.pb", "keras_metadata.pb",
+                            EXPORT_MARKER})
 
 
 def _checked(tensor: tf.Tensor, bad: tf.Tensor, template: str,
@@ -63,11 +71,34 @@ class _Serving(tf.Module):
         return {"probabilities": tf.sigmoid(logits), "logits": logits}
 
 
+def _is_export(path: str) -> bool:
+    """`path` holds this project's export marker."""
+    try:
+        with open(os.path.join(path, EXPORT_MARKER)) as f:
+            return json.load(f).get("format") == EXPORT_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_export_target(path: str, name: str) -> None:
+    """An export may replace only an empty folder or an earlier export of this project: one with
+    the marker file and nothing an export does not write. Raises OutputPathError naming `name`."""
+    if os.path.isdir(path) and os.listdir(path) and not _is_export(path):
+        raise OutputPathError(f"{name} {path} is a non-empty directory without this project's export marker "
+                              f"{EXPORT_MARKER}; refusing to replace it (give a new or empty folder)")
+    check_replaceable(path, name, EXPORT_ENTRIES, replace=True)
+
+
 def export(model: Dlrm, output_path: str, fp16: bool = False) -> str:
-    """Write a SavedModel of `model`'s current weights to `output_path` (replaced atomically)."""
+    """Write a SavedModel of `model`'s current weights, with the export marker, to `output_path`.
+
+    The folder is written next to `output_path` and renamed into place, so a failed export leaves
+    the previous one intact; only what `check_export_target` accepts is ever replaced.
+    """
+    check_export_target(output_path, "export path")
     config = dataclasses.replace(model.config, interaction="tensorflow",
                                  table_dtype="float16" if fp16 else model.config.table_dtype,
-                                 embedding_device_budget_bytes=None)
+                                 host_tables=[])
     serving_model = Dlrm(config)
     serving_model.build_weights()
     for source, target in zip(model.table_views(), serving_model.table_views()):
@@ -76,12 +107,10 @@ def export(model: Dlrm, output_path: str, fp16: bool = False) -> str:
     for name, variable in model.dense_weight_map().items():
         targets[name].assign(tf.cast(variable, targets[name].dtype))
     module = _Serving(serving_model)
-    tmp = output_path.rstrip("/") + f".tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(module, tmp, signatures={SIGNATURE: module.serve})
-    if os.path.exists(output_path):
-        shutil.rmtree(output_path)
-    os.rename(tmp, output_path)
+    with atomic_directory(output_path, replace=True) as tmp:
+        tf.saved_model.save(module, tmp, signatures={SIGNATURE: module.serve})
+        with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
+            json.dump({"format": EXPORT_FORMAT, "version": EXPORT_VERSION}, f)
     return output_path
 
 
@@ -89,7 +118,11 @@ def load_predict_fn(path: str) -> Callable[[Dict[str, tf.Tensor]], tf.Tensor]:
     """A function from pipeline features to logits, backed by an exported SavedModel."""
     if not os.path.isfile(os.path.join(path, "saved_model.pb")):
         raise FileNotFoundError(f"{path}: not a SavedModel directory (no saved_model.pb)")
-    serve = tf.saved_model.load(path).signatures[SIGNATURE]
+    signatures = tf.saved_model.load(path).signatures
+    if SIGNATURE not in signatures:
+        raise ValueError(f"{path}: the SavedModel has no '{SIGNATURE}' signature (it has {sorted(signatures)}); "
+                         f"export one with --mode deploy")
+    serve = signatures[SIGNATURE]
 
     def predict(features: Dict[str, tf.Tensor]) -> tf.Tensor:
         categorical = tf.stack([tf.cast(t, tf.int32) for t in features[CATEGORICAL_KEY]], axis=1)
