@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import Any, Callable, Optional, Tuple
 
 from absl import app, flags
 
@@ -93,55 +94,153 @@ class UsageError(ValueError):
     """A flag value or combination is invalid; the message names the flag."""
 
 
-def validate_flags(world_size: int, has_gpu: bool) -> None:
-    """The reference's incompatible combinations (§1.1) and this implementation's own limits."""
-    if FLAGS.restore_checkpoint_path and FLAGS.saved_model_input_path:
-        raise UsageError("--restore_checkpoint_path and --saved_model_input_path cannot be used together")
-    if FLAGS.saved_model_input_path and FLAGS.mode in ("train", "deploy"):
-        raise UsageError(f"--saved_model_input_path serves eval and inference only, not --mode {FLAGS.mode}")
-    if FLAGS.amp and FLAGS.fp16:
-        raise UsageError("--amp and --fp16 are mutually exclusive")
-    if FLAGS.fp16 and FLAGS.mode == "train":
-        raise UsageError("--fp16 is for inference and export only; train with --amp instead")
-    if FLAGS.dot_interaction == "custom_cuda" and (FLAGS.cpu or not has_gpu):
-        raise UsageError("--dot_interaction custom_cuda needs a GPU; use custom_cpu, tensorflow or auto"
-                         + (" (--cpu is set)" if FLAGS.cpu else " (no GPU is visible)"))
-    if FLAGS.mode == "deploy" and not FLAGS.saved_model_output_path:
-        raise UsageError("--mode deploy needs --saved_model_output_path")
-    if FLAGS.dataset_type == "tf_raw" and not FLAGS.dataset_path and not FLAGS.saved_model_input_path:
-        raise UsageError("--dataset_path is required with --dataset_type tf_raw")
-    if FLAGS.synthetic_dataset_use_feature_spec and not FLAGS.dataset_path:
-        raise UsageError("--synthetic_dataset_use_feature_spec needs --dataset_path")
-    if FLAGS.print_freq <= 0:
-        raise UsageError(f"--print_freq must be positive, got {FLAGS.print_freq}")
-    if FLAGS.epochs < 1:
-        raise UsageError(f"--epochs must be at least 1, got {FLAGS.epochs}")
-    if FLAGS.loss_scale <= 0:
-        raise UsageError(f"--loss_scale must be positive, got {FLAGS.loss_scale}")
-    if FLAGS.auc_thresholds is not None and FLAGS.auc_thresholds < 2:
-        raise UsageError(f"--auc_thresholds must be at least 2, got {FLAGS.auc_thresholds}")
-    if FLAGS.checkpoint_every_n_steps < 0 or FLAGS.keep_checkpoints < 1:
-        raise UsageError("--checkpoint_every_n_steps must be >= 0 and --keep_checkpoints >= 1")
-    if FLAGS.checkpoint_every_n_steps and not FLAGS.save_checkpoint_path:
-        raise UsageError("--checkpoint_every_n_steps needs --save_checkpoint_path")
-    for name in ("batch_size", "valid_batch_size", "embedding_dim", "tf_gpu_memory_limit_gb"):
-        if FLAGS[name].value < (0 if name == "tf_gpu_memory_limit_gb" else 1):
-            raise UsageError(f"--{name} must be positive, got {FLAGS[name].value}")
-    for name in ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities"):
+INFERENCE_WARMUP_BATCHES = 10
+
+
+def _at_least(low: float) -> Callable[[Any], bool]:
+    return lambda value: value >= low
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+# Every numeric flag: (name, check of its value, what the value must be), checked in this order.
+NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
+    ("learning_rate", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    ("batch_size", _at_least(1), ">= 1"),
+    ("valid_batch_size", _at_least(1), ">= 1"),
+    ("checkpoint_every_n_steps", _at_least(0), ">= 0 (0: save only at the end)"),
+    ("keep_checkpoints", _at_least(1), ">= 1"),
+    ("loss_scale", _at_least(1), ">= 1"),
+    ("auc_thresholds", _optional(_at_least(2)), ">= 2"),
+    ("epochs", _at_least(1), ">= 1"),
+    ("max_steps", _at_least(-1), "-1 (no limit) or >= 0"),
+    ("embedding_dim", _at_least(1), ">= 1"),
+    ("evals_per_epoch", _at_least(0), ">= 0"),
+    ("print_freq", lambda v: math.isfinite(v) and v == int(v) and v >= 1, "a whole number of steps >= 1"),
+    ("warmup_steps", _at_least(0), ">= 0"),
+    ("decay_start_step", _at_least(0), ">= 0"),
+    ("decay_steps", _at_least(0), ">= 0"),
+    ("profiler_start_step", _optional(_at_least(0)), ">= 0"),
+    ("profiled_rank", _at_least(0), ">= 0"),
+    ("inter_op_parallelism", _optional(_at_least(0)), ">= 0 (0: TensorFlow's default)"),
+    ("intra_op_parallelism", _optional(_at_least(0)), ">= 0 (0: TensorFlow's default)"),
+    ("tf_gpu_memory_limit_gb", _optional(_at_least(0)), ">= 0"),
+    ("synthetic_dataset_train_batches", _at_least(1), ">= 1"),
+    ("synthetic_dataset_valid_batches", _at_least(1), ">= 1"),
+    ("synthetic_dataset_num_numerical_features", _at_least(1), ">= 1 (the bottom MLP needs an input)"),
+    ("column_slice_threshold", _at_least(1), ">= 1 (elements)"),
+    ("data_parallel_threshold", _optional(_at_least(0)), ">= 0 (elements)"),
+    ("seed", lambda v: 0 <= v < 2 ** 32, "in [0, 2**32)"),
+)
+LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities")
+
+
+def _check_values(opts: Any) -> None:
+    """Each numeric flag in range, each list flag a list of positive integers; errors name the flag."""
+    for name, check, wording in NUMERIC_FLAGS:
+        value = getattr(opts, name)
+        if not check(value):
+            raise UsageError(f"--{name} must be {wording}, got {value}")
+    for name in LIST_FLAGS:
+        values = getattr(opts, name)
         try:
-            values = [int(v) for v in FLAGS[name].value]
+            numbers = [int(v) for v in values]
         except ValueError:
-            raise UsageError(f"--{name} must be a comma-separated list of integers, got "
-                             f"{','.join(FLAGS[name].value)}") from None
-        if not values or min(values) < 1:
-            raise UsageError(f"--{name} needs positive integers, got {values}")
-    if FLAGS.dist_strategy not in ("memory_balanced", "basic", "memory_optimized"):
+            raise UsageError(f"--{name} must be a comma-separated list of integers, got {','.join(values)}") from None
+        if not numbers or min(numbers) < 1:
+            raise UsageError(f"--{name} needs positive integers, got {numbers}")
+    if opts.dist_strategy not in ("memory_balanced", "basic", "memory_optimized"):
         raise UsageError(f"--dist_strategy must be memory_balanced, basic or memory_optimized, "
-                         f"got {FLAGS.dist_strategy!r}")
-    if world_size > 1:
-        if FLAGS.mode == "deploy" or FLAGS.saved_model_output_path:
-            raise UsageError("SavedModel export (--mode deploy, --saved_model_output_path) runs on a single process; "
-                             "export the checkpoint with `python main.py --mode deploy --restore_checkpoint_path ...`")
+                         f"got {opts.dist_strategy!r}")
+
+
+def validate_flags(opts: Any, world_size: int, has_gpu: bool) -> None:
+    """Flag ranges, the reference's incompatible combinations (§1.1) and this implementation's limits.
+
+    `opts` is FLAGS or any object with the flags as attributes, so tests can check values in-process.
+    """
+    _check_values(opts)
+    if opts.restore_checkpoint_path and opts.saved_model_input_path:
+        raise UsageError("--restore_checkpoint_path and --saved_model_input_path cannot be used together")
+    if opts.saved_model_input_path and opts.mode in ("train", "deploy"):
+        raise UsageError(f"--saved_model_input_path serves eval and inference only, not --mode {opts.mode}")
+    if opts.amp and opts.fp16:
+        raise UsageError("--amp and --fp16 are mutually exclusive")
+    if opts.fp16 and opts.mode == "train":
+        raise UsageError("--fp16 is for inference and export only; train with --amp instead")
+    if opts.dot_interaction == "custom_cuda" and (opts.cpu or not has_gpu):
+        raise UsageError("--dot_interaction custom_cuda needs a GPU; use custom_cpu, tensorflow or auto"
+                         + (" (--cpu is set)" if opts.cpu else " (no GPU is visible)"))
+    if opts.mode == "deploy" and not opts.saved_model_output_path:
+        raise UsageError("--mode deploy needs --saved_model_output_path")
+    if opts.mode != "train" and not (opts.restore_checkpoint_path or opts.saved_model_input_path):
+        raise UsageError(f"--mode {opts.mode} needs trained weights: give --restore_checkpoint_path"
+                         + (" or --saved_model_input_path" if opts.mode != "deploy" else "")
+                         + " (random initial weights are never evaluated or exported)")
+    for name, modes in (("save_checkpoint_path", ("train",)), ("saved_model_output_path", ("train", "deploy"))):
+        if getattr(opts, name) and opts.mode not in modes:
+            raise UsageError(f"--{name} is written by --mode {' or '.join(modes)} only, not --mode {opts.mode}")
+    if opts.mode == "train" and opts.max_steps == 0 and not opts.save_checkpoint_path:
+        raise UsageError("--max_steps 0 trains nothing; give --max_steps -1 (all epochs) or > 0, or add "
+                         "--save_checkpoint_path to save the initial weights")
+    if opts.dataset_type == "tf_raw" and not opts.dataset_path and not opts.saved_model_input_path:
+        raise UsageError("--dataset_path is required with --dataset_type tf_raw")
+    if opts.synthetic_dataset_use_feature_spec and not opts.dataset_path:
+        raise UsageError("--synthetic_dataset_use_feature_spec needs --dataset_path")
+    if opts.checkpoint_every_n_steps and not opts.save_checkpoint_path:
+        raise UsageError("--checkpoint_every_n_steps needs --save_checkpoint_path")
+    if opts.profiler_start_step is not None and opts.profiled_rank >= world_size:
+        raise UsageError(f"--profiled_rank {opts.profiled_rank} does not exist in a {world_size}-process run, "
+                         f"so --profiler_start_step would profile nothing; use --profiled_rank 0")
+    if world_size > 1 and (opts.mode == "deploy" or opts.saved_model_output_path):
+        raise UsageError("SavedModel export (--mode deploy, --saved_model_output_path) runs on a single process; "
+                         "export the checkpoint with `python main.py --mode deploy --restore_checkpoint_path ...`")
+
+
+def check_output_paths(opts: Any) -> None:
+    """Every output can be written and none touches an input; raises OutputPathError naming the flag.
+
+    Runs before any work: a bad log, checkpoint or export path costs one error line, not a run.
+    The export may replace only an empty folder or an earlier export (saved_model.check_export_target).
+    """
+    from safe_io import check_output_dir, check_output_file, refuse_overlap
+    from saved_model import check_export_target
+    from utils import check_log_file
+
+    spec_path = os.path.join(opts.dataset_path, opts.feature_spec) if opts.dataset_path else None
+    inputs = {"--dataset_path": opts.dataset_path, "--feature_spec": spec_path,
+              "--saved_model_input_path": opts.saved_model_input_path}
+    restored = {"--restore_checkpoint_path": opts.restore_checkpoint_path}
+    if opts.log_path:
+        refuse_overlap(opts.log_path, "--log_path", inputs | restored)
+        check_log_file(opts.log_path, "--log_path")
+    if opts.save_checkpoint_path:  # may equal the restored root: a resumed run saves next to it
+        refuse_overlap(opts.save_checkpoint_path, "--save_checkpoint_path", inputs | {"--log_path": opts.log_path})
+        check_output_dir(opts.save_checkpoint_path, "--save_checkpoint_path")
+    if opts.saved_model_output_path:
+        refuse_overlap(opts.saved_model_output_path, "--saved_model_output_path",
+                       inputs | restored | {"--save_checkpoint_path": opts.save_checkpoint_path,
+                                            "--log_path": opts.log_path})
+        check_export_target(opts.saved_model_output_path, "--saved_model_output_path")
+
+
+def check_paths_on_rank0(opts: Any, rank: int) -> None:
+    """Rank 0 writes every output, so it checks the paths; every rank raises its error, so the
+    whole job stops with one message instead of the other ranks hanging in a collective."""
+    import distributed as dist
+    from safe_io import OutputPathError
+
+    message = None
+    if rank == 0:
+        try:
+            check_output_paths(opts)
+        except OutputPathError as error:
+            message = str(error)
+    message = dist.broadcast_object(message, root_rank=0)
+    if message:
+        raise OutputPathError(message)
 
 
 def _ints(values) -> list:
@@ -255,6 +354,26 @@ def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
     return lineage
 
 
+def log_parameters(logger, world_size: int) -> None:
+    """The run's flags as the log's first record, written once the inputs have been read."""
+    own_flags = FLAGS.get_flags_for_module(sys.modules[__name__])
+    logger.log_parameters({flag.name: flag.value for flag in own_flags} | {"world_size": world_size})
+
+
+def inference_batches(max_steps: int, available: int, valid_batch_size: int) -> int:
+    """Batches `--mode inference` runs: --max_steps (1000 when -1), at most the test data's batches.
+
+    Latencies are timed after the warm-up batches, so a run no longer than the warm-up is refused
+    instead of reporting NaN.
+    """
+    batches = min(max_steps if max_steps >= 0 else 1000, available)
+    if batches <= INFERENCE_WARMUP_BATCHES:
+        raise UsageError(f"--mode inference times the batches after {INFERENCE_WARMUP_BATCHES} warm-up batches but "
+                         f"would run only {batches}: --max_steps {max_steps}, and the test data has {available} "
+                         f"batches of --valid_batch_size {valid_batch_size}")
+    return batches
+
+
 def log_final(logger, data: dict) -> None:
     formats = {"auc": ":.5f", "validation_loss": ":.5f", "train_loss": ":.5f", "test_loss": ":.5f",
                "throughput": ":.2e", "mean_step_time_ms": ":.3f", "mean_inference_throughput": ":.2e"}
@@ -317,10 +436,13 @@ def run_mode(rank: int, world_size: int, logger) -> None:
     pipelines = build_pipelines(rank, world_size, compute_dtype, plan, spec)
     if pipelines.teacher_auc is not None:
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
+    batches = (inference_batches(FLAGS.max_steps, pipelines.eval_steps, FLAGS.valid_batch_size)
+               if FLAGS.mode == "inference" else None)
 
     if FLAGS.saved_model_input_path:
         evaluator = Evaluator(saved_model.load_predict_fn(FLAGS.saved_model_input_path), FLAGS.auc_thresholds)
-        run_evaluation_modes(evaluator, pipelines, logger, rank)
+        log_parameters(logger, world_size)
+        run_evaluation_modes(evaluator, pipelines, logger, batches)
         return
 
     model = build_model(spec, plan, rank, compute_dtype)
@@ -332,14 +454,17 @@ def run_mode(rank: int, world_size: int, logger) -> None:
     state = training_state(model, optimizers, scheduler, spec)
     lineage = prepare_checkpoints(state, pipelines.train_steps, rank)
     evaluator = Evaluator.for_model(model, FLAGS.auc_thresholds)
+    log_parameters(logger, world_size)
 
     if FLAGS.mode == "deploy":
         print_rank0(f"deployed to: {saved_model.export(model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16)}",
                     rank=rank)
         return
     if FLAGS.mode != "train":
-        run_evaluation_modes(evaluator, pipelines, logger, rank)
+        run_evaluation_modes(evaluator, pipelines, logger, batches)
         return
+    if FLAGS.max_steps == 0:  # validate_flags allows it only to save the initial weights
+        print_rank0("--max_steps 0: no training step runs; the checkpoint holds the initial weights", rank=rank)
 
     saved_steps = []
 
@@ -362,21 +487,27 @@ def run_mode(rank: int, world_size: int, logger) -> None:
     if FLAGS.saved_model_output_path:  # single process only (validate_flags)
         print(f"SavedModel exported to: {saved_model.export(model, FLAGS.saved_model_output_path)}", flush=True)
     mean_step = result.mean_step_time_s
-    log_final(logger, {"throughput": float("nan") if math.isnan(mean_step) else FLAGS.batch_size / mean_step,
-                       "mean_step_time_ms": mean_step * 1000, "auc": result.best_auc,
-                       "validation_loss": result.min_validation_loss, "train_loss": result.train_loss}
-              | ({"teacher_auc": pipelines.teacher_auc} if pipelines.teacher_auc is not None else {}))
+    record = {"throughput": float("nan") if math.isnan(mean_step) else FLAGS.batch_size / mean_step,
+              "mean_step_time_ms": mean_step * 1000}
+    if result.evaluations:
+        record |= {"auc": result.best_auc, "validation_loss": result.min_validation_loss}
+    else:
+        print_rank0(f"no evaluation ran before training ended (--max_steps {FLAGS.max_steps}, --evals_per_epoch "
+                    f"{FLAGS.evals_per_epoch}): the final record has no auc or validation_loss", rank=rank)
+    record |= {"train_loss": result.train_loss, "evaluations": len(result.evaluations)}
+    log_final(logger, record | ({"teacher_auc": pipelines.teacher_auc} if pipelines.teacher_auc is not None else {}))
 
 
-def run_evaluation_modes(evaluator, pipelines, logger, rank: int) -> None:
+def run_evaluation_modes(evaluator, pipelines, logger, batches: Optional[int]) -> None:
+    """--mode eval: one pass over the test data; --mode inference: latencies over `batches` batches."""
     from trainer import percentiles
 
     if FLAGS.mode == "eval":
         result = evaluator.evaluate(pipelines.test)
         log_final(logger, {"auc": result.auc, "test_loss": result.loss})
         return
-    max_batches = FLAGS.max_steps if FLAGS.max_steps > 0 else 1000
-    latencies, result = evaluator.benchmark_inference(pipelines.test, max_batches, warmup_batches=10)
+    latencies, result = evaluator.benchmark_inference(pipelines.test, batches,
+                                                      warmup_batches=INFERENCE_WARMUP_BATCHES)
     stats = percentiles(latencies)
     log_final(logger, {"mean_inference_throughput": FLAGS.valid_batch_size / stats["mean"],
                        "mean_inference_latency": stats["mean"], "p50_inference_latency": stats["p50"],
@@ -409,12 +540,11 @@ def run(argv) -> int:
     dist.init()
     rank, world_size = dist.rank(), dist.size()
     has_gpu = bool(tf.config.list_physical_devices("GPU"))
-    logger = DllLogger(FLAGS.log_path, enabled=rank == 0)
+    logger = DllLogger(FLAGS.log_path, enabled=rank == 0)  # opens the file at its first record
     try:
-        validate_flags(world_size, has_gpu)
+        validate_flags(FLAGS, world_size, has_gpu)
         configure_tensorflow(dist.local_rank())
-        own_flags = FLAGS.get_flags_for_module(sys.modules[__name__])
-        logger.log_parameters({flag.name: flag.value for flag in own_flags} | {"world_size": world_size})
+        check_paths_on_rank0(FLAGS, rank)
         run_mode(rank, world_size, logger)
     except user_error_types() as error:
         print(f"error: {error}", file=sys.stderr, flush=True)

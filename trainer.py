@@ -36,12 +36,25 @@ class EvalResult:
 
 @dataclass
 class TrainResult:
+    """End of a training run; the evaluation summaries are None when no evaluation ran."""
     steps: int
     mean_step_time_s: float
     train_loss: float
-    best_auc: float
-    min_validation_loss: float
     evaluations: List[EvalResult] = field(default_factory=list)
+
+    @property
+    def best_auc(self) -> Optional[float]:
+        """Best AUC over the evaluations; NaN if none had a defined AUC (one label class)."""
+        if not self.evaluations:
+            return None
+        return max((e.auc for e in self.evaluations if math.isfinite(e.auc)), default=float("nan"))
+
+    @property
+    def min_validation_loss(self) -> Optional[float]:
+        """Lowest validation loss over the evaluations."""
+        if not self.evaluations:
+            return None
+        return min(e.loss for e in self.evaluations)
 
 
 def _scale(gradient, factor: float):
@@ -162,7 +175,11 @@ class Evaluator:
 
     def benchmark_inference(self, dataset: tf.data.Dataset, max_batches: int,
                             warmup_batches: int = 10) -> Tuple[List[float], EvalResult]:
-        """Per-batch latencies (fetch + forward) after warm-up, and the metrics of the batches run."""
+        """Per-batch latencies (fetch + forward) after warm-up, and the metrics of the batches run.
+
+        The latencies list is empty when the dataset ends within the warm-up; callers check the
+        length first (main.inference_batches) so that no NaN statistics are reported.
+        """
         latencies: List[float] = []
         logits, labels = self._gather_predictions(dataset, max_batches, latencies)
         return latencies[warmup_batches:], self._score(logits, labels)
@@ -226,10 +243,7 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
                 save_checkpoint(step)
         if step == epoch_start:
             raise RuntimeError(f"the training data yielded no batch at step {step} (epoch {epoch}, batch {offset})")
-    aucs = [e.auc for e in evaluations if math.isfinite(e.auc)]
-    losses = [e.loss for e in evaluations]
     return TrainResult(steps=step, mean_step_time_s=timer.mean_step_time(), train_loss=train_loss,
-                       best_auc=max(aucs, default=0.0), min_validation_loss=min(losses, default=float("nan")),
                        evaluations=evaluations)
 
 
@@ -243,11 +257,10 @@ def _maybe_profile(config: LoopConfig, step: int, rank: int) -> None:
 
 
 def percentiles(latencies: Sequence[float]) -> Dict[str, float]:
-    """Mean and p50/p90/p95/p99 of per-batch latencies, in seconds."""
+    """Mean and p50/p90/p95/p99 of per-batch latencies, in seconds; at least one is needed."""
     values = np.asarray(latencies, np.float64)
     if values.size == 0:
-        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"), "p95": float("nan"),
-                "p99": float("nan")}
+        raise ValueError("no latency was measured (every batch run was a warm-up batch)")
     return {"mean": float(values.mean()), "p50": float(np.percentile(values, 50)),
             "p90": float(np.percentile(values, 90)), "p95": float(np.percentile(values, 95)),
             "p99": float(np.percentile(values, 99))}

@@ -1,4 +1,4 @@
-"""main.py end to end: every mode, checkpoints, learning, flag errors, 2-process data parallel."""
+"""main.py end to end: every mode, checkpoints, learning, 2-process data parallel (flag errors: test_flags.py)."""
 import glob
 import os
 import signal
@@ -187,22 +187,6 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert latest == checkpoint.resolve(str(root))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--amp", "--fp16"], "--amp and --fp16 are mutually exclusive"),
-    (["--dot_interaction", "custom_cuda", "--cpu"], "--dot_interaction custom_cuda needs a GPU"),
-    (["--mode", "deploy"], "--mode deploy needs --saved_model_output_path"),
-    (["--bottom_mlp_dims", "16,4"], "--embedding_dim"),
-    (["--top_mlp_dims", "16,x"], "--top_mlp_dims must be a comma-separated list of integers"),
-    (["--valid_batch_size", "0"], "--valid_batch_size must be positive"),
-    (["--restore_checkpoint_path", "/nonexistent/ckpt"], "/nonexistent/ckpt: no checkpoint found"),
-    (["--dataset_type", "tf_raw"], "--dataset_path is required"),
-])
-def test_bad_flags_give_one_clear_error(tmp_path, args, message):
-    result = main_py(SMALL + args + ["--log_path", str(tmp_path / "log.json")], timeout=120)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert message in result.stderr and "Traceback" not in result.stderr
-
-
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_two_process_training_matches_one_process_and_checkpoints_move_between_world_sizes(tmp_path, transport):
     args = SMALL + ["--deterministic", "--cpu", "--column_slice_threshold", "200"]
@@ -216,7 +200,9 @@ def test_two_process_training_matches_one_process_and_checkpoints_move_between_w
     assert one.keys() == two.keys()
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    assert final_record(tmp_path / "2.json")["auc"] == pytest.approx(final_record(tmp_path / "1.json")["auc"], abs=1e-4)
+    one_record, two_record = final_record(tmp_path / "1.json"), final_record(tmp_path / "2.json")
+    assert one_record["evaluations"] == two_record["evaluations"] == 0  # 6 steps end before the eval at step 12
+    assert two_record["train_loss"] == pytest.approx(one_record["train_loss"], rel=1e-5)
 
     # Saved on 2 ranks, restored on 1 (and back): the tables come out bit-identical.
     again = ["--max_steps", "6", "--save_checkpoint_path"]

@@ -1,0 +1,154 @@
+"""main.py flags: every bad value or combination is one error line naming the flag, exit 2, no
+traceback, and nothing written. Checks that stop before any work run `main.run` in this process
+(its real error path, milliseconds per case); the rest run main.py as a subprocess."""
+import os
+
+import pytest
+from absl import flags
+
+import main
+from test_main import SMALL, main_py
+
+FLAGS = flags.FLAGS
+
+
+def tree(root):
+    """Every path under `root`: folders by name, files with their size and modification time."""
+    entries = {}
+    for directory, subdirs, files in os.walk(root):
+        for name in subdirs:
+            entries[os.path.relpath(os.path.join(directory, name), root)] = "folder"
+        for name in files:
+            info = os.lstat(os.path.join(directory, name))
+            entries[os.path.relpath(os.path.join(directory, name), root)] = (info.st_size, info.st_mtime_ns)
+    return entries
+
+
+def assert_refused(code, stderr, message, root, before):
+    """Exit 2, exactly one error line and it holds `message`, no traceback, `root` unchanged."""
+    assert code == 2, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert tree(root) == before
+
+
+def run_in_process(args, capsys):
+    """main.run with `args` parsed as main.py's flags; returns (exit code, stderr)."""
+    capsys.readouterr()
+    FLAGS(["main.py", *args])
+    try:
+        code = main.run([])
+    finally:
+        FLAGS.unparse_flags()
+    return code, capsys.readouterr().err
+
+
+def refused_in_process(args, message, tmp_path, capsys):
+    """A flag error caught before any work: `main.run` refuses and `tmp_path` stays as it was."""
+    before = tree(tmp_path)
+    code, stderr = run_in_process(SMALL + ["--log_path", str(tmp_path / "log.json")] + args, capsys)
+    assert_refused(code, stderr, message, tmp_path, before)
+
+
+RESTORE = ["--restore_checkpoint_path", "/nonexistent/ckpt"]  # never read: the flags are refused first
+
+BAD_VALUES = [
+    (["--learning_rate", "-0.5"], "--learning_rate must be a finite number >= 0, got -0.5"),
+    (["--learning_rate", "nan"], "--learning_rate must be a finite number >= 0, got nan"),
+    (["--learning_rate", "inf"], "--learning_rate must be a finite number >= 0, got inf"),
+    (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+    (["--valid_batch_size", "0"], "--valid_batch_size must be >= 1, got 0"),
+    (["--checkpoint_every_n_steps", "-1"], "--checkpoint_every_n_steps must be >= 0"),
+    (["--keep_checkpoints", "0"], "--keep_checkpoints must be >= 1, got 0"),
+    (["--loss_scale", "0"], "--loss_scale must be >= 1, got 0"),
+    (["--auc_thresholds", "1"], "--auc_thresholds must be >= 2, got 1"),
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+    (["--max_steps", "-2"], "--max_steps must be -1 (no limit) or >= 0, got -2"),
+    (["--embedding_dim", "0"], "--embedding_dim must be >= 1, got 0"),
+    (["--evals_per_epoch", "-1"], "--evals_per_epoch must be >= 0, got -1"),
+    (["--print_freq", "0"], "--print_freq must be a whole number of steps >= 1, got 0.0"),
+    (["--print_freq", "2.5"], "--print_freq must be a whole number of steps >= 1, got 2.5"),
+    (["--warmup_steps", "-1"], "--warmup_steps must be >= 0, got -1"),
+    (["--decay_start_step", "-1"], "--decay_start_step must be >= 0, got -1"),
+    (["--decay_steps", "-1"], "--decay_steps must be >= 0, got -1"),
+    (["--profiler_start_step", "-1"], "--profiler_start_step must be >= 0, got -1"),
+    (["--profiled_rank", "-1"], "--profiled_rank must be >= 0, got -1"),
+    (["--inter_op_parallelism", "-1"], "--inter_op_parallelism must be >= 0"),
+    (["--intra_op_parallelism", "-1"], "--intra_op_parallelism must be >= 0"),
+    (["--tf_gpu_memory_limit_gb", "-1"], "--tf_gpu_memory_limit_gb must be >= 0, got -1"),
+    (["--synthetic_dataset_train_batches", "0"], "--synthetic_dataset_train_batches must be >= 1, got 0"),
+    (["--synthetic_dataset_valid_batches", "0"], "--synthetic_dataset_valid_batches must be >= 1, got 0"),
+    (["--synthetic_dataset_num_numerical_features", "0"], "--synthetic_dataset_num_numerical_features must be >= 1"),
+    (["--column_slice_threshold", "0"], "--column_slice_threshold must be >= 1"),
+    (["--data_parallel_threshold", "-1"], "--data_parallel_threshold must be >= 0"),
+    (["--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
+    (["--top_mlp_dims", "16,x"], "--top_mlp_dims must be a comma-separated list of integers, got 16,x"),
+    (["--synthetic_dataset_cardinalities", "50,0"], "--synthetic_dataset_cardinalities needs positive integers"),
+    (["--dist_strategy", "round_robin"], "--dist_strategy must be memory_balanced, basic or memory_optimized"),
+]
+
+BAD_COMBINATIONS = [
+    (["--max_steps", "0"], "--max_steps 0 trains nothing"),
+    (["--profiler_start_step", "5"], "--profiled_rank 1 does not exist in a 1-process run"),
+    (["--mode", "eval"], "--mode eval needs trained weights: give --restore_checkpoint_path or "
+                         "--saved_model_input_path"),
+    (["--mode", "inference"], "--mode inference needs trained weights"),
+    (["--mode", "deploy", "--saved_model_output_path", "/nonexistent/out"],
+     "--mode deploy needs trained weights: give --restore_checkpoint_path (random"),
+    (["--mode", "deploy"] + RESTORE, "--mode deploy needs --saved_model_output_path"),
+    (["--mode", "eval", "--save_checkpoint_path", "/nonexistent/c"] + RESTORE,
+     "--save_checkpoint_path is written by --mode train only, not --mode eval"),
+    (["--mode", "inference", "--saved_model_output_path", "/nonexistent/s"] + RESTORE,
+     "--saved_model_output_path is written by --mode train or deploy only, not --mode inference"),
+    (["--amp", "--fp16"], "--amp and --fp16 are mutually exclusive"),
+    (["--fp16"], "--fp16 is for inference and export only"),
+    (["--dot_interaction", "custom_cuda", "--cpu"], "--dot_interaction custom_cuda needs a GPU"),
+    (["--dataset_type", "tf_raw"], "--dataset_path is required with --dataset_type tf_raw"),
+    (["--synthetic_dataset_use_feature_spec"], "--synthetic_dataset_use_feature_spec needs --dataset_path"),
+    (["--checkpoint_every_n_steps", "2"], "--checkpoint_every_n_steps needs --save_checkpoint_path"),
+    (RESTORE + ["--saved_model_input_path", "/nonexistent/s"],
+     "--restore_checkpoint_path and --saved_model_input_path cannot be used together"),
+    (["--saved_model_input_path", "/nonexistent/s"], "--saved_model_input_path serves eval and inference only"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_VALUES + BAD_COMBINATIONS,
+                         ids=[" ".join(a) for a, _ in BAD_VALUES + BAD_COMBINATIONS])
+def test_bad_flag_is_one_error_line_before_any_work(tmp_path, capsys, args, message):
+    refused_in_process(args, message, tmp_path, capsys)
+
+
+def test_every_numeric_flag_is_range_checked():
+    numeric = {flag.name for flag in FLAGS.get_flags_for_module(main) if flag.flag_type() in ("int", "float")}
+    checked = {name for name, _, _ in main.NUMERIC_FLAGS}
+    assert numeric == checked
+    tested = {args[0][2:] for args, _ in BAD_VALUES}
+    assert checked <= tested
+
+
+@pytest.mark.parametrize("args", [
+    ["--learning_rate", "0", "--evals_per_epoch", "0", "--warmup_steps", "0", "--decay_steps", "0"],
+    ["--max_steps", "-1", "--print_freq", "1.0", "--inter_op_parallelism", "0", "--intra_op_parallelism", "0"],
+    ["--max_steps", "0", "--save_checkpoint_path", "/nonexistent/c"],
+    ["--profiler_start_step", "0", "--profiled_rank", "0", "--seed", str(2 ** 32 - 1)],
+    ["--mode", "eval", "--restore_checkpoint_path", "/nonexistent/c", "--max_steps", "0"],
+    ["--mode", "inference", "--saved_model_input_path", "/nonexistent/s"],
+], ids=lambda a: " ".join(a))
+def test_boundary_values_are_accepted(args):
+    FLAGS(["main.py", *SMALL, *args])
+    try:
+        main.validate_flags(FLAGS, world_size=1, has_gpu=False)
+    finally:
+        FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--print_freq", "2.5"], "--print_freq must be a whole number of steps >= 1, got 2.5"),
+    (["--bottom_mlp_dims", "16,4"], "--embedding_dim"),
+    (["--restore_checkpoint_path", "/nonexistent/ckpt"], "/nonexistent/ckpt: no checkpoint found"),
+], ids=["validated", "model config", "restore"])
+def test_main_py_exits_2_with_one_error_line(tmp_path, args, message):
+    before = tree(tmp_path)
+    result = main_py(SMALL + args + ["--log_path", str(tmp_path / "log.json")], timeout=180)
+    assert_refused(result.returncode, result.stderr, message, tmp_path, before)

@@ -1,0 +1,194 @@
+"""main.py outputs (log, checkpoints, SavedModel export) are checked before any work, never land on
+an input, and an export replaces only an earlier export; final records say when no evaluation ran."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import saved_model
+from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
+from multiproc import assert_ok, run_horovod
+from safe_io import OutputPathError
+from test_flags import assert_refused, refused_in_process, tree
+from test_main import SMALL, final_record, main_py
+from utils import DllLogger, check_log_file
+
+STEP = "step_000000003"
+MARKER = json.dumps({"format": saved_model.EXPORT_FORMAT, "version": saved_model.EXPORT_VERSION})
+FILES = {  # what the refusals below must leave untouched
+    "data/feature_spec.yaml": "feature_spec: {}\n",
+    "data/" + saved_model.EXPORT_MARKER: MARKER,  # a marker cannot make an input replaceable
+    f"ckpt/{STEP}/manifest.json": "{}",
+    "notes.txt": "keep me\n",
+    "full/a.txt": "mine\n",
+    "a_file": "x",
+    "old_export/saved_model.pb": "",
+    "old_export/" + saved_model.EXPORT_MARKER: MARKER,
+    "mixed_export/saved_model.pb": "",
+    "mixed_export/" + saved_model.EXPORT_MARKER: MARKER,
+    "mixed_export/notes.md": "mine\n",
+}
+DATA = ["--synthetic_dataset_use_feature_spec", "--dataset_path", "{t}/data"]
+DEPLOY = ["--mode", "deploy", "--restore_checkpoint_path", "{t}/ckpt"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (DATA + ["--log_path", "{t}/data/feature_spec.yaml"],
+     "--log_path {t}/data/feature_spec.yaml lies inside --dataset_path {t}/data"),
+    (["--mode", "eval", "--restore_checkpoint_path", "{t}/ckpt", "--log_path", f"{{t}}/ckpt/{STEP}/manifest.json"],
+     f"--log_path {{t}}/ckpt/{STEP}/manifest.json lies inside --restore_checkpoint_path {{t}}/ckpt"),
+    (["--log_path", "{t}/notes.txt"], "--log_path {t}/notes.txt exists and is not a dllogger log"),
+    (["--log_path", "{t}/full"], "--log_path {t}/full is a directory"),
+    (["--log_path", "{t}/a_file/log.json"], "{t}/a_file is a file, not a directory"),
+    (["--save_checkpoint_path", "{t}/a_file"], "--save_checkpoint_path {t}/a_file exists and is not a directory"),
+    (DATA + ["--save_checkpoint_path", "{t}/data"], "--save_checkpoint_path {t}/data is --dataset_path"),
+    (["--save_checkpoint_path", "{t}"], "--save_checkpoint_path {t} contains --log_path"),
+    (["--saved_model_output_path", "{t}/c", "--save_checkpoint_path", "{t}/c"],
+     "--saved_model_output_path {t}/c is --save_checkpoint_path"),
+    (DEPLOY + ["--saved_model_output_path", "{t}/full"],
+     "--saved_model_output_path {t}/full is a non-empty directory without this project's export marker"),
+    (DEPLOY + ["--saved_model_output_path", "{t}/ckpt"], "--saved_model_output_path {t}/ckpt is --restore_checkpoint_path"),
+    (DEPLOY + ["--saved_model_output_path", f"{{t}}/ckpt/{STEP}"], "lies inside --restore_checkpoint_path"),
+    (DEPLOY + ["--saved_model_output_path", "{t}"], "--saved_model_output_path {t} contains --restore_checkpoint_path"),
+    (DEPLOY + DATA + ["--saved_model_output_path", "{t}/data"], "--saved_model_output_path {t}/data is --dataset_path"),
+    (DEPLOY + ["--saved_model_output_path", "{t}/a_file"], "{t}/a_file exists and is not a directory"),
+    (DEPLOY + ["--saved_model_output_path", "{t}/old_export", "--log_path", "{t}/old_export/log.json"],
+     "--saved_model_output_path {t}/old_export contains --log_path"),
+    (DEPLOY + ["--saved_model_output_path", "{t}/mixed_export"], "--saved_model_output_path {t}/mixed_export holds notes.md"),
+], ids=lambda v: v if isinstance(v, str) else " ".join(v)[-60:])
+def test_output_refused_before_any_work(tmp_path, capsys, args, message):
+    for relative, text in FILES.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    fill = lambda s: s.replace("{t}", str(tmp_path))  # noqa: E731
+    refused_in_process([fill(a) for a in args], fill(message), tmp_path, capsys)
+    for relative, text in FILES.items():
+        assert (tmp_path / relative).read_text() == text
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.parametrize("flag", ["--log_path", "--save_checkpoint_path", "--saved_model_output_path"])
+def test_output_in_a_read_only_folder_is_refused(tmp_path, capsys, flag):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        refused_in_process([flag, str(locked / "out")], f"{flag} {locked / 'out'}", tmp_path, capsys)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_logger_creates_its_file_at_the_first_record_and_appends_only_to_logs(tmp_path):
+    path = tmp_path / "logs" / "run.json"
+    DllLogger(str(path)).close()
+    assert not (tmp_path / "logs").exists()
+    logger = DllLogger(str(path))
+    logger.log_parameters({"a": 1})
+    logger.close()
+    check_log_file(str(path), "--log_path")  # an earlier log may be appended to
+    (tmp_path / "empty").write_text("")
+    check_log_file(str(tmp_path / "empty"), "--log_path")
+    (tmp_path / "spec.yaml").write_text("feature_spec: {}\n")
+    with pytest.raises(OutputPathError, match="spec.yaml exists and is not a dllogger log"):
+        check_log_file(str(tmp_path / "spec.yaml"), "--log_path")
+
+
+def _tiny_model():
+    model = Dlrm(DlrmConfig(num_numerical_features=3, cardinalities=[11, 5], embedding_dim=4,
+                            bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1], interaction="tensorflow"))
+    model.build_weights()
+    return model
+
+
+def test_export_writes_a_marker_and_replaces_only_its_own_exports(tmp_path, monkeypatch):
+    model = _tiny_model()
+    target = tmp_path / "exports" / "model"
+    target.mkdir(parents=True)  # an empty folder may be used
+    saved_model.export(model, str(target))
+    marker = json.loads((target / saved_model.EXPORT_MARKER).read_text())
+    assert marker == {"format": saved_model.EXPORT_FORMAT, "version": saved_model.EXPORT_VERSION}
+    for table in model.table_views():
+        table.write_rows(0, table.rows, np.full((table.rows, table.dim), 0.25, np.float32))
+    saved_model.export(model, str(target))  # an earlier export is replaced whole
+    assert os.listdir(tmp_path / "exports") == ["model"]
+    features = {NUMERICAL_KEY: tf.constant(np.ones((2, 3), np.float32)),
+                CATEGORICAL_KEY: (tf.constant([1, 10]), tf.constant([0, 4]))}
+    np.testing.assert_allclose(saved_model.load_predict_fn(str(target))(features).numpy(),
+                               model(features, training=False).numpy(), rtol=1e-6)
+
+    real_save = tf.saved_model.save
+
+    def save_then_fail(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise OSError("disk full")
+
+    before = tree(tmp_path)
+    monkeypatch.setattr(tf.saved_model, "save", save_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        saved_model.export(model, str(target))
+    assert tree(tmp_path) == before  # the previous export intact, no temporary left
+    monkeypatch.undo()
+    (target / "notes.md").write_text("mine")
+    before = tree(tmp_path)
+    with pytest.raises(OutputPathError, match="export path .*model holds notes.md"):
+        saved_model.export(model, str(target))
+    assert tree(tmp_path) == before
+
+
+@pytest.fixture(scope="module")
+def stopped_early(tmp_path_factory):
+    """A 3-step run of a 12-step epoch (its evaluation would be at step 12): checkpoint and log."""
+    root = tmp_path_factory.mktemp("stopped_early")
+    result = main_py(SMALL + ["--max_steps", "3", "--save_checkpoint_path", str(root / "ckpt"),
+                              "--log_path", str(root / "log.json")])
+    assert_ok(result)
+    return root, result
+
+
+def test_run_stopped_before_any_evaluation_says_so(stopped_early):
+    root, result = stopped_early
+    record = final_record(root / "log.json")
+    assert record["evaluations"] == 0 and "auc" not in record and "validation_loss" not in record, record
+    assert record["train_loss"] > 0
+    assert "no evaluation ran before training ended (--max_steps 3" in result.stdout
+
+
+def test_training_exports_then_deploy_replaces_that_export(stopped_early, tmp_path):
+    root, _ = stopped_early
+    exported = tmp_path / "exports" / "model"
+    exported.mkdir(parents=True)
+    assert_ok(main_py(SMALL + ["--restore_checkpoint_path", str(root / "ckpt"), "--saved_model_output_path",
+                               str(exported), "--log_path", str(tmp_path / "log.json")]))
+    record = final_record(tmp_path / "log.json")
+    assert record["evaluations"] == 1 and 0.0 < record["auc"] < 1.0 and record["validation_loss"] > 0, record
+    assert (exported / saved_model.EXPORT_MARKER).is_file()
+    trained = (exported / "saved_model.pb").stat().st_mtime_ns
+    result = main_py(SMALL + ["--mode", "deploy", "--restore_checkpoint_path", str(root / "ckpt"),
+                              "--saved_model_output_path", str(exported), "--log_path", str(tmp_path / "log.json")])
+    assert_ok(result)
+    assert f"deployed to: {exported}" in result.stdout
+    assert (exported / "saved_model.pb").stat().st_mtime_ns != trained
+    assert (exported / saved_model.EXPORT_MARKER).is_file() and os.listdir(tmp_path / "exports") == ["model"]
+
+
+def test_inference_shorter_than_its_warmup_is_refused(stopped_early):
+    root, _ = stopped_early
+    before = tree(root)
+    result = main_py(SMALL + ["--mode", "inference", "--restore_checkpoint_path", str(root / "ckpt"),
+                              "--log_path", str(root / "inference.json")])
+    assert_refused(result.returncode, result.stderr,
+                   "after 10 warm-up batches but would run only 3: --max_steps -1, and the test data has 3 "
+                   "batches of --valid_batch_size 100", root, before)
+
+
+def test_bad_log_path_stops_every_rank_of_a_horovod_job(tmp_path):
+    before = tree(tmp_path)
+    result = run_horovod(["main.py", *SMALL, "--log_path", str(tmp_path)], np=2)
+    assert result.returncode != 0
+    assert "Process 0 exit with status code 2" in result.stdout and "Process 1 exit with status code 2" in result.stdout
+    rank_lines = [line for line in result.stderr.splitlines() if line.startswith(("[0]", "[1]"))]
+    message = f"error: --log_path {tmp_path} is a directory; a file path is expected"
+    assert [line for line in rank_lines if "error:" in line] == [f"[0]<stderr>:{message}", f"[1]<stderr>:{message}"]
+    # horovodrun itself raises when a rank fails; the ranks print no traceback
+    assert not any("Traceback" in line for line in rank_lines) and tree(tmp_path) == before
