@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
-                          NUMERICAL_DTYPE, FeatureSpec, is_external_path)
+                          NUMERICAL_DTYPE, FeatureSpec)
 from metrics import exact_auc
 from safe_io import OutputPathError, atomic_directory, check_replaceable
 
@@ -438,8 +438,8 @@ class SplitBinaryWriter:
         self.spec = spec
         self.spec_file_name = spec_file_name
         self.destination = os.path.abspath(spec.base_directory)
-        self._relative_paths = _dataset_files(spec)
         replace = self.check_destination(spec, overwrite, spec_file_name, output_name)
+        self._relative_paths = _dataset_files(spec)
         self._files: Dict[str, BinaryIO] = {}
         self._publish = atomic_directory(self.destination, replace=replace)
         self._staging = self._publish.__enter__()
@@ -450,6 +450,7 @@ class SplitBinaryWriter:
                           output_name: str = "output folder") -> bool:
         """Raise unless the dataset of `spec` may be written to its folder; return whether that
         folder exists (it is then replaced). Callers may check before expensive work."""
+        spec.check_feature_spec()  # among others: every file inside the folder, one file per chunk
         entries = {relative.split(os.sep)[0] for relative in _dataset_files(spec)}
         if (spec_file_name in entries | {"", os.curdir, os.pardir}
                 or os.path.basename(spec_file_name) != spec_file_name):
@@ -519,20 +520,9 @@ class _NotCommitted(Exception):
 
 
 def _dataset_files(spec: FeatureSpec) -> List[str]:
-    """The spec's data files, relative to its folder; each must stay inside it and serve one chunk."""
-    owners: Dict[str, str] = {}
-    for mapping, chunks in spec.source_spec.items():
-        for chunk in chunks:
-            relative = os.path.normpath(chunk[FILES_SELECTOR][0])
-            owner = f"mapping '{mapping}', features {chunk[FEATURES_SELECTOR]}"
-            where = f"{spec.path or spec.base_directory}: file {chunk[FILES_SELECTOR][0]!r} of {owner}"
-            if is_external_path(relative) or relative == os.curdir:
-                raise OutputPathError(f"{where} does not lie inside the dataset folder")
-            if relative in owners:
-                raise OutputPathError(f"{where} is also the file of {owners[relative]}; every chunk "
-                                      f"needs its own file")
-            owners[relative] = owner
-    return sorted(owners)
+    """The spec's data files, relative to its folder."""
+    return sorted({os.path.normpath(chunk[FILES_SELECTOR][0])
+                   for chunks in spec.source_spec.values() for chunk in chunks})
 
 
 # ------------------------------------------------------------------ synthetic teacher
@@ -624,10 +614,9 @@ def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_
                             output_name: str = "output folder") -> float:
     """Write teacher-labelled split-binary data for `spec` (all or nothing, see SplitBinaryWriter);
     store and return the test teacher AUC."""
-    spec.check_feature_spec()
-    teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
-    rng = np.random.default_rng(seed)
     with SplitBinaryWriter(spec, overwrite=overwrite, output_name=output_name) as writer:
+        teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
+        rng = np.random.default_rng(seed)
         test_labels, test_probabilities = [], []
         for mapping, total in (("train", num_train_samples), ("test", num_test_samples)):
             for start in range(0, total, chunk_samples):

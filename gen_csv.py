@@ -39,18 +39,16 @@ def generate_csv(spec_path: str, output_dir: str, size: int, seed: int = 0,
     if size < 1:
         raise ValueError(f"--size must be positive, got {size}")
     spec = FeatureSpec.from_yaml(spec_path)
-    spec.check_feature_spec(chunk_type=CSV)  # also keeps every file path inside the folder
+    spec.check_feature_spec(chunk_type=CSV)  # also: file paths inside the folder, one per chunk
     for name in spec.categorical_names:
         if not isinstance(spec.feature_spec[name].get(CARDINALITY_SELECTOR), int):
             raise FeatureSpecError(f"{spec_path}: feature '{name}' needs an integer cardinality to "
                                    f"generate ids, got {spec.feature_spec[name].get(CARDINALITY_SELECTOR)!r}")
     chunks = [chunk for mapping_chunks in spec.source_spec.values() for chunk in mapping_chunks]
     relative_paths = [os.path.normpath(chunk[FILES_SELECTOR][0]) for chunk in chunks]
-    names = relative_paths + [DEFAULT_SPEC_NAME]
-    repeated = sorted({p for p in names if names.count(p) > 1})
-    if repeated:
-        raise FeatureSpecError(f"{spec_path}: file {repeated[0]!r} would be written twice (by two "
-                               f"chunks, or as the spec copy); every output needs its own file")
+    if DEFAULT_SPEC_NAME in relative_paths:
+        raise FeatureSpecError(f"{spec_path}: a chunk's file is named {DEFAULT_SPEC_NAME!r}, the copy of "
+                               f"the spec written beside the CSV files; rename the chunk's file")
     refuse_overlap(output_dir, "--output", {"--feature_spec_in": spec_path})
     entries = {path.split(os.sep)[0] for path in relative_paths} | {DEFAULT_SPEC_NAME}
     replace = check_replaceable(output_dir, "--output", entries, overwrite)
