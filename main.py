@@ -226,9 +226,12 @@ def check_output_paths(opts: Any) -> None:
         check_export_target(opts.saved_model_output_path, "--saved_model_output_path")
 
 
-def check_paths_on_rank0(opts: Any, rank: int) -> None:
-    """Rank 0 writes every output, so it checks the paths; every rank raises its error, so the
-    whole job stops with one message instead of the other ranks hanging in a collective."""
+def output_paths_verdict(opts: Any, rank: int) -> Optional[str]:
+    """Rank 0's error about the output paths (None: usable), returned on every rank.
+
+    Rank 0 writes every output, so it checks them; every rank gets its verdict, so the whole job
+    stops with one message instead of the other ranks hanging in a collective.
+    """
     import distributed as dist
     from safe_io import OutputPathError
 
@@ -238,9 +241,7 @@ def check_paths_on_rank0(opts: Any, rank: int) -> None:
             check_output_paths(opts)
         except OutputPathError as error:
             message = str(error)
-    message = dist.broadcast_object(message, root_rank=0)
-    if message:
-        raise OutputPathError(message)
+    return dist.broadcast_object(message, root_rank=0)
 
 
 def _ints(values) -> list:
@@ -527,6 +528,12 @@ def user_error_types() -> tuple:
             ValueError, FileNotFoundError)
 
 
+def report_error(error: Any) -> int:
+    """One line on stderr for bad input; the exit code of such runs."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    return 2
+
+
 def run(argv) -> int:
     del argv
     if FLAGS.xla:
@@ -544,11 +551,14 @@ def run(argv) -> int:
     try:
         validate_flags(FLAGS, world_size, has_gpu)
         configure_tensorflow(dist.local_rank())
-        check_paths_on_rank0(FLAGS, rank)
+        verdict = output_paths_verdict(FLAGS, rank)
+        if verdict:
+            code = report_error(verdict)
+            dist.barrier()  # every rank has said why before any exits: horovodrun kills the rest at the first exit
+            return code
         run_mode(rank, world_size, logger)
     except user_error_types() as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 2
+        return report_error(error)
     finally:
         logger.close()
     return 0

@@ -186,9 +186,9 @@ def test_bad_log_path_stops_every_rank_of_a_horovod_job(tmp_path):
     before = tree(tmp_path)
     result = run_horovod(["main.py", *SMALL, "--log_path", str(tmp_path)], np=2)
     assert result.returncode != 0
-    assert "Process 0 exit with status code 2" in result.stdout and "Process 1 exit with status code 2" in result.stdout
+    assert "exit with status code 2" in result.stdout  # the first rank to exit; horovodrun then stops the other
     rank_lines = [line for line in result.stderr.splitlines() if line.startswith(("[0]", "[1]"))]
     message = f"error: --log_path {tmp_path} is a directory; a file path is expected"
-    assert [line for line in rank_lines if "error:" in line] == [f"[0]<stderr>:{message}", f"[1]<stderr>:{message}"]
+    assert sorted(line for line in rank_lines if "error:" in line) == [f"[0]<stderr>:{message}", f"[1]<stderr>:{message}"]
     # horovodrun itself raises when a rank fails; the ranks print no traceback
     assert not any("Traceback" in line for line in rank_lines) and tree(tmp_path) == before
