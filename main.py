@@ -61,9 +61,10 @@ flags.DEFINE_integer("profiler_start_step", None, "Start the TF profiler at this
 flags.DEFINE_integer("profiled_rank", 1, "Rank that runs the profiler")
 flags.DEFINE_integer("inter_op_parallelism", None, "TF inter-op thread count")
 flags.DEFINE_integer("intra_op_parallelism", None, "TF intra-op thread count")
-flags.DEFINE_integer("tf_gpu_memory_limit_gb", 26,
-                     "Memory budget (GiB) for device-resident tables; larger tables are offloaded to "
-                     "CPU memory. With --cpu every table is placed in CPU memory")
+flags.DEFINE_integer("tf_gpu_memory_limit_gb", None,
+                     "Memory budget (GiB) per rank for device-resident embedding state (tables, optimizer "
+                     "slots, update transients); what does not fit is kept in host memory. Default: the "
+                     "GPU's memory less a reserve (10%, at least 4 GiB). With --cpu every table is in host memory")
 flags.DEFINE_string("log_path", "dlrm_tf_log.json", "Path of the dllogger JSON log")
 flags.DEFINE_string("dataset_path", None, "Dataset directory (holds the feature spec)")
 flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name inside --dataset_path")
@@ -301,16 +302,36 @@ def build_pipelines(rank: int, world_size: int, compute_dtype, plan, spec):
         feature_spec=spec)
 
 
-def build_model_config(spec, interaction_name: str):
+def memory_budget(local_rank: int):
+    """The per-rank device budget for embedding state, with what each table costs there (§2.14)."""
+    import tensorflow as tf
+
+    from devices import gpu_total_memory_bytes
+    from optimizers import make_optimizers
+    from sharding import MemoryBudget, table_budget_from_device
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if FLAGS.cpu:
+        device_bytes = 0
+    elif FLAGS.tf_gpu_memory_limit_gb is not None:
+        device_bytes = FLAGS.tf_gpu_memory_limit_gb << 30
+    else:  # the GPU configure_tensorflow gave this rank; no GPU: tables stay where the ops run
+        total = gpu_total_memory_bytes(local_rank % len(gpus)) if gpus else None
+        device_bytes = None if total is None else table_budget_from_device(total)
+    return MemoryBudget(device_bytes=device_bytes, value_bytes=2 if FLAGS.fp16 else 4,
+                        optimizer_slots=len(make_optimizers(FLAGS.optimizer)[1].slot_names),
+                        update_rows=FLAGS.batch_size)
+
+
+def build_model_config(spec, interaction_name: str, host_tables):
     from model import DlrmConfig
 
-    budget = 0 if FLAGS.cpu else FLAGS.tf_gpu_memory_limit_gb * (1 << 30)
     return DlrmConfig(
         num_numerical_features=len(spec.numerical_names), cardinalities=spec.cardinalities,
         embedding_dim=FLAGS.embedding_dim, bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims),
         top_mlp_dims=_ints(FLAGS.top_mlp_dims), interaction=interaction_name,
         embedding_type=FLAGS.gpu_embedding_type, cpu_embedding_type=FLAGS.cpu_embedding_type,
-        embedding_device_budget_bytes=budget, embedding_trainable=FLAGS.embedding_trainable,
+        host_tables=list(host_tables), embedding_trainable=FLAGS.embedding_trainable,
         table_dtype="float16" if FLAGS.fp16 else "float32", seed=FLAGS.seed)
 
 
@@ -395,14 +416,13 @@ def build_model(spec, plan, rank: int, compute_dtype):
     interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
     print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
                 rank=rank)
-    config = build_model_config(spec, interaction_name)
+    config = build_model_config(spec, interaction_name, plan.host_tables(rank) if plan.world_size == 1 else [])
     embedding_layer = None
-    if plan is not None:
+    if plan.world_size > 1:
         from hybrid_embedding import HybridEmbedding
 
         embedding_layer = HybridEmbedding(plan, rank, data_parallel_input=FLAGS.data_parallel_input,
                                           output_dtype=compute_dtype, trainable=FLAGS.embedding_trainable,
-                                          device_budget_bytes=config.embedding_device_budget_bytes,
                                           seed=config.seed)
     model = Dlrm(config, embedding_layer)
     model.build_weights()
@@ -427,14 +447,15 @@ def run_mode(rank: int, world_size: int, logger) -> None:
     compute_dtype = tf.float16 if (FLAGS.amp or FLAGS.fp16) else tf.float32
     spec = load_feature_spec()
     plan = None
-    if world_size > 1 and not FLAGS.saved_model_input_path:
+    if not FLAGS.saved_model_input_path:
         from sharding import plan_sharding
 
         plan = plan_sharding(spec.cardinalities, FLAGS.embedding_dim, world_size, FLAGS.dist_strategy,
-                             FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
+                             FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
+                             memory_budget(dist.local_rank()))
         if FLAGS.print_sharding_plan:
             print_rank0(plan.describe(), rank=rank)
-    pipelines = build_pipelines(rank, world_size, compute_dtype, plan, spec)
+    pipelines = build_pipelines(rank, world_size, compute_dtype, plan if world_size > 1 else None, spec)
     if pipelines.teacher_auc is not None:
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
     batches = (inference_batches(FLAGS.max_steps, pipelines.eval_steps, FLAGS.valid_batch_size)
