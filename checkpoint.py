@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from embedding import TableView, row_chunks
-from safe_io import atomic_directory, check_output_dir, real_path
+from safe_io import OutputPathError, atomic_directory, check_output_dir, real_path
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -350,6 +350,23 @@ def model_mismatches(manifest: Manifest, model_config: Dict[str, Any], feature_n
     if manifest.feature_names != feature_names:
         lines.append(f"feature order: checkpoint {manifest.feature_names}, current {feature_names}")
     return lines
+
+
+def refuse_inside_checkpoints(path: str, name: str, root: Optional[str], root_name: str) -> None:
+    """A file written next to checkpoints (a log in the run's folder) is fine; one that is, contains,
+    or lies inside a checkpoint directory (or the temporary of one) under `root` is refused."""
+    if not root:
+        return
+    target, base = real_path(path), real_path(root)
+    if target == base or base.startswith(target.rstrip(os.sep) + os.sep):
+        raise OutputPathError(f"{name} {path} would overwrite {root_name} {root}")
+    if not target.startswith(base.rstrip(os.sep) + os.sep):
+        return
+    first = os.path.relpath(target, base).split(os.sep)[0]
+    if (os.path.isfile(os.path.join(base, MANIFEST)) or STEP_DIR.match(first) or first.startswith(".")
+            or os.path.isfile(os.path.join(base, first, MANIFEST))):
+        raise OutputPathError(f"{name} {path} lies inside a checkpoint of {root_name} {root}; "
+                              f"write it beside the checkpoints instead")
 
 
 def check_save_folder(root: str, model_config: Dict[str, Any], feature_names: List[str], lineage: str,

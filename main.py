@@ -206,7 +206,8 @@ def check_output_paths(opts: Any) -> None:
     Runs before any work: a bad log, checkpoint or export path costs one error line, not a run.
     The export may replace only an empty folder or an earlier export (saved_model.check_export_target).
     """
-    from safe_io import check_output_dir, check_output_file, refuse_overlap
+    import checkpoint
+    from safe_io import check_output_dir, refuse_overlap
     from saved_model import check_export_target
     from utils import check_log_file
 
@@ -214,11 +215,13 @@ def check_output_paths(opts: Any) -> None:
     inputs = {"--dataset_path": opts.dataset_path, "--feature_spec": spec_path,
               "--saved_model_input_path": opts.saved_model_input_path}
     restored = {"--restore_checkpoint_path": opts.restore_checkpoint_path}
-    if opts.log_path:
-        refuse_overlap(opts.log_path, "--log_path", inputs | restored)
+    if opts.log_path:  # a log may sit beside checkpoints (e.g. run1/log.json), never inside one
+        refuse_overlap(opts.log_path, "--log_path", inputs)
+        for flag in ("--restore_checkpoint_path", "--save_checkpoint_path"):
+            checkpoint.refuse_inside_checkpoints(opts.log_path, "--log_path", getattr(opts, flag[2:]), flag)
         check_log_file(opts.log_path, "--log_path")
     if opts.save_checkpoint_path:  # may equal the restored root: a resumed run saves next to it
-        refuse_overlap(opts.save_checkpoint_path, "--save_checkpoint_path", inputs | {"--log_path": opts.log_path})
+        refuse_overlap(opts.save_checkpoint_path, "--save_checkpoint_path", inputs)
         check_output_dir(opts.save_checkpoint_path, "--save_checkpoint_path")
     if opts.saved_model_output_path:
         refuse_overlap(opts.saved_model_output_path, "--saved_model_output_path",

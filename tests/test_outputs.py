@@ -38,13 +38,16 @@ DEPLOY = ["--mode", "deploy", "--restore_checkpoint_path", "{t}/ckpt"]
     (DATA + ["--log_path", "{t}/data/feature_spec.yaml"],
      "--log_path {t}/data/feature_spec.yaml lies inside --dataset_path {t}/data"),
     (["--mode", "eval", "--restore_checkpoint_path", "{t}/ckpt", "--log_path", f"{{t}}/ckpt/{STEP}/manifest.json"],
-     f"--log_path {{t}}/ckpt/{STEP}/manifest.json lies inside --restore_checkpoint_path {{t}}/ckpt"),
+     f"--log_path {{t}}/ckpt/{STEP}/manifest.json lies inside a checkpoint of --restore_checkpoint_path {{t}}/ckpt"),
+    (["--save_checkpoint_path", "{t}/ckpt", "--log_path", f"{{t}}/ckpt/{STEP}/log.json"],
+     f"--log_path {{t}}/ckpt/{STEP}/log.json lies inside a checkpoint of --save_checkpoint_path {{t}}/ckpt"),
     (["--log_path", "{t}/notes.txt"], "--log_path {t}/notes.txt exists and is not a dllogger log"),
     (["--log_path", "{t}/full"], "--log_path {t}/full is a directory"),
     (["--log_path", "{t}/a_file/log.json"], "{t}/a_file is a file, not a directory"),
     (["--save_checkpoint_path", "{t}/a_file"], "--save_checkpoint_path {t}/a_file exists and is not a directory"),
     (DATA + ["--save_checkpoint_path", "{t}/data"], "--save_checkpoint_path {t}/data is --dataset_path"),
-    (["--save_checkpoint_path", "{t}"], "--save_checkpoint_path {t} contains --log_path"),
+    (["--save_checkpoint_path", "{t}/run", "--log_path", "{t}/run"],
+     "--log_path {t}/run would overwrite --save_checkpoint_path {t}/run"),
     (["--saved_model_output_path", "{t}/c", "--save_checkpoint_path", "{t}/c"],
      "--saved_model_output_path {t}/c is --save_checkpoint_path"),
     (DEPLOY + ["--saved_model_output_path", "{t}/full"],
@@ -192,3 +195,12 @@ def test_bad_log_path_stops_every_rank_of_a_horovod_job(tmp_path):
     assert sorted(line for line in rank_lines if "error:" in line) == [f"[0]<stderr>:{message}", f"[1]<stderr>:{message}"]
     # horovodrun itself raises when a rank fails; the ranks print no traceback
     assert not any("Traceback" in line for line in rank_lines) and tree(tmp_path) == before
+
+
+def test_log_beside_the_checkpoints_of_its_run(tmp_path):
+    run = tmp_path / "run1"
+    args = SMALL + ["--save_checkpoint_path", str(run), "--log_path", str(run / "log.json")]
+    assert_ok(main_py(args + ["--max_steps", "2"]))
+    assert_ok(main_py(args + ["--max_steps", "4", "--restore_checkpoint_path", str(run)]))
+    assert sorted(os.listdir(run)) == ["log.json", "step_000000002", "step_000000004"]
+    assert final_record(run / "log.json")["evaluations"] == 0
