@@ -86,9 +86,23 @@ class Trainer:
         self._model_parallel = {id(v) for v in model.embedding.model_parallel_variables}
         dense_optimizer.build(model.dense_variables)
         embedding_optimizer.build(model.embedding_variables)
+        with tf.device("/CPU:0"):
+            self.first_nonfinite_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
         self.train_step = tf.function(self._train_step)
 
+    def check_finite(self) -> None:
+        """Raise NonFiniteLossError if any step so far had a NaN/Inf loss.
+
+        The step records that on the device, so the host reads it only here: at progress lines,
+        before evaluations and checkpoints, and at the end, never once per step.
+        """
+        first = int(self.first_nonfinite_step.numpy())
+        if first >= 0:
+            raise NonFiniteLossError(f"training loss became NaN or Inf at step {first}; stopping without "
+                                     f"writing a checkpoint (the last one saved is intact)")
+
     def _train_step(self, features: Dict[str, tf.Tensor], labels: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        step = self.scheduler.step.read_value()
         learning_rate = self.scheduler.advance()
         dense_vars, embedding_vars = self.model.dense_variables, self.model.embedding_variables
         with tf.GradientTape() as tape:
@@ -107,7 +121,10 @@ class Trainer:
         else:
             self.dense_optimizer.apply(dense_pairs, learning_rate)
             self.embedding_optimizer.apply(embedding_pairs, learning_rate)
-        return dist.allreduce(loss, name="train_loss"), learning_rate
+        loss = dist.allreduce(loss, name="train_loss")
+        first_bad = self.first_nonfinite_step.read_value()
+        self.first_nonfinite_step.assign(tf.where((first_bad < 0) & ~tf.math.is_finite(loss), step, first_bad))
+        return loss, learning_rate
 
     def _reduce_embedding_gradients(self, gradients, variables: Sequence[tf.Variable]) -> list:
         """Model-parallel pieces: local, scaled by 1/W (every rank's local-mean loss reaches them
@@ -168,10 +185,15 @@ class Evaluator:
                else metrics.exact_auc(labels, logits))
         return EvalResult(auc=auc, loss=metrics.log_loss_from_logits(labels, logits), num_samples=labels.size)
 
+    def _score_once(self, logits: np.ndarray, labels: np.ndarray) -> EvalResult:
+        """The metrics computed on rank 0 alone (an exact AUC sorts every sample) and sent to all."""
+        result = self._score(logits, labels) if dist.rank() == 0 else None
+        return dist.broadcast_object(result, root_rank=0) if dist.size() > 1 else result
+
     def evaluate(self, dataset: tf.data.Dataset) -> EvalResult:
         """AUC and log loss over every sample of every rank."""
         logits, labels = self._gather_predictions(dataset)
-        return self._score(logits, labels)
+        return self._score_once(logits, labels)
 
     def benchmark_inference(self, dataset: tf.data.Dataset, max_batches: int,
                             warmup_batches: int = 10) -> Tuple[List[float], EvalResult]:
@@ -182,7 +204,7 @@ class Evaluator:
         """
         latencies: List[float] = []
         logits, labels = self._gather_predictions(dataset, max_batches, latencies)
-        return latencies[warmup_batches:], self._score(logits, labels)
+        return latencies[warmup_batches:], self._score_once(logits, labels)
 
 
 @dataclass
@@ -217,34 +239,48 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     while step < total_steps:
         epoch, offset = divmod(step, config.steps_per_epoch)
         epoch_start = step
-        batches = train_dataset.skip(offset).take(min(config.steps_per_epoch - offset, total_steps - step))
+        batches = prefetch_to_device(train_dataset.skip(offset).take(min(config.steps_per_epoch - offset,
+                                                                         total_steps - step)))
         for features, labels in batches:
             _maybe_profile(config, step, rank)
             loss, learning_rate = trainer.train_step(features, labels)
-            train_loss = float(loss.numpy())
-            if not math.isfinite(train_loss):
-                raise NonFiniteLossError(f"training loss is {train_loss} at step {step} (epoch {epoch}); "
-                                         f"stopping without writing a checkpoint")
             timer.step_done(step)
             in_epoch = step - epoch * config.steps_per_epoch
             step += 1
             if config.print_freq > 0 and step % config.print_freq == 0:
+                trainer.check_finite()
+                train_loss = float(loss.numpy())  # the window's one host synchronisation
                 window = timer.close_window()
                 if window is not None:
                     print_rank0(f"step={step}, throughput={config.global_batch_size / window / 1e6:.3f}M, "
                                 f"step_time={window * 1000:.3f} ms, learning_rate={float(learning_rate):.4f}, "
                                 f"loss={train_loss:.8f},", rank=rank)
             if in_epoch in points:
+                trainer.check_finite()
                 result = evaluator.evaluate(test_dataset)
                 evaluations.append(result)
                 print_rank0(f"Evaluation completed, AUC: {result.auc:.6f}, test_loss: {result.loss:.6f}, "
                             f"step: {step}, samples: {result.num_samples}", rank=rank)
             if save_checkpoint and config.checkpoint_every_n_steps > 0 and step % config.checkpoint_every_n_steps == 0:
+                trainer.check_finite()
                 save_checkpoint(step)
         if step == epoch_start:
             raise RuntimeError(f"the training data yielded no batch at step {step} (epoch {epoch}, batch {offset})")
+    trainer.check_finite()
+    if step > start_step:
+        train_loss = float(loss.numpy())
     return TrainResult(steps=step, mean_step_time_s=timer.mean_step_time(), train_loss=train_loss,
                        evaluations=evaluations)
+
+
+def prefetch_to_device(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """On a GPU, stage the next batches in device memory while the current step runs, so the
+    host-to-device copy overlaps the step; on the CPU the dataset is returned as it is. Must be the
+    pipeline's last transformation."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        return dataset
+    return dataset.apply(tf.data.experimental.prefetch_to_device(gpus[0].name, buffer_size=2))
 
 
 def _maybe_profile(config: LoopConfig, step: int, rank: int) -> None:

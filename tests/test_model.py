@@ -167,3 +167,25 @@ def test_adam_slots_are_created_without_a_full_size_temporary():
     assert_ok(result)
     growth = float(result.stdout.strip().splitlines()[-1])  # in table sizes: m and v are 2
     assert 1.9 < growth < 2.5, growth
+
+
+def test_non_finite_loss_is_read_at_print_points_and_before_checkpoints():
+    """The step keeps the first NaN step on the device; the loop reads it only at progress lines,
+    evaluations and checkpoints, and stops before saving anything after it."""
+    from lr_scheduler import LearningRateScheduler
+    from trainer import Evaluator, LoopConfig, NonFiniteLossError, Trainer, train_loop
+
+    config = _config()
+    model = Dlrm(config)
+    model.build_weights()
+    trainer = Trainer(model, *make_optimizers("sgd"), LearningRateScheduler(0.1, 0, 1000, 1000))
+    features = _batch(config, batch=8)
+    labels = [0.0, 0.0, float("nan"), 0.0, 0.0, 0.0, 0.0, 0.0]  # a NaN label makes step 2's loss NaN
+    data = tf.data.Dataset.from_tensor_slices(labels).map(lambda label: (features, tf.fill([8, 1], label)))
+    saved = []
+    loop = LoopConfig(epochs=1, steps_per_epoch=len(labels), global_batch_size=8, evals_per_epoch=0,
+                      print_freq=4, checkpoint_every_n_steps=2)
+    with pytest.raises(NonFiniteLossError, match="NaN or Inf at step 2"):
+        train_loop(trainer, Evaluator.for_model(model), data, data, loop, save_checkpoint=saved.append)
+    assert saved == [2]  # the save after step 4 found the flag set; nothing after the NaN was written
+    assert int(trainer.scheduler.step.numpy()) == 4  # no per-step read stopped it earlier than a check point
