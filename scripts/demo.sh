@@ -27,9 +27,19 @@ DEMO_DIR="${DEMO_DIR:-${REPO_DIR}/demo_output}"
 EPOCHS="${DEMO_EPOCHS:-3}"
 NP="${DEMO_NP:-2}"
 DATA="${DEMO_DIR}/data"
-rm -rf "${DEMO_DIR}"
+MARKER="${DEMO_DIR}/.dlrm_demo_output"
+if [[ -e "${DEMO_DIR}" ]]; then  # replace only an earlier demo's output (or an empty folder)
+  if [[ -f "${MARKER}" || -z "$(ls -A "${DEMO_DIR}")" ]]; then
+    rm -rf "${DEMO_DIR}"
+  else
+    echo "error: DEMO_DIR ${DEMO_DIR} exists and is not an earlier demo's output; refusing to delete it" >&2
+    exit 2
+  fi
+fi
 mkdir -p "${DEMO_DIR}"
+touch "${MARKER}"
 
+# shellcheck disable=SC2054  # the commas are inside flag values (64,16), not array separators
 MODEL=(--embedding_dim 16 --bottom_mlp_dims 64,16 --top_mlp_dims 128,64,1 --optimizer adam
        --learning_rate 0.01 --warmup_steps 50 --decay_start_step 100000 --batch_size 1024
        --valid_batch_size 4096 --dataset_path "${DATA}" --cpu)

@@ -204,3 +204,13 @@ def test_log_beside_the_checkpoints_of_its_run(tmp_path):
     assert_ok(main_py(args + ["--max_steps", "4", "--restore_checkpoint_path", str(run)]))
     assert sorted(os.listdir(run)) == ["log.json", "step_000000002", "step_000000004"]
     assert final_record(run / "log.json")["evaluations"] == 0
+
+
+def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path):
+    import subprocess
+
+    (tmp_path / "thesis.tex").write_text("years of work\n")
+    result = subprocess.run(["bash", "scripts/demo.sh"], cwd=os.path.dirname(os.path.dirname(__file__)),
+                            env=dict(os.environ, DEMO_DIR=str(tmp_path)), capture_output=True, text=True)
+    assert result.returncode == 2 and "is not an earlier demo's output; refusing to delete it" in result.stderr
+    assert os.listdir(tmp_path) == ["thesis.tex"]
