@@ -5,6 +5,7 @@ A component that is absent skips the test with the reason, except under CI (`CI=
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -74,3 +75,27 @@ def run_python(args: List[str], timeout: int = 300, env: Optional[Dict[str, str]
     """Run `python args...` as one process (no launcher), from the repo root unless `cwd` is given."""
     return subprocess.run([sys.executable, *args], cwd=cwd or REPO_ROOT, env=launch_env(env),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def snapshot(root) -> Dict[str, Optional[str]]:
+    """Every path under `root` (hidden ones too): None for a folder, else the sha256 of its bytes.
+
+    Compared before and after a refused command, it shows the file system was left unchanged.
+    """
+    found: Dict[str, Optional[str]] = {}
+    for folder, dirs, files in os.walk(str(root)):
+        found.update({os.path.relpath(os.path.join(folder, d), str(root)): None for d in dirs})
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                found[os.path.relpath(os.path.join(folder, name), str(root))] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def assert_one_error(result: subprocess.CompletedProcess, *fragments: str, code: Optional[int] = None) -> None:
+    """A refusal: non-zero exit (`code` if given), no traceback, one `error:` line holding every fragment."""
+    assert result.returncode != 0 if code is None else result.returncode == code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]

@@ -21,7 +21,7 @@ import tensorflow as tf
 import checkpoint
 from checkpoint import CheckpointError
 from embedding import CHUNK_BYTES, TableSlice
-from multiproc import REPO_ROOT, assert_ok, launch_env
+from multiproc import REPO_ROOT, assert_ok, assert_one_error, launch_env, snapshot
 from safe_io import OutputPathError
 from test_main import SMALL, main_py
 
@@ -78,18 +78,6 @@ def replace_array(path, relative, array):
     edit_manifest(path, record)
 
 
-def tree(root):
-    """Every entry under `root` (hidden ones too) with a digest of its content."""
-    entries = {}
-    for directory, subdirs, files in os.walk(str(root)):
-        for name in subdirs:
-            entries[os.path.relpath(os.path.join(directory, name), str(root))] = "dir"
-        for name in files:
-            with open(os.path.join(directory, name), "rb") as f:
-                entries[os.path.relpath(os.path.join(directory, name), str(root))] = hashlib.sha256(f.read()).hexdigest()
-    return entries
-
-
 def steps_in(root):
     return [(int(os.path.basename(p)[5:]), checkpoint.read_manifest(p).lineage)
             for p in checkpoint.list_checkpoints(str(root))]
@@ -118,13 +106,13 @@ def test_save_never_overwrites_another_lineage_and_replaces_its_own_whole(tmp_pa
     write(root, 3, "other")
     make_legacy(write(root, 4, "old"))
     (root / "step_000000005").mkdir()  # made by hand: no manifest
-    before = tree(root)
+    before = snapshot(root)
     for step, reason in ((3, "belongs to another run"), (4, "belongs to another run"),
                          (5, "is not a readable checkpoint")):
         final = root / f"step_{step:09d}"
         with pytest.raises(CheckpointError, match=f"^{re.escape(str(final))} already exists and {reason}"):
             checkpoint.save(str(root), step, tiny_state(step=step), "mine")
-    assert tree(root) == before
+    assert snapshot(root) == before
     write(root, 6, "mine", tiny_state(seed=1, step=6))
     write(root, 6, "mine", tiny_state(seed=2, step=6))
     restored = tiny_state(seed=3)
@@ -136,7 +124,7 @@ def test_save_never_overwrites_another_lineage_and_replaces_its_own_whole(tmp_pa
 def test_writer_failure_leaves_no_partial_output(tmp_path):
     root = tmp_path / "ckpt"
     write(root, 1, "mine")
-    before = tree(root)
+    before = snapshot(root)
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (500, limit[1]))  # the first table (928 bytes) cannot be written
@@ -147,13 +135,13 @@ def test_writer_failure_leaves_no_partial_output(tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limit)
         signal.signal(signal.SIGXFSZ, handler)
-    assert tree(root) == before
+    assert snapshot(root) == before
     bad = tiny_state(step=2)
     bad.tables[1].variable[3, 1].assign(float("inf"))
     with pytest.raises(CheckpointError, match=re.escape(f"{root / 'step_000000002' / 'embeddings/feature_1.npy'}: "
                                                        f"holds NaN or Inf values (rows 0-19)")):
         checkpoint.save(str(root), 2, bad, "mine")
-    assert tree(root) == before
+    assert snapshot(root) == before
 
 
 # ---- the save folder, checked before training ----
@@ -197,20 +185,20 @@ def test_save_folder_refusals(tmp_path, prepare, resumed_from, message):
         resumed = checkpoint.read_manifest(str(root / "step_000000005"))
     elif resumed_from == "elsewhere":
         resumed = checkpoint.read_manifest(write(tmp_path / "elsewhere", 5, "mine"))
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     lineage = checkpoint.run_lineage(resumed)
     with pytest.raises(CheckpointError) as raised:
         checkpoint.check_save_folder(str(root), CONFIG, NAMES, lineage, resumed, "--save_checkpoint_path")
     text = str(raised.value)
     assert text.startswith(f"--save_checkpoint_path {root} ") and message.format(root=root) in text
-    assert "\n" not in text and tree(tmp_path) == before
+    assert "\n" not in text and snapshot(tmp_path) == before
 
 
 def test_save_folder_acceptances_write_nothing(tmp_path):
     def check(root, resumed=None):
-        before = tree(tmp_path)
+        before = snapshot(tmp_path)
         checkpoint.check_save_folder(str(root), CONFIG, NAMES, checkpoint.run_lineage(resumed), resumed, "--s")
-        assert tree(tmp_path) == before
+        assert snapshot(tmp_path) == before
 
     check(tmp_path / "new" / "deeper")
     assert not (tmp_path / "new").exists()
@@ -277,12 +265,12 @@ def _drop_entry_field(field):
 def test_hand_edited_manifest_is_refused_naming_field_and_file(tmp_path, change, message):
     path = write(tmp_path / "ckpt", 5, "mine")
     edit_manifest(path, change)
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     with pytest.raises(CheckpointError) as raised:
         checkpoint.restore(checkpoint.open_checkpoint(str(tmp_path / "ckpt")), tiny_state(seed=1))
     text = str(raised.value)
     assert text.startswith(os.path.join(path, checkpoint.MANIFEST)) and message in text and "\n" not in text
-    assert tree(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_unparsable_or_missing_entries_are_refused(tmp_path):
@@ -380,15 +368,6 @@ def test_nothing_left_to_train_is_an_error_unless_asked(tmp_path, step, total, m
 
 # ---- end to end through main.py ----
 
-def assert_one_error_line(result, *fragments):
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A SMALL run's checkpoints at steps 3 and 6 (read only: tests copy it)."""
@@ -401,12 +380,12 @@ def trained(tmp_path_factory):
 def test_fresh_run_into_a_used_folder_is_refused_and_resuming_in_place_prunes_only_its_lineage(tmp_path, trained):
     root = tmp_path / "ckpt"
     shutil.copytree(trained, root)
-    before = tree(root)
+    before = snapshot(root)
     result = main_py(SMALL + ["--save_checkpoint_path", str(root), "--log_path", str(tmp_path / "logs" / "1.json")])
-    assert_one_error_line(result, f"--save_checkpoint_path {root} holds checkpoints of another run (step_000000003); "
-                                  f"resume with --restore_checkpoint_path {root}, or choose an empty folder")
+    assert_one_error(result, f"--save_checkpoint_path {root} holds checkpoints of another run (step_000000003); "
+                                  f"resume with --restore_checkpoint_path {root}, or choose an empty folder", code=2)
     assert "checkpoint saved" not in result.stdout
-    assert tree(root) == before
+    assert snapshot(root) == before
     lineage = checkpoint.read_manifest(str(root / "step_000000006")).lineage
     make_legacy(write(root, 1, "old"))  # another model's pre-lineage checkpoint: never pruned
     assert_ok(main_py(SMALL + ["--restore_checkpoint_path", str(root), "--save_checkpoint_path", str(root),
@@ -418,31 +397,31 @@ def test_fresh_run_into_a_used_folder_is_refused_and_resuming_in_place_prunes_on
 def test_save_folder_of_another_model_is_refused_unless_resumed_from(tmp_path):
     root = tmp_path / "ckpt"
     write(root, 3, "other")
-    before = tree(root)
+    before = snapshot(root)
     result = main_py(SMALL + ["--save_checkpoint_path", str(root), "--log_path", str(tmp_path / "1.json")])
-    assert_one_error_line(result, f"--save_checkpoint_path {root} holds checkpoints of another model (step_000000003: ",
-                          ": checkpoint ", ", current ")
-    assert tree(root) == before
+    assert_one_error(result, f"--save_checkpoint_path {root} holds checkpoints of another model (step_000000003: ",
+                          ": checkpoint ", ", current ", code=2)
+    assert snapshot(root) == before
     result = main_py(SMALL + ["--restore_checkpoint_path", str(root), "--save_checkpoint_path", str(root),
                               "--log_path", str(tmp_path / "2.json")])
-    assert_one_error_line(result, f"{root / 'step_000000003'}: the checkpoint was written for a different model: ")
-    assert tree(root) == before
+    assert_one_error(result, f"{root / 'step_000000003'}: the checkpoint was written for a different model: ", code=2)
+    assert snapshot(root) == before
 
 
 def test_resuming_past_max_steps_and_a_bad_manifest_are_one_line_errors(tmp_path, trained):
     root = tmp_path / "ckpt"
     shutil.copytree(trained, root)
     edit_manifest(root / "step_000000003", _set("step", "three"))
-    before = tree(root)
+    before = snapshot(root)
     result = main_py(SMALL + ["--restore_checkpoint_path", str(root), "--max_steps", "4", "--save_checkpoint_path",
                               str(tmp_path / "out"), "--log_path", str(tmp_path / "logs" / "1.json")])
-    assert_one_error_line(result, f"{root / 'step_000000006'}: the checkpoint is at step 6, at or beyond the end of "
-                                  f"training (--max_steps 4, ", "pass --max_steps 6 to re-save it")
+    assert_one_error(result, f"{root / 'step_000000006'}: the checkpoint is at step 6, at or beyond the end of "
+                                  f"training (--max_steps 4, ", "pass --max_steps 6 to re-save it", code=2)
     result = main_py(SMALL + ["--mode", "eval", "--restore_checkpoint_path", str(root / "step_000000003"),
                               "--log_path", str(tmp_path / "logs" / "2.json")])
-    assert_one_error_line(result, f"{root / 'step_000000003' / 'manifest.json'}: step must be a non-negative "
-                                  f"integer, got 'three'")
-    assert tree(root) == before and not (tmp_path / "out").exists()
+    assert_one_error(result, f"{root / 'step_000000003' / 'manifest.json'}: step must be a non-negative "
+                                  f"integer, got 'three'", code=2)
+    assert snapshot(root) == before and not (tmp_path / "out").exists()
 
 
 def test_full_disk_during_save_leaves_nothing_behind(tmp_path):
@@ -459,5 +438,5 @@ def test_full_disk_during_save_leaves_nothing_behind(tmp_path):
                             env=launch_env({"PYTHONDONTWRITEBYTECODE": "1", "PMIX_MCA_gds": "hash"}),
                             capture_output=True, text=True,
                             timeout=300, preexec_fn=limit_file_size)
-    assert_one_error_line(result, f"{root / 'step_000000002'}: cannot write the checkpoint: [Errno 27] File too large")
+    assert_one_error(result, f"{root / 'step_000000002'}: cannot write the checkpoint: [Errno 27] File too large", code=2)
     assert not root.exists() or os.listdir(root) == []

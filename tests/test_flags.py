@@ -1,27 +1,14 @@
 """main.py flags: every bad value or combination is one error line naming the flag, exit 2, no
 traceback, and nothing written. Checks that stop before any work run `main.run` in this process
 (its real error path, milliseconds per case); the rest run main.py as a subprocess."""
-import os
-
 import pytest
 from absl import flags
 
 import main
+from multiproc import snapshot
 from test_main import SMALL, main_py
 
 FLAGS = flags.FLAGS
-
-
-def tree(root):
-    """Every path under `root`: folders by name, files with their size and modification time."""
-    entries = {}
-    for directory, subdirs, files in os.walk(root):
-        for name in subdirs:
-            entries[os.path.relpath(os.path.join(directory, name), root)] = "folder"
-        for name in files:
-            info = os.lstat(os.path.join(directory, name))
-            entries[os.path.relpath(os.path.join(directory, name), root)] = (info.st_size, info.st_mtime_ns)
-    return entries
 
 
 def assert_refused(code, stderr, message, root, before):
@@ -30,7 +17,7 @@ def assert_refused(code, stderr, message, root, before):
     errors = [line for line in stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0], stderr[-3000:]
     assert "Traceback" not in stderr
-    assert tree(root) == before
+    assert snapshot(root) == before
 
 
 def run_in_process(args, capsys):
@@ -46,7 +33,7 @@ def run_in_process(args, capsys):
 
 def refused_in_process(args, message, tmp_path, capsys):
     """A flag error caught before any work: `main.run` refuses and `tmp_path` stays as it was."""
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     code, stderr = run_in_process(SMALL + ["--log_path", str(tmp_path / "log.json")] + args, capsys)
     assert_refused(code, stderr, message, tmp_path, before)
 
@@ -149,6 +136,6 @@ def test_boundary_values_are_accepted(args):
     (["--restore_checkpoint_path", "/nonexistent/ckpt"], "/nonexistent/ckpt: no checkpoint found"),
 ], ids=["validated", "model config", "restore"])
 def test_main_py_exits_2_with_one_error_line(tmp_path, args, message):
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     result = main_py(SMALL + args + ["--log_path", str(tmp_path / "log.json")], timeout=180)
     assert_refused(result.returncode, result.stderr, message, tmp_path, before)

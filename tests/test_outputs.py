@@ -9,9 +9,9 @@ import tensorflow as tf
 
 import saved_model
 from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
-from multiproc import assert_ok, run_horovod
+from multiproc import assert_ok, run_horovod, snapshot
 from safe_io import OutputPathError
-from test_flags import assert_refused, refused_in_process, tree
+from test_flags import assert_refused, refused_in_process
 from test_main import SMALL, final_record, main_py
 from utils import DllLogger, check_log_file
 
@@ -126,17 +126,17 @@ def test_export_writes_a_marker_and_replaces_only_its_own_exports(tmp_path, monk
         real_save(*args, **kwargs)
         raise OSError("disk full")
 
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     monkeypatch.setattr(tf.saved_model, "save", save_then_fail)
     with pytest.raises(OSError, match="disk full"):
         saved_model.export(model, str(target))
-    assert tree(tmp_path) == before  # the previous export intact, no temporary left
+    assert snapshot(tmp_path) == before  # the previous export intact, no temporary left
     monkeypatch.undo()
     (target / "notes.md").write_text("mine")
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     with pytest.raises(OutputPathError, match="export path .*model holds notes.md"):
         saved_model.export(model, str(target))
-    assert tree(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_training_exports_then_deploy_replaces_that_export(stopped_early, tmp_pa
 
 def test_inference_shorter_than_its_warmup_is_refused(stopped_early):
     root, _ = stopped_early
-    before = tree(root)
+    before = snapshot(root)
     result = main_py(SMALL + ["--mode", "inference", "--restore_checkpoint_path", str(root / "ckpt"),
                               "--log_path", str(root / "inference.json")])
     assert_refused(result.returncode, result.stderr,
@@ -186,7 +186,7 @@ def test_inference_shorter_than_its_warmup_is_refused(stopped_early):
 
 
 def test_bad_log_path_stops_every_rank_of_a_horovod_job(tmp_path):
-    before = tree(tmp_path)
+    before = snapshot(tmp_path)
     result = run_horovod(["main.py", *SMALL, "--log_path", str(tmp_path)], np=2)
     assert result.returncode != 0
     assert "exit with status code 2" in result.stdout  # the first rank to exit; horovodrun then stops the other
@@ -194,7 +194,7 @@ def test_bad_log_path_stops_every_rank_of_a_horovod_job(tmp_path):
     message = f"error: --log_path {tmp_path} is a directory; a file path is expected"
     assert sorted(line for line in rank_lines if "error:" in line) == [f"[0]<stderr>:{message}", f"[1]<stderr>:{message}"]
     # horovodrun itself raises when a rank fails; the ranks print no traceback
-    assert not any("Traceback" in line for line in rank_lines) and tree(tmp_path) == before
+    assert not any("Traceback" in line for line in rank_lines) and snapshot(tmp_path) == before
 
 
 def test_log_beside_the_checkpoints_of_its_run(tmp_path):

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import criteo_synth  # noqa: E402
+from multiproc import assert_one_error, snapshot  # noqa: E402
 from feature_spec import FeatureSpec, get_categorical_feature_type  # noqa: E402
 
 HAVE_SPARK = shutil.which("java") is not None and importlib.util.find_spec("pyspark") is not None
@@ -415,29 +416,9 @@ def test_total_random_order_is_seeded(spark_utils, tmp_path):
 
 
 # ----------------------------------------------------------------------------- safe outputs (issue 12)
-def snapshot(root) -> Dict[str, object]:
-    """Every path under `root` (hidden ones included) with its bytes, or None for a folder."""
-    found: Dict[str, object] = {}
-    for folder, dirs, files in os.walk(root):
-        found.update({os.path.relpath(os.path.join(folder, d), root): None for d in dirs})
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as f:
-                found[os.path.relpath(os.path.join(folder, name), root)] = f.read()
-    return found
-
-
 def run_preproc_script(script: str, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, os.path.join(PREPROC, script), *map(str, args)], env=_environment(),
                           capture_output=True, text=True, timeout=300)
-
-
-def assert_one_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode != 0, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
 
 
 def write_spark_like_output(folder, rows_per_part=(3, 2)) -> None:
