@@ -11,7 +11,6 @@ import metrics
 from lr_scheduler import LearningRateScheduler, learning_rate_at
 from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
 from optimizers import SGD, Adam, make_optimizers
-from multiproc import assert_ok, run_python
 from trainer import eval_points
 
 
@@ -149,24 +148,6 @@ def test_eval_points_spread_over_the_epoch():
     assert eval_points(10, 4) == [2, 4, 7, 9]
     assert eval_points(10, 0) == []
 
-
-SLOT_PROBE = """
-import resource
-import tensorflow as tf
-from optimizers import make_optimizers
-table = tf.Variable(tf.zeros([1 << 20, 64]))  # 256 MiB
-tf.zeros([1])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-make_optimizers("adam")[1].build([table])
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / (1 << 28))
-"""
-
-
-def test_adam_slots_are_created_without_a_full_size_temporary():
-    result = run_python(["-c", SLOT_PROBE])
-    assert_ok(result)
-    growth = float(result.stdout.strip().splitlines()[-1])  # in table sizes: m and v are 2
-    assert 1.9 < growth < 2.5, growth
 
 
 def test_non_finite_loss_is_read_at_print_points_and_before_checkpoints():
