@@ -34,7 +34,7 @@ import tensorflow as tf
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
                           NUMERICAL_DTYPE, FeatureSpec)
 from metrics import exact_auc
-from safe_io import OutputPathError, atomic_directory, check_replaceable
+from safe_io import OutputPathError, StagedDirectory, check_replaceable
 
 BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without copying
 PREFETCH_BATCHES = 2
@@ -425,7 +425,7 @@ def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
 class SplitBinaryWriter:
     """Writes one dataset folder (spec + train/test files), all or nothing.
 
-    The files grow in a hidden temporary sibling of the destination (`safe_io.atomic_directory`);
+    The files grow in a hidden temporary sibling of the destination (`safe_io.StagedDirectory`);
     `commit` writes the spec there and renames the folder into place. An exception in the `with`
     block (KeyboardInterrupt included), or leaving it without `commit`, deletes the temporary folder
     and leaves the destination as it was. A destination holding anything is refused unless
@@ -441,8 +441,8 @@ class SplitBinaryWriter:
         replace = self.check_destination(spec, overwrite, spec_file_name, output_name)
         self._relative_paths = _dataset_files(spec)
         self._files: Dict[str, BinaryIO] = {}
-        self._publish = atomic_directory(self.destination, replace=replace)
-        self._staging = self._publish.__enter__()
+        self._staged: Optional[StagedDirectory] = StagedDirectory(self.destination, replace=replace)
+        self._staging = self._staged.path
 
     @staticmethod
     def check_destination(spec: FeatureSpec, overwrite: bool = False,
@@ -490,19 +490,16 @@ class SplitBinaryWriter:
                 os.makedirs(os.path.dirname(staged), exist_ok=True)
                 open(staged, "wb").close()
         self.spec.to_yaml(os.path.join(self._staging, self.spec_file_name))
-        publish, self._publish = self._publish, None
-        publish.__exit__(None, None, None)
+        staged, self._staged = self._staged, None
+        staged.publish()
         return os.path.join(self.destination, self.spec_file_name)
 
     def abort(self) -> None:
-        """Drop everything written so far; the destination stays as it was."""
-        self._discard(_NotCommitted, None, None)
-
-    def _discard(self, exc_type, exc, traceback) -> None:
+        """Drop everything written so far (nothing once committed); the destination stays as it was."""
         self._close_files()
-        if self._publish is not None:
-            publish, self._publish = self._publish, None
-            publish.__exit__(exc_type, exc, traceback)  # removes the temporary folder
+        if self._staged is not None:
+            staged, self._staged = self._staged, None
+            staged.discard()
 
     def _close_files(self) -> None:
         for handle in self._files.values():
@@ -512,11 +509,7 @@ class SplitBinaryWriter:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        self._discard(exc_type or _NotCommitted, exc, traceback)
-
-
-class _NotCommitted(Exception):
-    """Thrown into the publishing step when a writer is dropped without `commit`."""
+        self.abort()
 
 
 def _dataset_files(spec: FeatureSpec) -> List[str]:

@@ -135,37 +135,59 @@ def temporary_sibling(final: str) -> str:
     return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp-{os.getpid()}")
 
 
+class StagedDirectory:
+    """A hidden temporary sibling of `final`, filled by the caller, then either published as
+    `final` (`publish`) or removed (`discard`); for writers whose output outlives one block.
+
+    An existing `final` is an error unless `replace` (the caller decides what may be replaced); on
+    `publish` it is moved aside, the new folder renamed in, and the old one deleted, so `final`
+    never holds a mixture, and a failed rename puts the old folder back.
+    """
+
+    def __init__(self, final: str, replace: bool = False) -> None:
+        self.final = os.path.abspath(final)
+        if os.path.lexists(self.final) and not replace:
+            raise OutputPathError(f"{self.final} already exists; refusing to overwrite it")
+        os.makedirs(os.path.dirname(self.final), exist_ok=True)
+        self.path = temporary_sibling(self.final)
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.mkdir(self.path)
+
+    def publish(self) -> None:
+        """Rename the filled folder to `final`; on failure it is removed and `final` kept as it was."""
+        try:
+            if os.path.lexists(self.final):
+                old = self.path + ".old"
+                os.rename(self.final, old)
+                try:
+                    os.rename(self.path, self.final)
+                except BaseException:
+                    os.rename(old, self.final)
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(self.path, self.final)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Remove the temporary folder and everything in it; `final` is untouched."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str, replace: bool = False) -> Iterator[str]:
-    """Yield an empty temporary sibling folder; once the block succeeds, it becomes `final`.
-
-    An existing `final` is an error unless `replace` (the caller decides what may be replaced); it
-    is then moved aside, the new folder renamed in, and the old one deleted, so `final` never
-    holds a mixture. If the block raises, the temporary folder is removed and `final` is untouched.
-    """
-    final = os.path.abspath(final)
-    if os.path.lexists(final) and not replace:
-        raise OutputPathError(f"{final} already exists; refusing to overwrite it")
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = temporary_sibling(final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.mkdir(tmp)
+    """Yield an empty temporary sibling folder; once the block succeeds, it becomes `final`
+    (see StagedDirectory). If the block raises, the temporary folder is removed and `final` is
+    untouched."""
+    staged = StagedDirectory(final, replace)
     try:
-        yield tmp
-        if os.path.lexists(final):
-            old = tmp + ".old"
-            os.rename(final, old)
-            try:
-                os.rename(tmp, final)
-            except BaseException:
-                os.rename(old, final)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        yield staged.path
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        staged.discard()
         raise
+    staged.publish()
 
 
 @contextlib.contextmanager
