@@ -106,6 +106,10 @@ def is_external_path(relative_path: str) -> bool:
     return normalised == os.pardir or normalised.startswith(os.pardir + os.sep)
 
 
+# The largest cardinality split-binary ids can serve: int32 must hold ids up to it (§4.5).
+MAX_CARDINALITY = int(np.iinfo(np.int32).max) - 1
+
+
 def get_categorical_feature_type(cardinality: int) -> str:
     """Smallest of int8/int16/int32 whose max is strictly greater than the cardinality (§4.5)."""
     for dtype in CATEGORICAL_DTYPES:

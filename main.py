@@ -152,7 +152,9 @@ def _check_values(opts: Any) -> None:
             raise UsageError(f"--{name} must be a comma-separated list of integers, got {','.join(values)}") from None
         if not numbers or min(numbers) < 1:
             raise UsageError(f"--{name} needs positive integers, got {numbers}")
-    if opts.dist_strategy not in ("memory_balanced", "basic", "memory_optimized"):
+    from sharding import STRATEGIES
+
+    if opts.dist_strategy not in STRATEGIES:
         raise UsageError(f"--dist_strategy must be memory_balanced, basic or memory_optimized, "
                          f"got {opts.dist_strategy!r}")
 
@@ -310,7 +312,7 @@ def memory_budget(local_rank: int):
     import tensorflow as tf
 
     from devices import gpu_total_memory_bytes
-    from optimizers import make_optimizers
+    from optimizers import embedding_slot_count
     from sharding import MemoryBudget, table_budget_from_device
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -322,7 +324,7 @@ def memory_budget(local_rank: int):
         total = gpu_total_memory_bytes(local_rank % len(gpus)) if gpus else None
         device_bytes = None if total is None else table_budget_from_device(total)
     return MemoryBudget(device_bytes=device_bytes, value_bytes=2 if FLAGS.fp16 else 4,
-                        optimizer_slots=len(make_optimizers(FLAGS.optimizer)[1].slot_names),
+                        optimizer_slots=embedding_slot_count(FLAGS.optimizer),
                         update_rows=FLAGS.batch_size)
 
 

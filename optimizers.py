@@ -7,7 +7,7 @@ touches: moments and parameters of untouched embedding rows stay as they are.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -110,6 +110,14 @@ def _merge_duplicates(grad: tf.IndexedSlices) -> Tuple[tf.Tensor, tf.Tensor]:
     unique, positions = tf.unique(grad.indices)
     summed = tf.math.unsorted_segment_sum(grad.values, positions, tf.shape(unique)[0])
     return summed, unique
+
+
+EMBEDDING_OPTIMIZERS = {"sgd": SGD, "adam": Adam}  # --optimizer -> what updates the tables
+
+
+def embedding_slot_count(name: str) -> int:
+    """Slot variables per table under --optimizer `name` (what the memory budget counts)."""
+    return len(EMBEDDING_OPTIMIZERS[name].slot_names)
 
 
 def make_optimizers(name: str) -> Tuple[Optimizer, Optimizer]:

@@ -18,11 +18,10 @@ import os
 import sys
 from typing import List, Optional, Tuple
 
-import numpy as np
 from absl import app, flags
 
 from datasets import write_synthetic_dataset
-from feature_spec import FeatureSpec, FeatureSpecError
+from feature_spec import MAX_CARDINALITY, FeatureSpec, FeatureSpecError
 from safe_io import refuse_overlap
 
 # Cardinalities of the Criteo 1TB dataset preprocessed with frequency thresholds 15, 3 and 0
@@ -41,10 +40,6 @@ CRITEO_VARIANTS = {
 CRITEO_NUMERICAL_FEATURES = 13
 
 FLAGS = flags.FLAGS
-
-
-# Largest cardinality whose ids fit int32 split-binary files (feature_spec.get_categorical_feature_type).
-MAX_CARDINALITY = int(np.iinfo(np.int32).max) - 1
 
 
 def parse_cardinalities(values: List[str]) -> List[int]:

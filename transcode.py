@@ -26,14 +26,14 @@ from absl import app, flags
 
 from datasets import DataError, SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME,
-                          FEATURES_SELECTOR, FILES_SELECTOR, MAPPINGS, FeatureSpec,
+                          FEATURES_SELECTOR, FILES_SELECTOR, MAPPINGS, MAX_CARDINALITY, FeatureSpec,
                           FeatureSpecError)
 from safe_io import refuse_overlap
 
 FLAGS = flags.FLAGS
 
 # The largest id whose cardinality (id + 1) still fits the int32 ids of split-binary (§4.5).
-MAX_ID = int(np.iinfo(np.int32).max) - 2
+MAX_ID = MAX_CARDINALITY - 1
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
