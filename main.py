@@ -68,6 +68,9 @@ flags.DEFINE_integer("tf_gpu_memory_limit_gb", None,
 flags.DEFINE_string("log_path", "dlrm_tf_log.json", "Path of the dllogger JSON log")
 flags.DEFINE_string("dataset_path", None, "Dataset directory (holds the feature spec)")
 flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name inside --dataset_path")
+flags.DEFINE_bool("allow_external_data_paths", False,
+                  "Let the feature spec name data files outside --dataset_path (absolute or ../ paths); "
+                  "refused by default, so a stray path cannot read another dataset's files")
 flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic"], "Split-binary files or in-memory synthetic")
 flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
                   "Synthetic data shaped by --dataset_path/--feature_spec")
@@ -286,7 +289,8 @@ def load_feature_spec():
     return load(dataset_type=FLAGS.dataset_type, dataset_path=FLAGS.dataset_path,
                 feature_spec_name=FLAGS.feature_spec, use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec,
                 num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
-                cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities))
+                cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities),
+                allow_external_paths=FLAGS.allow_external_data_paths)
 
 
 def build_pipelines(rank: int, world_size: int, compute_dtype, plan, spec):

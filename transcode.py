@@ -155,18 +155,19 @@ def _input_paths(spec: FeatureSpec, input_dir: str) -> Dict[str, str]:
 
 def transcode(input_dir: str, output_dir: str, feature_spec_in: str = DEFAULT_SPEC_NAME,
               feature_spec_out: str = DEFAULT_SPEC_NAME, chunk_size: int = 65536,
-              overwrite: bool = False) -> FeatureSpec:
+              overwrite: bool = False, allow_external_paths: bool = False) -> FeatureSpec:
     """Convert the CSV dataset of `input_dir` into split-binary in `output_dir`; return its spec.
 
     The output is checked before the data is read: it must not overlap any input, even with
-    `overwrite`, and anything already there is refused unless `overwrite`.
+    `overwrite`, and anything already there is refused unless `overwrite`. The input spec's CSV
+    files must lie inside `input_dir` unless `allow_external_paths`.
     """
     if not input_dir:
         raise ValueError("--input is required: the folder of the CSV dataset")
     if chunk_size < 1:
         raise ValueError(f"--chunk_size must be positive, got {chunk_size}")
     spec = FeatureSpec.from_yaml(os.path.join(input_dir, feature_spec_in))
-    spec.check_feature_spec(chunk_type=CSV)
+    spec.check_feature_spec(chunk_type=CSV, allow_external_paths=allow_external_paths)
     refuse_overlap(output_dir, "--output", _input_paths(spec, input_dir))
     output_dir = os.path.abspath(output_dir)
     layout = FeatureSpec.get_default_feature_spec(  # the file layout only; cardinalities come later
@@ -192,13 +193,15 @@ def define_flags() -> None:
     flags.DEFINE_integer("chunk_size", 65536, "CSV rows per chunk held in memory")
     flags.DEFINE_boolean("overwrite", False, "replace the dataset already in --output (never an input; "
                          "refused while --output holds files the new dataset would not replace)")
+    flags.DEFINE_boolean("allow_external_paths", False, "let the input spec name CSV files outside --input "
+                         "(absolute or ../ paths)")
 
 
 def main(argv: List[str]) -> None:
     del argv
     try:
         spec = transcode(FLAGS.input, FLAGS.output, FLAGS.feature_spec_in, FLAGS.feature_spec_out,
-                         FLAGS.chunk_size, FLAGS.overwrite)
+                         FLAGS.chunk_size, FLAGS.overwrite, FLAGS.allow_external_paths)
     except (ValueError, OSError) as error:  # FeatureSpecError, DataError, OutputPathError, I/O
         sys.exit(f"error: {error}")
     counts = spec.check_files()

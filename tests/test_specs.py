@@ -216,3 +216,17 @@ def test_main_refuses_the_spec_in_one_line(data_dir, tmp_path, case):
     assert words in errors[0] and "Traceback" not in result.stderr
     assert {str(p): p.stat().st_mtime_ns for p in sorted(Path(data_dir).rglob("*"))} == before
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_main_reads_files_outside_the_dataset_folder_only_when_allowed(data_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rename(data_dir / "test" / "label.bin", elsewhere / "label.bin")
+    set_file(data_dir, "test", "label", str(elsewhere / "label.bin"))
+    args = SMALL_MODEL + ["--dataset_path", str(data_dir), "--batch_size", "20", "--valid_batch_size", "20",
+                          "--log_path", str(tmp_path / "log.json")]
+    refusal = main_py(args)
+    assert refusal.returncode == 2 and "lies outside the dataset folder" in refusal.stderr
+    allowed = main_py(args + ["--allow_external_data_paths"])
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert "Evaluation completed" in allowed.stdout

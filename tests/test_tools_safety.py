@@ -342,3 +342,17 @@ def test_synthetic_dataset_into_a_file_or_over_foreign_files(tmp_path):
     with pytest.raises(OutputPathError, match="holds README"):
         datasets.write_synthetic_dataset(small_spec(out), 8, 8, seed=1, overwrite=True)
     assert snapshot(tmp_path) == before
+
+
+def test_transcode_reads_csv_files_outside_input_only_when_allowed(csv_dir, tmp_path):
+    outside = tmp_path / "outside_numerical.csv"
+    os.rename(csv_dir / "train" / "numerical.csv", outside)
+    spec = csv_dir / "feature_spec.yaml"
+    spec.write_text(spec.read_text().replace("train/numerical.csv", str(outside)))
+    before = snapshot(tmp_path)
+    assert_one_error(tool("transcode.py", "--input", csv_dir, "--output", tmp_path / "out"),
+                     f"file '{outside}' lies outside the dataset folder")
+    assert snapshot(tmp_path) == before
+    assert tool("transcode.py", "--input", csv_dir, "--output", tmp_path / "out",
+                "--allow_external_paths").returncode == 0
+    assert (tmp_path / "out" / "train" / "numerical.bin").stat().st_size > 0
