@@ -116,11 +116,21 @@ def day_file_paths(input_folder: str, days: Iterable[int]) -> List[str]:
 
 
 # ----------------------------------------------------------------------------- parsing
+def _try_cast(column: Column, type_name: str) -> Column:
+    """`column` as `type_name`, null where a value does not convert (a rejected line's fields).
+
+    Spark 4 has `Column.try_cast` (its ANSI-mode `cast` raises instead). Spark 3.5, which the GPU
+    image runs for the RAPIDS Accelerator, lacks it, but there `cast` returns null on failure, as
+    long as ANSI mode is off (its default; the session builder keeps it off).
+    """
+    return column.try_cast(type_name) if hasattr(Column, "try_cast") else column.cast(type_name)
+
+
 def read_day_files(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     """Raw lines plus the keys that restore input order: day, file block start, position in block."""
     return spark.read.text(list(paths)).select(
         F.col("value"),
-        F.regexp_extract(F.col("_metadata.file_name"), r"day_(\d+)$", 1).try_cast("int").alias(DAY),
+        _try_cast(F.regexp_extract(F.col("_metadata.file_name"), r"day_(\d+)$", 1), "int").alias(DAY),
         F.col("_metadata.file_block_start").alias(BLOCK_START),
         F.monotonically_increasing_id().alias(POSITION),
         F.col("_metadata.file_path").alias(FILE_PATH),
@@ -147,9 +157,9 @@ def parse_lines(raw: DataFrame) -> DataFrame:
     # Separate projections so that the split and each field check run once per line.
     split = raw.select(F.split(F.col("value"), "\t", -1).alias("fields"), *keys)
     names = [f"_raw{i}" for i in range(NUM_FIELDS)]
-    fields = split.select(F.size("fields").alias("field_count"), *keys, *[
-        F.nullif(F.try_element_at(F.col("fields"), F.lit(i + 1)), F.lit("")).alias(name)
-        for i, name in enumerate(names)])
+    elements = [F.try_element_at(F.col("fields"), F.lit(i + 1)) for i in range(NUM_FIELDS)]
+    fields = split.select(F.size("fields").alias("field_count"), *keys, *[  # an empty field is null
+        F.when(element != F.lit(""), element).alias(name) for element, name in zip(elements, names)])
     raw_field = [F.col(name) for name in names]
     integer_bad = [raw_field[i].isNotNull() & ~raw_field[i].rlike(INTEGER_PATTERN)
                    for i in range(1, FIRST_CATEGORICAL_INDEX)]
@@ -176,12 +186,12 @@ def parse_lines(raw: DataFrame) -> DataFrame:
                   + [(bad, F.format_string(f"column {i} value '%s' is not 1-16 hex digits", raw_field[i]))
                      for bad, i in categorical_bad])))
 
-    integers = [raw_field[i].try_cast("double").alias(INTEGER_COLUMNS[i - 1])
+    integers = [_try_cast(raw_field[i], "double").alias(INTEGER_COLUMNS[i - 1])
                 for i in range(1, FIRST_CATEGORICAL_INDEX)]
-    categoricals = [F.when(F.col(f"_hex{i}"), F.conv(raw_field[i], 16, -10)).try_cast("long")
+    categoricals = [_try_cast(F.when(F.col(f"_hex{i}"), F.conv(raw_field[i], 16, -10)), "long")
                     .alias(CATEGORICAL_COLUMNS[i - FIRST_CATEGORICAL_INDEX])
                     for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS)]
-    return checked.select(raw_field[0].try_cast("int").alias(LABEL_COLUMN), *integers, *categoricals,
+    return checked.select(_try_cast(raw_field[0], "int").alias(LABEL_COLUMN), *integers, *categoricals,
                           reason.alias(REASON), detail.alias(DETAIL), *keys)
 
 
@@ -446,7 +456,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OutputPathError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    spark = SparkSession.builder.appName(f"dlrm-criteo-{args.mode}").getOrCreate()
+    builder = SparkSession.builder.appName(f"dlrm-criteo-{args.mode}")
+    if not hasattr(Column, "try_cast"):  # Spark 3: _try_cast relies on the non-ANSI cast
+        builder = builder.config("spark.sql.ansi.enabled", "false")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     try:
         days = parse_days(args.days)
