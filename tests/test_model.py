@@ -170,3 +170,23 @@ def test_non_finite_loss_is_read_at_print_points_and_before_checkpoints():
         train_loop(trainer, Evaluator.for_model(model), data, data, loop, save_checkpoint=saved.append)
     assert saved == [2]  # the save after step 4 found the flag set; nothing after the NaN was written
     assert int(trainer.scheduler.step.numpy()) == 4  # no per-step read stopped it earlier than a check point
+
+
+def test_adam_slots_are_created_without_a_full_size_temporary():
+    """TensorFlow's allocator statistics (exact bytes, not RSS): building Adam's slots for a table
+    peaks at the two slots themselves; a variable made from a computed tensor shows the temporary."""
+    from optimizers import Adam
+
+    def peak_growth(create) -> float:
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        kept = create()
+        growth = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+        del kept
+        return growth / table_bytes
+
+    table = tf.Variable(tf.zeros([1 << 18, 64]))  # 64 MiB
+    table_bytes = 4 * (1 << 18) * 64
+    optimizer = Adam()
+    assert peak_growth(lambda: optimizer.build([table])) == pytest.approx(2.0, abs=0.01)  # m and v only
+    assert peak_growth(lambda: tf.Variable(tf.zeros([1 << 18, 64]) + 1.0)) == pytest.approx(2.0, abs=0.01)
