@@ -107,10 +107,13 @@ def export(model: Dlrm, output_path: str, fp16: bool = False) -> str:
     for name, variable in model.dense_weight_map().items():
         targets[name].assign(tf.cast(variable, targets[name].dtype))
     module = _Serving(serving_model)
-    with atomic_directory(output_path, replace=True) as tmp:
-        tf.saved_model.save(module, tmp, signatures={SIGNATURE: module.serve})
-        with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
-            json.dump({"format": EXPORT_FORMAT, "version": EXPORT_VERSION}, f)
+    try:
+        with atomic_directory(output_path, replace=True) as tmp:
+            tf.saved_model.save(module, tmp, signatures={SIGNATURE: module.serve})
+            with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
+                json.dump({"format": EXPORT_FORMAT, "version": EXPORT_VERSION}, f)
+    except (OSError, tf.errors.OpError) as error:  # a full disk, a lost mount: nothing was replaced
+        raise OutputPathError(f"{output_path}: cannot write the SavedModel: {' '.join(str(error).split())}") from None
     return output_path
 
 

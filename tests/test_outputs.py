@@ -128,7 +128,7 @@ def test_export_writes_a_marker_and_replaces_only_its_own_exports(tmp_path, monk
 
     before = snapshot(tmp_path)
     monkeypatch.setattr(tf.saved_model, "save", save_then_fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputPathError, match="model: cannot write the SavedModel: disk full"):
         saved_model.export(model, str(target))
     assert snapshot(tmp_path) == before  # the previous export intact, no temporary left
     monkeypatch.undo()
@@ -214,3 +214,28 @@ def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path):
                             env=dict(os.environ, DEMO_DIR=str(tmp_path)), capture_output=True, text=True)
     assert result.returncode == 2 and "is not an earlier demo's output; refusing to delete it" in result.stderr
     assert os.listdir(tmp_path) == ["thesis.tex"]
+
+
+def test_a_full_disk_during_deploy_is_one_line_and_leaves_nothing(tmp_path):
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from multiproc import REPO_ROOT, assert_one_error, launch_env
+
+    ckpt, exported = tmp_path / "ckpt", tmp_path / "exported"
+    assert_ok(main_py(SMALL + ["--max_steps", "2", "--save_checkpoint_path", str(ckpt),
+                               "--log_path", str(tmp_path / "t.json")]))
+    before = snapshot(tmp_path)
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))  # the SavedModel's files are larger
+
+    result = subprocess.run([sys.executable, "main.py", *SMALL, "--mode", "deploy", "--restore_checkpoint_path",
+                             str(ckpt), "--saved_model_output_path", str(exported), "--log_path", ""],
+                            cwd=REPO_ROOT, env=launch_env({"PYTHONDONTWRITEBYTECODE": "1", "PMIX_MCA_gds": "hash"}),
+                            capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    assert_one_error(result, f"{exported}: cannot write the SavedModel:", code=2)
+    assert snapshot(tmp_path) == before
