@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import datasets
+import synthetic_data
 from feature_spec import DEFAULT_SPEC_NAME, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 
 DATASET_TYPES = ("tf_raw", "synthetic")
@@ -103,7 +104,7 @@ def create_input_pipelines(*, dataset_type: str = "tf_raw", dataset_path: Option
     `load_feature_spec` is used as is instead of being read again. `validate_data` reads every
     file once up front to check its values (tf_raw only); `check_values` checks each batch as it is
     read (on by default; off only to measure its cost). Synthetic data is drawn in memory from the
-    teacher of `datasets.SyntheticTeacher` (batch order fixed).
+    teacher of `synthetic_data.SyntheticTeacher` (batch order fixed).
     """
     spec = feature_spec or load_feature_spec(dataset_type=dataset_type, dataset_path=dataset_path,
                                              feature_spec_name=feature_spec_name,
@@ -150,12 +151,12 @@ def _synthetic_pipelines(spec: FeatureSpec, train_batch_size: int, eval_batch_si
     if num_train_batches < 1 or num_eval_batches < 1:
         raise ValueError(f"synthetic data needs at least one train and one eval batch, got "
                          f"{num_train_batches} and {num_eval_batches}")
-    teacher = datasets.SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
+    teacher = synthetic_data.SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
     rng = np.random.default_rng(seed)
-    splits = [datasets.make_synthetic_split(teacher, batch, count, rng)
+    splits = [synthetic_data.make_synthetic_split(teacher, batch, count, rng)
               for batch, count in ((train_batch_size, num_train_batches),
                                    (eval_batch_size, num_eval_batches))]
-    train, test = (datasets.synthetic_dataset(split, categorical_ids, rank, world_size,
+    train, test = (synthetic_data.synthetic_dataset(split, categorical_ids, rank, world_size,
                                               data_parallel_input, compute_dtype)
                    for split in splits)
     return InputPipelines(train=train, test=test, feature_spec=spec,

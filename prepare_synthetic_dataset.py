@@ -2,7 +2,7 @@
 
 The dimensions come from --num_numerical_features and --synthetic_dataset_table_sizes, from a
 --variant with the real Criteo cardinalities, or from an existing --feature_spec (whose file
-layout is kept). Labels are drawn from a fixed random teacher model (datasets.SyntheticTeacher);
+layout is kept). Labels are drawn from a fixed random teacher model (synthetic_data.SyntheticTeacher);
 the teacher's AUC on the test split is printed and stored in the spec as metadata.teacher_auc.
 Everything main.py needs is checked before any sample is drawn (a numerical and a categorical
 feature, a whole batch of train and of test samples, int32-sized tables); the folder is written
@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 from absl import app, flags
 
-from datasets import write_synthetic_dataset
+from synthetic_data import write_synthetic_dataset
 from feature_spec import MAX_CARDINALITY, FeatureSpec, FeatureSpecError
 from safe_io import refuse_overlap
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import dataloader
 import datasets
+import synthetic_data
 import saved_model
 from feature_spec import get_default_feature_spec
 from model import Dlrm, DlrmConfig
@@ -24,7 +25,7 @@ BATCH = 128
 def data_dir(tmp_path):
     directory = tmp_path / "data"
     spec = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(directory))
-    datasets.write_synthetic_dataset(spec, TRAIN, TEST, seed=0)
+    synthetic_data.write_synthetic_dataset(spec, TRAIN, TEST, seed=0)
     return directory
 
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import dataloader
 import datasets
+import synthetic_data
 from data_rank_worker import collect_epoch
 from feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
 from multiproc import assert_ok, run_horovod
@@ -74,7 +75,7 @@ def test_every_spec_reads_back_what_was_written(tmp_path, path):
 @pytest.mark.parametrize("path", SPEC_FILES, ids=os.path.basename)
 def test_every_spec_generates_teacher_labelled_data(tmp_path, path):
     spec = spec_in(path, tmp_path)
-    teacher_auc = datasets.write_synthetic_dataset(spec, 2048, 1024, seed=3)
+    teacher_auc = synthetic_data.write_synthetic_dataset(spec, 2048, 1024, seed=3)
     loaded = FeatureSpec.from_yaml(str(tmp_path / "feature_spec.yaml"))
     loaded.check_feature_spec()
     assert loaded.check_files() == {"train": 2048, "test": 1024}
@@ -229,12 +230,12 @@ def test_synthetic_rank_slices_match_the_global_batch():
 
 
 def test_synthetic_pool_cycles_when_the_batches_do_not_fit():
-    teacher = datasets.SyntheticTeacher(2, [50, 60], seed=1)
+    teacher = synthetic_data.SyntheticTeacher(2, [50, 60], seed=1)
     sample_bytes = 2 * 2 + 1 + 4 * 2
-    split = datasets.make_synthetic_split(teacher, 100, 7, np.random.default_rng(0),
+    split = synthetic_data.make_synthetic_split(teacher, 100, 7, np.random.default_rng(0),
                                           max_pool_bytes=3 * 100 * sample_bytes)
     assert split.labels.shape == (3, 100) and split.num_batches == 7
-    epoch = collect_epoch(datasets.synthetic_dataset(split, [0, 1], 0, 1, False, tf.float32))
+    epoch = collect_epoch(synthetic_data.synthetic_dataset(split, [0, 1], 0, 1, False, tf.float32))
     assert len(epoch["labels"]) == 700
     np.testing.assert_array_equal(epoch["categorical_1"][:300], epoch["categorical_1"][300:600])
     np.testing.assert_array_equal(epoch["categorical_1"][600:], epoch["categorical_1"][:100])

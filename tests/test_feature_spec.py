@@ -5,7 +5,7 @@ import os
 import pytest
 import yaml
 
-import datasets
+import synthetic_data
 from feature_spec import (FeatureSpec, FeatureSpecError, get_categorical_feature_type,
                           get_default_feature_spec)
 
@@ -82,7 +82,7 @@ def test_yaml_round_trip_keeps_sections_and_relative_paths(tmp_path):
 def dataset_dir(tmp_path):
     """A small valid split-binary dataset: 2 numerical, 2 categorical, 100 + 40 samples."""
     spec = get_default_feature_spec(2, [7, 300], str(tmp_path))
-    datasets.write_synthetic_dataset(spec, 100, 40, seed=0)
+    synthetic_data.write_synthetic_dataset(spec, 100, 40, seed=0)
     return tmp_path
 
 

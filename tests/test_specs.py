@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import dataloader
-import datasets
+import synthetic_data
 from feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
 from test_main import SMALL_MODEL, main_py
 
@@ -18,7 +18,7 @@ from test_main import SMALL_MODEL, main_py
 def data_dir(tmp_path):
     """A small valid dataset: 2 numerical, 2 categorical (cardinalities 7, 300), 100 + 40 samples."""
     directory = tmp_path / "data"
-    datasets.write_synthetic_dataset(get_default_feature_spec(2, [7, 300], str(directory)), 100, 40,
+    synthetic_data.write_synthetic_dataset(get_default_feature_spec(2, [7, 300], str(directory)), 100, 40,
                                      seed=0)
     return directory
 

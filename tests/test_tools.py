@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import datasets
+import synthetic_data
 from feature_spec import FeatureSpec, FeatureSpecError
 from gen_csv import generate_csv
 from prepare_synthetic_dataset import CRITEO_VARIANTS
@@ -81,13 +82,13 @@ def test_criteo_variants_have_26_tables_and_the_reference_sizes():
 def test_synthetic_dataset_from_a_variant_and_from_a_spec_with_odd_paths(tmp_path):
     from prepare_synthetic_dataset import output_spec
     variant = output_spec(str(tmp_path / "t3"), None, "criteo_t3_synthetic", 13, [])
-    datasets.write_synthetic_dataset(variant, 512, 256, seed=5)
+    synthetic_data.write_synthetic_dataset(variant, 512, 256, seed=5)
     assert FeatureSpec.from_yaml(str(tmp_path / "t3" / "feature_spec.yaml")).cardinalities == \
         CRITEO_VARIANTS["criteo_t3_synthetic"]
     odd = output_spec(str(tmp_path / "odd"),
                       os.path.join(REPO_ROOT, "tests", "feature_specs", "different_paths.yaml"),
                       None, 13, [])
-    datasets.write_synthetic_dataset(odd, 512, 256, seed=5)
+    synthetic_data.write_synthetic_dataset(odd, 512, 256, seed=5)
     written = FeatureSpec.from_yaml(str(tmp_path / "odd" / "feature_spec.yaml"))
     assert written.check_files() == {"train": 512, "test": 256}
     assert os.path.exists(written.file_of("test", written.label_name))

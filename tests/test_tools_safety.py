@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import datasets
+import synthetic_data
 import prepare_synthetic_dataset as synthetic
 from feature_spec import FeatureSpec, FeatureSpecError
 from gen_csv import generate_csv
@@ -333,14 +334,14 @@ def test_synthetic_dataset_into_a_file_or_over_foreign_files(tmp_path):
     spec = small_spec(tmp_path / "a_file")
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(OutputPathError, match="--synthetic_dataset_dir .*a_file exists and is not a directory"):
-        datasets.write_synthetic_dataset(spec, 8, 8, seed=0, output_name="--synthetic_dataset_dir")
+        synthetic_data.write_synthetic_dataset(spec, 8, 8, seed=0, output_name="--synthetic_dataset_dir")
     out = tmp_path / "out"
-    datasets.write_synthetic_dataset(small_spec(out), 8, 8, seed=0)
+    synthetic_data.write_synthetic_dataset(small_spec(out), 8, 8, seed=0)
     (out / "train" / "extra.bin").write_bytes(b"1")
     (out / "README").write_text("mine")
     before = snapshot(tmp_path)
     with pytest.raises(OutputPathError, match="holds README"):
-        datasets.write_synthetic_dataset(small_spec(out), 8, 8, seed=1, overwrite=True)
+        synthetic_data.write_synthetic_dataset(small_spec(out), 8, 8, seed=1, overwrite=True)
     assert snapshot(tmp_path) == before
 
 

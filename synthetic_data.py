@@ -1,0 +1,176 @@
+"""Learnable synthetic data (reference §4.9): a fixed random "teacher" labels the samples.
+
+Labels come from a random teacher DLRM (`SyntheticTeacher`), so a model trained on the data can
+learn something and its AUC can be compared with the teacher's. The data is either written as a
+split-binary dataset (`write_synthetic_dataset`, what prepare_synthetic_dataset.py does) or drawn in
+memory as per-rank tf.data pipelines (`make_synthetic_split`, `synthetic_dataset`, what
+`--dataset_type synthetic` uses). The teacher's AUC is the evaluation's own exact AUC
+(`metrics.exact_auc`), so the data layer (`datasets`) imports no evaluation code.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from datasets import PREFETCH_BATCHES, SplitBinaryWriter, local_slice
+from feature_spec import FeatureSpec
+from metrics import exact_auc
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a well-mixed uint64 hash of each element (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * _MIX_1
+    x = (x ^ (x >> np.uint64(27))) * _MIX_2
+    return x ^ (x >> np.uint64(31))
+
+
+def _hashed_uniform(ids: np.ndarray, key: int, dim: int) -> np.ndarray:
+    """[len(ids), dim] values, uniform with mean 0 and variance 1, a pure function of (key, id)."""
+    with np.errstate(over="ignore"):
+        base = _mix64(np.asarray(ids, dtype=np.uint64) * _GOLDEN + np.uint64(key))
+        columns = [_mix64(base + np.uint64(k + 1) * _GOLDEN) for k in range(dim)]
+    bits = np.stack(columns, axis=1) >> np.uint64(11)
+    unit = bits.astype(np.float64) * 2.0 ** -53
+    return ((2.0 * unit - 1.0) * math.sqrt(3.0)).astype(np.float32)
+
+
+class SyntheticTeacher:
+    """A fixed random model that labels synthetic samples, built so a DLRM can represent it.
+
+    logit = LOGIT_SCALE * mean-normalised sum of the components that exist:
+      * numerical: w . z, with z the numericals standardised from U[0,1) and |w| = 1;
+      * unary:     sum_i u_i[x_i] / sqrt(m), one random scalar per categorical id;
+      * pairwise:  sum over the ring of pairs (i, i+1 mod m) of <e_i[x_i], e_j[x_j]> / sqrt(P),
+                   with TEACHER_DIM-wide random embeddings (a DLRM's dot interaction).
+    Each component has unit variance; the scale puts the teacher's AUC near 0.8. Teacher values
+    are hashes of (seed, feature, id), so any cardinality works without storing tables.
+    """
+
+    TEACHER_DIM = 4
+    LOGIT_SCALE = 1.3
+
+    def __init__(self, num_numerical: int, cardinalities: Sequence[int], seed: int):
+        self.num_numerical = num_numerical
+        self.cardinalities = [int(c) for c in cardinalities]
+        self.seed = int(seed)
+        rng = np.random.default_rng([self.seed, 0x7EAC])
+        weights = rng.standard_normal(num_numerical)
+        self.numerical_weights = (weights / max(np.linalg.norm(weights), 1e-12)).astype(np.float32)
+        m = len(self.cardinalities)
+        self.pairs = [(i, (i + 1) % m) for i in range(m)] if m > 2 else ([(0, 1)] if m == 2 else [])
+        self.num_components = (num_numerical > 0) + (m > 0) + (len(self.pairs) > 0)
+
+    def _values(self, kind: int, feature: int, ids: np.ndarray, dim: int) -> np.ndarray:
+        """Teacher values of one feature's ids; small tables are built once and gathered."""
+        key = (self.seed * 1_000_003 + kind) * 1_000_003 + feature
+        cardinality = self.cardinalities[feature]
+        if cardinality <= ids.size:
+            return _hashed_uniform(np.arange(cardinality), key, dim)[ids]
+        return _hashed_uniform(ids, key, dim)
+
+    def logits(self, numerical: np.ndarray, categoricals: Sequence[np.ndarray]) -> np.ndarray:
+        """Teacher logits of samples (numericals as stored, i.e. float16-rounded)."""
+        n = len(categoricals[0]) if categoricals else len(numerical)
+        total = np.zeros(n, np.float32)
+        if self.num_numerical:
+            standardised = (np.asarray(numerical, np.float32) - 0.5) * math.sqrt(12.0)
+            total += standardised @ self.numerical_weights
+        if categoricals:
+            unary = sum(self._values(1, i, ids, 1)[:, 0] for i, ids in enumerate(categoricals))
+            total += unary / math.sqrt(len(categoricals))
+        if self.pairs:
+            scale = self.TEACHER_DIM ** -0.5  # entries of variance 1/sqrt(d) give unit-variance dots
+            embeddings = {i: self._values(2, i, ids, self.TEACHER_DIM)
+                          for i, ids in enumerate(categoricals)}
+            pairwise = sum(np.einsum("nd,nd->n", embeddings[i], embeddings[j]) for i, j in self.pairs)
+            total += pairwise * scale / math.sqrt(len(self.pairs))
+        return total * (self.LOGIT_SCALE / math.sqrt(max(self.num_components, 1)))
+
+    def sample(self, num_samples: int, rng: np.random.Generator):
+        """Draw samples: (numerical float16 [n, n_num], labels bool [n], ids list, probabilities)."""
+        numerical = rng.random((num_samples, self.num_numerical), dtype=np.float32).astype(np.float16)
+        categoricals = [rng.integers(0, c, num_samples, dtype=np.int64) for c in self.cardinalities]
+        probabilities = 1.0 / (1.0 + np.exp(-self.logits(numerical, categoricals)))
+        labels = rng.random(num_samples, dtype=np.float32) < probabilities
+        return numerical, labels, categoricals, probabilities
+
+
+def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_samples: int,
+                            seed: int, overwrite: bool = False, chunk_samples: int = 1 << 20,
+                            output_name: str = "output folder") -> float:
+    """Write teacher-labelled split-binary data for `spec` (all or nothing, see SplitBinaryWriter);
+    store and return the test teacher AUC."""
+    with SplitBinaryWriter(spec, overwrite=overwrite, output_name=output_name) as writer:
+        teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
+        rng = np.random.default_rng(seed)
+        test_labels, test_probabilities = [], []
+        for mapping, total in (("train", num_train_samples), ("test", num_test_samples)):
+            for start in range(0, total, chunk_samples):
+                numerical, labels, ids, probabilities = teacher.sample(
+                    min(chunk_samples, total - start), rng)
+                writer.append(mapping, numerical, labels, ids)
+                if mapping == "test":
+                    test_labels.append(labels)
+                    test_probabilities.append(probabilities.astype(np.float32))
+        labels = np.concatenate(test_labels) if test_labels else np.zeros(0, bool)
+        teacher_auc = (exact_auc(labels, np.concatenate(test_probabilities))
+                       if 0 < labels.sum() < labels.size else float("nan"))
+        spec.metadata = dict(spec.metadata, teacher_auc=teacher_auc)
+        writer.commit()
+    return teacher_auc
+
+
+@dataclass
+class SyntheticSplit:
+    """An in-memory pool of global batches, cycled to the requested number of batches."""
+    numerical: np.ndarray          # [pool_batches, b, n_num] float16
+    labels: np.ndarray             # [pool_batches, b] bool
+    categoricals: List[np.ndarray]  # each [pool_batches, b] int32
+    num_batches: int
+    teacher_auc: Optional[float]
+
+
+MAX_SYNTHETIC_POOL_BYTES = 64 << 20  # per split; beyond it the distinct batches cycle
+
+
+def make_synthetic_split(teacher: SyntheticTeacher, global_batch_size: int, num_batches: int,
+                         rng: np.random.Generator,
+                         max_pool_bytes: int = MAX_SYNTHETIC_POOL_BYTES) -> SyntheticSplit:
+    """Draw as many distinct batches as fit in `max_pool_bytes` (cycled beyond that)."""
+    sample_bytes = 2 * teacher.num_numerical + 1 + 4 * len(teacher.cardinalities)
+    affordable = max(1, max_pool_bytes // (sample_bytes * global_batch_size))
+    pool_batches = max(1, min(num_batches, affordable))
+    numerical, labels, ids, probabilities = teacher.sample(pool_batches * global_batch_size, rng)
+    shape = (pool_batches, global_batch_size)
+    uses = np.bincount(np.arange(num_batches) % pool_batches, minlength=pool_batches)
+    weights = np.repeat(uses, global_batch_size)
+    auc = exact_auc(labels, probabilities, weights) if 0 < labels.sum() < labels.size else None
+    return SyntheticSplit(numerical=numerical.reshape(shape + (teacher.num_numerical,)),
+                          labels=labels.reshape(shape),
+                          categoricals=[i.astype(np.int32).reshape(shape) for i in ids],
+                          num_batches=num_batches, teacher_auc=auc)
+
+
+def synthetic_dataset(split: SyntheticSplit, categorical_ids: Sequence[int], rank: int,
+                      world_size: int, data_parallel_categoricals: bool,
+                      numerical_dtype: tf.DType) -> tf.data.Dataset:
+    """The split as (features, labels) batches for one rank, same layout as SplitBinaryReader."""
+    global_batch = split.labels.shape[1]
+    lo, hi = local_slice(global_batch, rank, world_size)
+    cat_lo, cat_hi = (lo, hi) if data_parallel_categoricals else (0, global_batch)
+    pool = {
+        "numerical_features": tf.cast(split.numerical[:, lo:hi], numerical_dtype),
+        "categorical_features": tuple(tf.constant(split.categoricals[i][:, cat_lo:cat_hi])
+                                      for i in categorical_ids),
+    }
+    labels = tf.constant(split.labels[:, lo:hi, None].astype(np.float32))
+    return (tf.data.Dataset.from_tensor_slices((pool, labels)).repeat()
+            .take(split.num_batches).prefetch(PREFETCH_BATCHES))
