@@ -6,7 +6,7 @@ Every element is `(features, labels)`:
                                       [local_b] (data-parallel input), one per requested feature
                                       in ascending categorical index order},
   labels   = float32 [local_b, 1].
-A rank's local slice of a global batch of b samples is rows [(r*b)//W, ((r+1)*b)//W).
+A rank's local slice of a global batch is the one of `batch.local_slice`.
 Training drops the last partial batch; evaluation covers every test sample. Every value read is
 checked (see `datasets`); consume the datasets inside `datasets.surface_data_errors` so that bad
 data arrives as one DataError rather than a TensorFlow error.

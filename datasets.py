@@ -27,6 +27,7 @@ from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, local_sizes, local_slice
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
                           NUMERICAL_DTYPE, FeatureSpec)
 from safe_io import OutputPathError, StagedDirectory, check_replaceable
@@ -137,10 +138,6 @@ def surface_data_errors() -> Iterator[None]:
         raise data_error from None
 
 
-def local_slice(global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
-    """Rows [lo, hi) of a global batch that `rank` owns; the one formula used everywhere."""
-    return (rank * global_batch) // world_size, ((rank + 1) * global_batch) // world_size
-
 
 class _ArenaPool:
     """Reusable aligned byte arenas, one per batch in flight.
@@ -245,8 +242,7 @@ class SplitBinaryReader:
                      if path is not None}
         weakref.finalize(self, _close_all, list(self._fds.values()))
 
-        largest_local = max(hi - lo for lo, hi in (local_slice(global_batch_size, r, world_size)
-                                                   for r in range(world_size)))
+        largest_local = max(local_sizes(global_batch_size, world_size))
         largest_categorical = largest_local if data_parallel_categoricals else global_batch_size
         arena_bytes = (_round_up(largest_local) + _round_up(largest_local * self.num_numerical * 2)
                        + sum(_round_up(len(members) * largest_categorical * dtype.itemsize)
@@ -343,7 +339,7 @@ class SplitBinaryReader:
             for position, ids in zip(members, tf.unstack(tf.cast(block, tf.int32), num=len(members))):
                 ids.set_shape([categorical_size])
                 categorical[position] = ids
-        features = {"numerical_features": numerical, "categorical_features": tuple(categorical)}
+        features = {NUMERICAL_KEY: numerical, CATEGORICAL_KEY: tuple(categorical)}
         return features, labels
 
     def dataset(self, shuffle_batch_order: bool = False, seed: int = 0) -> tf.data.Dataset:

@@ -22,14 +22,14 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
+from batch import local_sizes, rank_start
 from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform
 from sharding import Piece, ShardingPlan
 
 
 def local_batch_bounds(global_batch: tf.Tensor, world_size: int) -> tf.Tensor:
-    """[world_size + 1] row bounds: rank r's samples are rows [(r*B)//W, ((r+1)*B)//W)."""
-    ranks = tf.range(world_size + 1, dtype=tf.int32)
-    return (ranks * tf.cast(global_batch, tf.int32)) // world_size
+    """[world_size + 1] row bounds of the ranks' local batches (`batch.rank_start`), in the graph."""
+    return rank_start(tf.range(world_size + 1, dtype=tf.int32), tf.cast(global_batch, tf.int32), world_size)
 
 
 class ShardedTableView(TableView):
@@ -207,12 +207,8 @@ class HybridEmbedding(tf.keras.layers.Layer):
 
 def exchange_bytes_per_step(plan: ShardingPlan, global_batch: int, dtype_size: int) -> int:
     """Bytes the output all-to-all moves between different ranks in one forward pass."""
-    total = 0
-    for source in range(plan.world_size):
-        width = plan.width_on(source)
-        for destination in range(plan.world_size):
-            if destination != source:
-                rows = ((destination + 1) * global_batch) // plan.world_size - (destination * global_batch) // plan.world_size
-                total += rows * width * dtype_size
-    return total
+    rows = local_sizes(global_batch, plan.world_size)
+    return sum(rows[destination] * plan.width_on(source) * dtype_size
+               for source in range(plan.world_size) for destination in range(plan.world_size)
+               if destination != source)
 

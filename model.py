@@ -14,9 +14,7 @@ import tensorflow as tf
 
 import embedding
 import interaction
-
-NUMERICAL_KEY = "numerical_features"
-CATEGORICAL_KEY = "categorical_features"
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 
 
 @dataclass

@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from datasets import SERVING_INPUT_ERROR
 from embedding import copy_table
-from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from model import Dlrm
 from safe_io import OutputPathError, atomic_directory, check_replaceable
 
 SIGNATURE = "serving_default"

@@ -16,7 +16,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from datasets import PREFETCH_BATCHES, SplitBinaryWriter, local_slice
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, local_slice
+from datasets import PREFETCH_BATCHES, SplitBinaryWriter
 from feature_spec import FeatureSpec
 from metrics import exact_auc
 
@@ -167,9 +168,8 @@ def synthetic_dataset(split: SyntheticSplit, categorical_ids: Sequence[int], ran
     lo, hi = local_slice(global_batch, rank, world_size)
     cat_lo, cat_hi = (lo, hi) if data_parallel_categoricals else (0, global_batch)
     pool = {
-        "numerical_features": tf.cast(split.numerical[:, lo:hi], numerical_dtype),
-        "categorical_features": tuple(tf.constant(split.categoricals[i][:, cat_lo:cat_hi])
-                                      for i in categorical_ids),
+        NUMERICAL_KEY: tf.cast(split.numerical[:, lo:hi], numerical_dtype),
+        CATEGORICAL_KEY: tuple(tf.constant(split.categoricals[i][:, cat_lo:cat_hi]) for i in categorical_ids),
     }
     labels = tf.constant(split.labels[:, lo:hi, None].astype(np.float32))
     return (tf.data.Dataset.from_tensor_slices((pool, labels)).repeat()

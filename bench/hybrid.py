@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from batch import local_sizes, local_slice  # noqa: E402  (plain Python: no TensorFlow in the parent)
+
 RESULTS = os.path.join(REPO, "bench", "results", "hybrid.json")
 NUM_NUMERICAL = 13
 WARMUP_STEPS = 5
@@ -52,18 +54,13 @@ QUICK = {
 
 
 # ---------------------------------------------------------------------------- worker side
-def local_rows(global_batch: int, world_size: int) -> List[int]:
-    """Local batch of every rank, by the same split rule as `local_batch_bounds`."""
-    return [((r + 1) * global_batch) // world_size - (r * global_batch) // world_size for r in range(world_size)]
-
-
 def minimum_bytes(plan: ShardingPlan, global_batch: int, dtype_size: int, data_parallel_ids: bool) -> List[List[int]]:
     """[source][destination] bytes that must cross between ranks (0 on the diagonal).
 
     Outputs: destination's local batch x the columns the source holds. Ids (data-parallel input):
     source's local batch x the tables the destination holds.
     """
-    rows = local_rows(global_batch, plan.world_size)
+    rows = local_sizes(global_batch, plan.world_size)
     return [[0 if s == d else
              (rows[s] * len(plan.model_parallel_tables_on(d)) if data_parallel_ids else rows[d] * plan.width_on(s))
              * dtype_size for d in range(plan.world_size)] for s in range(plan.world_size)]
@@ -125,11 +122,10 @@ def rank_batches(options: dict, plan: ShardingPlan, data_parallel_input: bool, c
     import tensorflow as tf
 
     import distributed as dist
-    from model import CATEGORICAL_KEY, NUMERICAL_KEY
+    from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 
     rank, size, batch = dist.rank(), dist.size(), options["batch"]
-    start = sum(local_rows(batch, size)[:rank])
-    end = start + local_rows(batch, size)[rank]
+    start, end = local_slice(batch, rank, size)
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(count):
@@ -177,7 +173,7 @@ def exchange_times(plan: ShardingPlan, global_batch: int, runs: int) -> List[flo
 
     rank = dist.rank()
     send = tf.random.uniform([global_batch * plan.width_on(rank)])
-    splits = tf.constant(local_rows(global_batch, plan.world_size), tf.int32) * plan.width_on(rank)
+    splits = tf.constant(local_sizes(global_batch, plan.world_size), tf.int32) * plan.width_on(rank)
 
     @tf.function
     def forward_and_backward(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:

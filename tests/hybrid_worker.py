@@ -14,7 +14,8 @@ import tensorflow as tf
 import distributed as dist
 from hybrid_embedding import HybridEmbedding, local_batch_bounds
 from lr_scheduler import LearningRateScheduler
-from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from model import Dlrm, DlrmConfig
 from optimizers import make_optimizers
 from sharding import plan_sharding
 from trainer import Trainer

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import dataloader
+import batch
 import datasets
 import synthetic_data
 from data_rank_worker import collect_epoch
@@ -257,7 +258,7 @@ def merge_rank_slices(per_rank, batch_sizes):
     taken, pieces = [0] * world, []
     for size in batch_sizes:
         for r in range(world):
-            lo, hi = datasets.local_slice(size, r, world)
+            lo, hi = batch.local_slice(size, r, world)
             pieces.append(per_rank[r][taken[r]:taken[r] + hi - lo])
             taken[r] += hi - lo
     assert taken == [len(a) for a in per_rank]

@@ -9,7 +9,8 @@ from sklearn.metrics import log_loss, roc_auc_score
 import embedding
 import metrics
 from lr_scheduler import LearningRateScheduler, learning_rate_at
-from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from model import Dlrm, DlrmConfig
 from optimizers import SGD, Adam, make_optimizers
 from trainer import eval_points
 

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import saved_model
-from model import CATEGORICAL_KEY, NUMERICAL_KEY, Dlrm, DlrmConfig
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from model import Dlrm, DlrmConfig
 from multiproc import assert_ok, run_horovod, snapshot
 from safe_io import OutputPathError
 from test_flags import assert_refused, refused_in_process
