@@ -16,7 +16,10 @@ Names accepted by :func:`make_interaction` (the model's ``--dot_interaction`` va
 * ``custom_cpu``: the compiled ``DotBasedInteract`` op on the CPU.
 * ``auto``: with a GPU, ``custom_cuda`` when the op holds code for the GPU's compute
   capability, else ``tensorflow`` (logging why); without one, ``custom_cpu`` when the op is
-  built, else ``tensorflow``. :func:`resolve_interaction_name` tells which one it picked.
+  built, else ``tensorflow``.
+
+:func:`resolve_interaction_name` is the one place a name is resolved (``auto`` picked, a custom
+name checked against :func:`unavailable_reason`); :func:`make_interaction` takes the result.
 """
 from __future__ import annotations
 
@@ -25,18 +28,33 @@ import logging
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 
-INTERACTION_NAMES = ("tensorflow", "dummy", "custom_cuda", "custom_cpu", "auto")
+CUSTOM_NAMES = ("custom_cuda", "custom_cpu")
+IMPLEMENTATIONS = ("tensorflow", "dummy") + CUSTOM_NAMES
+INTERACTION_NAMES = IMPLEMENTATIONS + ("auto",)
 OUTPUT_ALIGNMENT = 8
 OP_PACKAGE_DIR = Path(__file__).resolve().parent / "tensorflow-dot-based-interact"
-BUILD_HINT = "run `make setup` or `make -C tensorflow-dot-based-interact cpu`"
 
 Interaction = Callable[[tf.Tensor], tf.Tensor]
 logger = logging.getLogger(__name__)
+
+
+def _import_op_package() -> ModuleType:
+    """The op's Python package (it loads the library only when used): installed wheel first, else
+    the in-repo source tree."""
+    try:
+        return importlib.import_module("tensorflow_dot_based_interact")
+    except ImportError:
+        sys.path.insert(0, str(OP_PACKAGE_DIR))
+        return importlib.import_module("tensorflow_dot_based_interact")
+
+
+_op = _import_op_package()
+BUILD_HINT = _op.BUILD_HINT
 
 
 class InteractionUnavailableError(RuntimeError):
@@ -90,63 +108,56 @@ def dummy_interaction(inputs: tf.Tensor) -> tf.Tensor:
     return _assemble(inputs[:, 0, :], tf.reduce_mean(inputs, axis=2, keepdims=True))
 
 
-def _import_op_package() -> ModuleType:
-    """The op's Python package: installed wheel first, else the in-repo source tree."""
-    try:
-        return importlib.import_module("tensorflow_dot_based_interact")
-    except ImportError:
-        sys.path.insert(0, str(OP_PACKAGE_DIR))
-        return importlib.import_module("tensorflow_dot_based_interact")
-
-
 def custom_op_available() -> bool:
     """True when the compiled op library is built and loads."""
-    return _import_op_package().is_built()
+    return _op.is_built()
 
 
-def custom_op_has_gpu() -> bool:
-    """True when the op has CUDA kernels and TensorFlow sees a GPU to run them on."""
-    package = _import_op_package()
-    return package.is_built() and package.has_gpu_kernels() and bool(tf.config.list_physical_devices("GPU"))
+def visible_gpu() -> Optional[tf.config.PhysicalDevice]:
+    """The first GPU TensorFlow sees (after `--cpu` or the rank's device choice), or None."""
+    gpus = tf.config.list_physical_devices("GPU")
+    return gpus[0] if gpus else None
 
 
-def _custom_op(device: str) -> Interaction:
-    """The compiled op pinned to `device` ("CPU" or "GPU")."""
-    package = _import_op_package()
-    if not package.is_built():
-        raise InteractionUnavailableError(f"the custom interaction op is not built: {BUILD_HINT}")
-    if device == "GPU" and not custom_op_has_gpu():
-        raise InteractionUnavailableError(
-            "custom_cuda needs the op built with CUDA kernels (`make -C tensorflow-dot-based-interact gpu`) "
-            "and a visible GPU; use custom_cpu or tensorflow instead")
+def unavailable_reason(name: str, gpu: Optional[tf.config.PhysicalDevice]) -> Optional[str]:
+    """Why the implementation `name` cannot run with `gpu` (None: no GPU), or None when it can.
 
-    def interaction(inputs: tf.Tensor) -> tf.Tensor:
-        _static_shape(inputs)
-        with tf.device(f"/{device}:0"):
-            return package.dot_based_interact(inputs)
-
-    interaction.__name__ = f"custom_{device.lower()}_interaction"
-    return interaction
-
-
-def missing_gpu_code(gpu: tf.config.PhysicalDevice) -> str | None:
-    """Why custom_cuda cannot run on `gpu`, or None when the op holds code for its compute capability."""
-    package = _import_op_package()
-    if not package.is_built():
+    The one statement of what the custom implementations need: custom_cpu the built op;
+    custom_cuda a GPU, the op built with CUDA kernels, and code for the GPU's compute capability.
+    """
+    if name not in CUSTOM_NAMES:
+        return None
+    if name == "custom_cuda" and gpu is None:
+        return "no GPU is visible (with --cpu none is); use custom_cpu, tensorflow or auto"
+    if not _op.is_built():
         return f"the custom interaction op is not built ({BUILD_HINT})"
-    if not package.has_gpu_kernels():
-        return "the custom interaction op has no CUDA kernels (`make -C tensorflow-dot-based-interact gpu`)"
+    if name == "custom_cpu":
+        return None
+    if not _op.has_gpu_kernels():
+        return f"the custom interaction op has no CUDA kernels ({_op.GPU_BUILD_HINT})"
     capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
     if capability is None:
         return f"TensorFlow reports no compute capability for {gpu.name}"
     try:
-        return package.missing_cuda_code(capability)
-    except package.OpNotBuiltError as error:
+        return _op.missing_cuda_code(capability)
+    except _op.OpNotBuiltError as error:
         return str(error)
 
 
+def custom_op_has_gpu() -> bool:
+    """True when custom_cuda can run here: a visible GPU and the op's CUDA code for it."""
+    return unavailable_reason("custom_cuda", visible_gpu()) is None
+
+
+def _check_available(name: str) -> None:
+    reason = unavailable_reason(name, visible_gpu())
+    if reason is not None:
+        raise InteractionUnavailableError(f"--dot_interaction {name}: {reason}")
+
+
 def resolve_interaction_name(name: str) -> str:
-    """Turn `name` into a concrete implementation name; `auto` picks the fastest that can run here.
+    """The implementation to run for `name`: `auto` picks the fastest that can run here, a custom
+    name is checked (InteractionUnavailableError saying why it cannot run).
 
     On a GPU the CPU kernel is never picked: pinning the interaction to the CPU would copy every
     batch off the device and back, so the TF ops run on the GPU instead.
@@ -154,29 +165,38 @@ def resolve_interaction_name(name: str) -> str:
     if name not in INTERACTION_NAMES:
         raise ValueError(f"unknown interaction {name!r}; choose one of {', '.join(INTERACTION_NAMES)}")
     if name != "auto":
+        _check_available(name)
         return name
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        reason = missing_gpu_code(gpus[0])
+    gpu = visible_gpu()
+    if gpu is not None:
+        reason = unavailable_reason("custom_cuda", gpu)
         if reason is None:
             return "custom_cuda"
         logger.warning("dot interaction: auto does not use custom_cuda: %s; using tensorflow", reason)
         return "tensorflow"
-    if custom_op_available():
-        return "custom_cpu"
-    return "tensorflow"
+    return "custom_cpu" if unavailable_reason("custom_cpu", None) is None else "tensorflow"
 
 
 def make_interaction(name: str) -> Interaction:
-    """A callable mapping [B, F, D] to [B, interaction_output_width(F, D)] for `name`.
+    """A callable mapping [B, F, D] to [B, interaction_output_width(F, D)] for the concrete
+    implementation `name` (what `resolve_interaction_name` returned; `auto` is resolved there).
 
     Raises InteractionUnavailableError when a custom op is requested but cannot run here.
     """
-    resolved = resolve_interaction_name(name)
-    if name == "auto":
-        logger.info("dot interaction: auto picked %s", resolved)
-    if resolved == "tensorflow":
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown interaction {name!r}; choose one of {', '.join(IMPLEMENTATIONS)} "
+                         f"(resolve 'auto' with resolve_interaction_name first)")
+    if name == "tensorflow":
         return tensorflow_interaction
-    if resolved == "dummy":
+    if name == "dummy":
         return dummy_interaction
-    return _custom_op("GPU" if resolved == "custom_cuda" else "CPU")
+    _check_available(name)
+    device = "GPU" if name == "custom_cuda" else "CPU"
+
+    def interaction(inputs: tf.Tensor) -> tf.Tensor:
+        _static_shape(inputs)
+        with tf.device(f"/{device}:0"):
+            return _op.dot_based_interact(inputs)
+
+    interaction.__name__ = f"{name}_interaction"
+    return interaction

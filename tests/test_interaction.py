@@ -93,24 +93,30 @@ def test_tensorflow_rejects_rank_2() -> None:
 
 def test_unknown_name_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown interaction 'fast'"):
+        interaction.resolve_interaction_name("fast")
+    with pytest.raises(ValueError, match="unknown interaction 'fast'"):
         interaction.make_interaction("fast")
 
 
-def test_auto_resolves_to_an_available_implementation() -> None:
+def test_auto_is_resolved_once_then_built() -> None:
     resolved = interaction.resolve_interaction_name("auto")
     expected = "custom_cpu" if interaction.custom_op_available() else "tensorflow"
     if interaction.custom_op_has_gpu():
         expected = "custom_cuda"
     assert resolved == expected
     inputs = random_inputs((2, 3, 8))
-    assert_close(interaction.make_interaction("auto")(inputs), numpy_interaction(inputs.numpy()), FP32_RTOL)
+    assert_close(interaction.make_interaction(resolved)(inputs), numpy_interaction(inputs.numpy()), FP32_RTOL)
+    with pytest.raises(ValueError, match="resolve 'auto' with resolve_interaction_name first"):
+        interaction.make_interaction("auto")
 
 
 def test_custom_cuda_without_gpu_gives_clear_error() -> None:
-    if interaction.custom_op_has_gpu():
-        pytest.skip("a GPU and CUDA kernels are present")
-    with pytest.raises(interaction.InteractionUnavailableError, match="make"):
-        interaction.make_interaction("custom_cuda")
+    if interaction.visible_gpu() is not None:
+        pytest.skip("a GPU is visible")
+    for call in (interaction.resolve_interaction_name, interaction.make_interaction):
+        with pytest.raises(interaction.InteractionUnavailableError,
+                           match="--dot_interaction custom_cuda: no GPU is visible"):
+            call("custom_cuda")
 
 
 # ---- the compiled op -------------------------------------------------------------------------

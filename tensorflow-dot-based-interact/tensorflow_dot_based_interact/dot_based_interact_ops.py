@@ -18,6 +18,7 @@ from tensorflow.python.framework import kernels
 LIBRARY_PATH = Path(__file__).resolve().parent / "_dot_based_interact_ops.so"
 CUDA_RECORD_PATH = LIBRARY_PATH.with_suffix(".json")
 BUILD_HINT = "run `make setup` or `make -C tensorflow-dot-based-interact cpu`"
+GPU_BUILD_HINT = "`make -C tensorflow-dot-based-interact gpu`"
 SUPPORTED_DTYPES = (tf.float32, tf.float16)
 
 
