@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Usage: prepare_dataset.sh [--strict] <DGX2|CPU> <frequency_threshold>
+# Usage: prepare_dataset.sh [--strict] [--engine duckdb|spark] <DGX2|CPU> <frequency_threshold>
 #
 # Criteo day files -> split-binary training data (feature_spec.yaml, train/, test/, validation/).
+# Two engines, same rules and the same bytes in every output file:
+#   duckdb  embedded, one process, no JVM (default for CPU when SPARK_MASTER is unset):
+#           duckdb_pipeline.py writes final_output_dir directly (skipped when it holds a run with
+#           the same input, NUM_DAYS, threshold and seed); spark_output_path is not used
+#   spark   clusters and GPUs (default for DGX2 or when SPARK_MASTER is set):
 #   1. verify_criteo_downloaded.sh: day_0 .. day_{NUM_DAYS-1} exist and are not empty
 #   2. run_spark.sh: dictionaries + transform (skipped when spark_output_path already holds a
 #      finished run with the same input, NUM_DAYS and threshold)
@@ -20,7 +25,13 @@
 #   NUM_DAYS                     number of day files (24); the last one becomes test + validation
 #   STRICT=1                     same as --strict: stop at the first malformed line
 #   PARALLEL_JOBS                parquet conversion processes (nproc)
-#   PYTHON                       interpreter with pyspark, pyarrow, numpy, pyyaml (python3)
+#   PYTHON                       interpreter with duckdb or pyspark, pyarrow, numpy, pyyaml (python3)
+#   ENGINE                       duckdb or spark (same as --engine)
+#   RANDOM_SEED                  seed of the train shuffle (12345)
+#   TOTAL_CORES                  threads of the duckdb engine (nproc)
+#   DUCKDB_MEMORY_LIMIT          duckdb memory limit, e.g. 16GB (DuckDB's default: 80% of RAM);
+#                                larger intermediate results spill to conversion_intermediate_dir
+#   PROGRESS_INTERVAL            seconds between duckdb progress lines (10; 0: none)
 #   and the resource variables of run_spark_cpu.sh / run_spark_gpu.sh (SPARK_MASTER, ...)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +41,8 @@ while [[ "${1:-}" == -* ]]; do
     case "$1" in
         -h | --help) print_usage "$0"; exit 0 ;;
         --strict) STRICT=1; shift ;;
+        --engine) [[ $# -ge 2 ]] || die "--engine needs a value: duckdb or spark"; ENGINE="$2"; shift 2 ;;
+        --engine=*) ENGINE="${1#--engine=}"; shift ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -37,6 +50,11 @@ done
 PLATFORM="$1"
 FREQUENCY_THRESHOLD="$2"
 [[ "$PLATFORM" == CPU || "$PLATFORM" == DGX2 ]] || die "unknown platform '$PLATFORM': use CPU or DGX2"
+if [[ -z "${ENGINE:-}" ]]; then
+    if [[ "$PLATFORM" == DGX2 || -n "${SPARK_MASTER:-}" ]]; then ENGINE=spark; else ENGINE=duckdb; fi
+fi
+[[ "$ENGINE" == duckdb || "$ENGINE" == spark ]] || die "unknown engine '$ENGINE': use duckdb or spark"
+[[ "$ENGINE" == spark || "$PLATFORM" == CPU ]] || die "the duckdb engine runs on CPUs only: use --engine spark with DGX2"
 
 download_dir="${download_dir:-/data/dlrm/criteo}"
 spark_output_path="${spark_output_path:-/data/dlrm/spark/output}"
@@ -48,6 +66,36 @@ export NUM_DAYS STRICT PYTHON
 "$HERE/verify_criteo_downloaded.sh" "$download_dir"
 "$PYTHON" "$HERE/check_paths.py" dataset "$download_dir" "$spark_output_path" "$conversion_intermediate_dir" \
     "$final_output_dir" || exit 1
+
+# A fresh scratch folder inside conversion_intermediate_dir, removed at the end (and
+# conversion_intermediate_dir too when this run created it).
+make_scratch() {
+    intermediate_created=0
+    [[ -d "$conversion_intermediate_dir" ]] || intermediate_created=1
+    mkdir -p "$conversion_intermediate_dir"
+    scratch="$(mktemp -d "${conversion_intermediate_dir%/}/.conversion.XXXXXX")"
+    on_exit remove_scratch
+}
+remove_scratch() {
+    rm -rf "$scratch"
+    if [[ "$intermediate_created" == 1 ]]; then
+        rmdir "$conversion_intermediate_dir" 2>/dev/null || true
+    fi
+}
+
+if [[ "$ENGINE" == duckdb ]]; then
+    require_num_days
+    make_scratch
+    duckdb_args=(--input_folder "$download_dir" --num_days "$NUM_DAYS" --frequency_limit "$FREQUENCY_THRESHOLD"
+                 --output "$final_output_dir" --scratch_dir "$scratch/duckdb" --random_seed "$RANDOM_SEED"
+                 --threads "${TOTAL_CORES:-$(nproc)}" --progress_interval "${PROGRESS_INTERVAL:-10}" --overwrite
+                 --reuse --params "engine=duckdb seed=$RANDOM_SEED $(spark_params_stamp "$download_dir" "$FREQUENCY_THRESHOLD")")
+    [[ "$STRICT" == 1 ]] && duckdb_args+=(--strict)
+    [[ -n "${DUCKDB_MEMORY_LIMIT:-}" ]] && duckdb_args+=(--memory_limit "$DUCKDB_MEMORY_LIMIT")
+    "$PYTHON" "$HERE/duckdb_pipeline.py" "${duckdb_args[@]}"
+    echo "Dataset ready: $final_output_dir (rejected lines are counted in $final_output_dir/preprocessing_summary.json)"
+    exit 0
+fi
 
 if spark_output_complete "$spark_output_path" "$(spark_params_stamp "$download_dir" "$FREQUENCY_THRESHOLD")"; then
     echo "Reusing the Spark output in $spark_output_path (same input, NUM_DAYS and threshold)"
@@ -61,20 +109,8 @@ if [[ -f "$final_output_dir/feature_spec.yaml" && "$summary" -nt "$spark_output_
     exit 0
 fi
 
-# Scratch files live in a fresh folder inside conversion_intermediate_dir, removed at the end (and
-# conversion_intermediate_dir too when this run created it); split_dataset.py replaces
-# final_output_dir only once the new dataset is complete.
-intermediate_created=0
-[[ -d "$conversion_intermediate_dir" ]] || intermediate_created=1
-mkdir -p "$conversion_intermediate_dir"
-scratch="$(mktemp -d "${conversion_intermediate_dir%/}/.conversion.XXXXXX")"
-remove_scratch() {
-    rm -rf "$scratch"
-    if [[ "$intermediate_created" == 1 ]]; then
-        rmdir "$conversion_intermediate_dir" 2>/dev/null || true
-    fi
-}
-on_exit remove_scratch
+# split_dataset.py replaces final_output_dir only once the new dataset is complete.
+make_scratch
 "$PYTHON" "$HERE/parquet_to_binary.py" --parallel_jobs "$PARALLEL_JOBS" --src_dir "$spark_output_path" \
     --intermediate_dir "$scratch/parts" --dst_dir "$scratch/packed"
 cp "$spark_output_path/model_size.json" "$scratch/packed/"

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from contextlib import ExitStack
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -82,30 +82,43 @@ def check_records(chunk: np.ndarray, packed_file: str, first_row: int, num_numer
     return numerical
 
 
-def split_packed_file(packed_file: str, output_dir: str, num_numerical: int, cardinalities: Sequence[int],
-                      chunk_rows: int) -> int:
-    """Write one split's label/numerical/categorical files from a packed file; returns the row count."""
+def packed_chunks(packed_file: str, chunk_rows: int) -> Iterator[np.ndarray]:
+    """[rows, 40] int32 chunks of a packed file, in order."""
     packed_rows(packed_file)
+    with open(packed_file, "rb") as packed:
+        while True:
+            chunk = np.fromfile(packed, dtype="<i4", count=chunk_rows * NUM_FIELDS).reshape(-1, NUM_FIELDS)
+            if not len(chunk):
+                return
+            yield chunk
+
+
+def write_split(chunks: Iterable[np.ndarray], output_dir: str, source: str, num_numerical: int,
+                cardinalities: Sequence[int]) -> int:
+    """Write one split's label/numerical/categorical files from [rows, 40] int32 chunks (numericals as
+    float32 bits), checking every value; `source` names the input in errors. Returns the row count."""
     os.makedirs(output_dir, exist_ok=True)
     first_categorical = 1 + num_numerical
-    dtypes = [np.dtype(get_categorical_feature_type(c)) for c in cardinalities]
+    dtypes = [np.dtype(get_categorical_feature_type(c)).newbyteorder("<") for c in cardinalities]
     rows = 0
     with ExitStack() as stack:
-        packed = stack.enter_context(open(packed_file, "rb"))
         label = stack.enter_context(open(os.path.join(output_dir, "label.bin"), "wb"))
         numerical = stack.enter_context(open(os.path.join(output_dir, "numerical.bin"), "wb"))
         categorical = [stack.enter_context(open(os.path.join(output_dir, f"cat_{i}.bin"), "wb"))
                        for i in range(len(cardinalities))]
-        while True:
-            chunk = np.fromfile(packed, dtype="<i4", count=chunk_rows * NUM_FIELDS).reshape(-1, NUM_FIELDS)
-            if not len(chunk):
-                break
-            numerical.write(check_records(chunk, packed_file, rows, num_numerical, cardinalities).tobytes())
+        for chunk in chunks:
+            numerical.write(check_records(chunk, source, rows, num_numerical, cardinalities).tobytes())
             rows += len(chunk)
             label.write(chunk[:, 0].astype(np.bool_).tobytes())
             for i, (out, dtype) in enumerate(zip(categorical, dtypes)):
-                out.write(chunk[:, first_categorical + i].astype(dtype.newbyteorder("<")).tobytes())
+                out.write(chunk[:, first_categorical + i].astype(dtype).tobytes())
     return rows
+
+
+def split_packed_file(packed_file: str, output_dir: str, num_numerical: int, cardinalities: Sequence[int],
+                      chunk_rows: int) -> int:
+    """Write one split's label/numerical/categorical files from a packed file; returns the row count."""
+    return write_split(packed_chunks(packed_file, chunk_rows), output_dir, packed_file, num_numerical, cardinalities)
 
 
 def merge_summaries(spark_summary_dir: str, rows: Dict[str, int], cardinalities: Sequence[int]) -> Dict[str, object]:
@@ -121,17 +134,28 @@ def _merge_summaries(spark_summary_dir: str, rows: Dict[str, int], cardinalities
     splits = {}
     for split in SPLITS:
         with open(os.path.join(spark_summary_dir, f"{split}.json")) as f:
-            spark = json.load(f)
-        if rows[split] + spark["rejected_lines"] != spark["input_lines"]:
-            raise ValueError(f"{split}: {rows[split]} rows + {spark['rejected_lines']} rejected lines != "
-                             f"{spark['input_lines']} input lines; the output is inconsistent")
-        splits[split] = {"rows": rows[split], "input_lines": spark["input_lines"],
-                         "rejected_lines": spark["rejected_lines"], "rejected_by_reason": spark["rejected_by_reason"],
-                         "by_day": spark["by_day"], "input_folder": spark["input_folder"]}
+            splits[split] = json.load(f)
     with open(os.path.join(spark_summary_dir, "dictionary.json")) as f:
         dictionary = json.load(f)
-    return {"frequency_limit": dictionary["frequency_limit"], "dictionary_days": dictionary["days"],
-            "cardinalities": list(cardinalities), "splits": splits,
+    return build_summary(splits, dictionary, rows, cardinalities)
+
+
+def build_summary(split_summaries: Dict[str, Dict[str, object]], dictionary: Dict[str, object],
+                  rows: Dict[str, int], cardinalities: Sequence[int]) -> Dict[str, object]:
+    """The preprocessing summary from each split's line counts (input_lines, rejected_lines,
+    rejected_by_reason, by_day, input_folder) and the dictionary job's (frequency_limit, days,
+    engine); raises ValueError if rows + rejected lines differ from input lines."""
+    splits = {}
+    for split in SPLITS:
+        counts = split_summaries[split]
+        if rows[split] + counts["rejected_lines"] != counts["input_lines"]:
+            raise ValueError(f"{split}: {rows[split]} rows + {counts['rejected_lines']} rejected lines != "
+                             f"{counts['input_lines']} input lines; the output is inconsistent")
+        splits[split] = {"rows": rows[split], "input_lines": counts["input_lines"],
+                         "rejected_lines": counts["rejected_lines"], "rejected_by_reason": counts["rejected_by_reason"],
+                         "by_day": counts["by_day"], "input_folder": counts["input_folder"]}
+    return {"engine": dictionary.get("engine", "spark"), "frequency_limit": dictionary["frequency_limit"],
+            "dictionary_days": dictionary["days"], "cardinalities": list(cardinalities), "splits": splits,
             "total": {key: sum(s[key] for s in splits.values()) for key in ("rows", "input_lines", "rejected_lines")}}
 
 

@@ -1,0 +1,438 @@
+"""Criteo preprocessing on one machine with DuckDB (embedded, no JVM): raw day files straight to the
+split-binary dataset that `prepare_dataset.sh` builds with Spark, with the same rules
+(criteo_rules.py) and the same bytes in every output file.
+
+  1. dictionary pass over all days: one scan validates every line (one regular expression per line;
+     the field-by-field reason only for lines that fail it), counts lines and rejections per day and
+     reason, and counts every categorical value of the valid lines in one grouped pass;
+     then per column the values seen at least `limit` times get ids 1, 2, ... by descending count
+     (ties: ascending 64-bit value);
+  2. train (days 0..N-2): valid lines transformed, ordered by the seeded md5 key of
+     criteo_rules.py and written to `train/`;
+  3. the last day, numbered line by line: its first floor(lines/2) lines -> `test/`, the rest ->
+     `validation/`, in input order.
+
+The output folder is built beside itself and renamed into place (nothing half-written on a failure).
+DuckDB's working database and its spill files live in `--scratch_dir`; `--memory_limit` bounds its
+memory (larger intermediate results spill there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE, HEX_PATTERN,  # noqa: E402
+                          INTEGER_PATTERN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
+                          REJECTION_REASONS, InputError, column_limits, day_file_paths, rejection_summary,
+                          strict_error)
+from feature_spec import FeatureSpec  # noqa: E402
+from safe_io import OutputPathError, atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
+from split_dataset import SUMMARY_NAME, build_summary, output_entries, write_split  # noqa: E402
+
+BATCH_ROWS = 1 << 17
+# Read buffer of the CSV scanner (DuckDB: 32 MiB per scan); smaller keeps low memory limits workable.
+CSV_BUFFER_BYTES = 8 << 20
+# Rows per row group of the working tables (DuckDB: 122,880); each thread fills one in memory.
+ROW_GROUP_ROWS = 16384
+# The reason codes stored in the dictionary pass: 0 = valid line, k = REJECTION_REASONS[k - 1].
+REASON_CODES = 1 + len(REJECTION_REASONS)
+SIGN_BIT = "9223372036854775808::UBIGINT"
+
+
+# ----------------------------------------------------------------------------- SQL pieces
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def scan_sql(path: str, day: int, numbered: bool = False) -> str:
+    """The lines of one day file: day, the line text ('' for a blank line) and, if `numbered`, the
+    1-based line number (needs preserve_insertion_order). A line holding \\x01 (never valid) keeps its
+    first two \\x01-separated parts."""
+    number = ", row_number() OVER () AS line" if numbered else ""
+    return (f"SELECT {int(day)}::SMALLINT AS day, coalesce(text, '') || coalesce(E'\\x01' || rest, '') AS text{number} "
+            f"FROM read_csv({_quote(path)}, columns={{'text': 'VARCHAR', 'rest': 'VARCHAR'}}, delim=E'\\x01', "
+            f"quote='', escape='', header=false, auto_detect=false, strict_mode=false, null_padding=true, "
+            f"buffer_size={CSV_BUFFER_BYTES})")
+
+
+def _field(i: int) -> str:
+    return f"fields[{i + 1}]"
+
+
+def reason_code_sql() -> str:
+    """The 1-based rejection reason of a line that failed GOOD_LINE (needs `fields`)."""
+    integer_bad = " OR ".join(f"({_field(i)} != '' AND NOT regexp_full_match({_field(i)}, {_quote(INTEGER_PATTERN)}))"
+                              for i in range(1, FIRST_CATEGORICAL_INDEX))
+    return (f"CASE WHEN len(fields) != {NUM_FIELDS} THEN 1 WHEN fields[1] NOT IN ('0', '1') THEN 2 "
+            f"WHEN {integer_bad} THEN 3 ELSE 4 END")
+
+
+def categorical_sql(i: int) -> str:
+    """Field i as the unsigned 64-bit value of its hex digits (null when empty)."""
+    return f"TRY_CAST('0x' || nullif({_field(i)}, '') AS UBIGINT)"
+
+
+def numerical_sql(i: int, take_log: bool) -> str:
+    """Field i transformed as float32: ln(max(x, -2) + 3) (or x), missing -> 0."""
+    value = f"TRY_CAST(nullif({_field(i)}, '') AS DOUBLE)"
+    if take_log:
+        value = f"ln(greatest({value}, {NUMERICAL_CLAMP_MIN}) + {NUMERICAL_LOG_SHIFT})"
+    return f"CAST(coalesce({value}, 0) AS FLOAT)"
+
+
+def good_sql() -> str:
+    return f"regexp_full_match(text, {_quote(GOOD_LINE)})"
+
+
+# ----------------------------------------------------------------------------- progress
+class Progress:
+    """Per-stage progress lines on stderr: fraction done, lines/s and ETA, every `interval` seconds."""
+
+    def __init__(self, interval: float, stream=sys.stderr) -> None:
+        self.interval = interval
+        self.stream = stream
+
+    def say(self, message: str) -> None:
+        print(f"[duckdb] {message}", file=self.stream, flush=True)
+
+    @contextmanager
+    def stage(self, name: str, lines: int, fraction: Callable[[], float]) -> Iterator[None]:
+        """Reports `fraction()` (0..1) of `lines` lines while the body runs, then the stage time."""
+        start = time.monotonic()
+        self.say(f"stage {name}: {lines:,} lines")
+        done = threading.Event()
+
+        def report() -> None:
+            while not done.wait(self.interval):
+                part = min(max(fraction(), 0.0), 1.0)
+                elapsed = time.monotonic() - start
+                rate = part * lines / elapsed if elapsed > 0 else 0.0
+                eta = f"{(1 - part) * lines / rate:.0f} s" if rate > 0 else "?"
+                self.say(f"stage {name}: {100 * part:.0f}%, {rate:,.0f} lines/s, ETA {eta}")
+
+        thread = threading.Thread(target=report, daemon=True)
+        if self.interval > 0:
+            thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+        elapsed = time.monotonic() - start
+        self.say(f"stage {name} done: {elapsed:.1f} s, {lines / max(elapsed, 1e-9):,.0f} lines/s")
+
+
+def query_fraction(con: duckdb.DuckDBPyConnection) -> Callable[[], float]:
+    """DuckDB's own progress of the running query, as a fraction."""
+    def fraction() -> float:
+        try:
+            return max(con.query_progress(), 0.0) / 100.0
+        except duckdb.Error:
+            return 0.0
+    return fraction
+
+
+# ----------------------------------------------------------------------------- passes
+def connect(database: str, temp_directory: str, threads: int, memory_limit: Optional[str]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection whose tables live in `database` and whose spill files go to `temp_directory`."""
+    con = duckdb.connect()
+    con.execute(f"ATTACH {_quote(database)} AS work (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+    con.execute("USE work")
+    con.execute(f"SET threads = {int(threads)}")
+    con.execute(f"SET temp_directory = {_quote(temp_directory)}")
+    if memory_limit:
+        con.execute(f"SET memory_limit = {_quote(memory_limit)}")
+    con.execute("SET enable_progress_bar = true")  # progress tracking for query_progress(); printing off below
+    con.execute("SET enable_progress_bar_print = false")
+    con.execute("SET preserve_insertion_order = false")
+    return con
+
+
+def parse_pass(con: duckdb.DuckDBPyConnection, paths: Sequence[str], days: Sequence[int], seed: int,
+               take_log: bool, in_memory: bool) -> None:
+    """One scan of every day file into table `typed`: day, line (last day only), reason code (null
+    for a valid line), the train shuffle key (k1, k2: the first 30 hex digits of the md5 of
+    criteo_rules.py, train days only), label, transformed numericals and the categorical values
+    (unsigned 64-bit; null when empty). `in_memory`: a temporary table (faster; it cannot spill),
+    else one in the working database file (spills)."""
+    last = days[-1]
+    hex_key = f"md5(concat_ws(E'\\t', {int(seed)}, day, text))"
+    # Only the valid rows (reason null) are ever used; the others' values are whatever TRY_CAST makes.
+    numericals = [f"{numerical_sql(i, take_log)} AS _c{i}" for i in range(1, FIRST_CATEGORICAL_INDEX)]
+    values = [f"{categorical_sql(i)} AS v{name}"
+              for i, name in zip(range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS), CATEGORICAL_COLUMNS)]
+    select = (f"SELECT day, line, CASE WHEN NOT good THEN {reason_code_sql()} END::TINYINT AS reason, "
+              f"('0x' || hex_key[1:15])::BIGINT AS k1, ('0x' || hex_key[16:30])::BIGINT AS k2, "
+              f"TRY_CAST(fields[1] AS INTEGER) AS _c0, {', '.join(numericals)}, {', '.join(values)} "
+              f"FROM (SELECT day, line, fields, good, CASE WHEN good AND day < {last} THEN {hex_key} END AS hex_key "
+              f"FROM (SELECT day, line, text, string_split(text, E'\\t') AS fields, {good_sql()} AS good "
+              f"FROM (@SCANS@)))")
+    train = " UNION ALL ".join(f"SELECT *, NULL::BIGINT AS line FROM ({scan_sql(path, day)})"
+                               for path, day in zip(paths[:-1], days[:-1]))
+    kind = "TEMP TABLE" if in_memory else "TABLE"
+    con.execute(f"CREATE OR REPLACE {kind} typed AS {select.replace('@SCANS@', train)}")
+    con.execute("SET preserve_insertion_order = true")  # row_number() OVER () numbers the lines in file order
+    try:
+        con.execute(f"INSERT INTO typed {select.replace('@SCANS@', scan_sql(paths[-1], last, numbered=True))}")
+    finally:
+        con.execute("SET preserve_insertion_order = false")
+    if not in_memory:
+        con.execute("CHECKPOINT")  # written out now, its blocks can leave memory
+
+
+def line_counts(con: duckdb.DuckDBPyConnection, condition: str = "true") -> Dict[Tuple[int, str], int]:
+    """{(day, 'lines' or reason): count} of the rows of `typed` that meet `condition`."""
+    counts: Dict[Tuple[int, str], int] = {}
+    for day, code, n in con.execute(f"SELECT day, reason, count(*) FROM typed WHERE {condition} "
+                                    f"GROUP BY day, reason").fetchall():
+        counts[(day, "lines")] = counts.get((day, "lines"), 0) + int(n)
+        if code is not None:
+            counts[(day, REJECTION_REASONS[code - 1])] = int(n)
+    return counts
+
+
+@dataclass
+class Dictionary:
+    """One column's kept values, sorted (uint64), and their ids (int32), for vectorised lookups."""
+
+    values: np.ndarray
+    ids: np.ndarray
+
+    def lookup(self, column: pa.Array) -> np.ndarray:
+        """Ids of an arrow uint64 column: 0 for nulls and for values not in the dictionary."""
+        values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+        if not len(self.values):
+            return np.zeros(len(values), dtype=np.int32)
+        at = np.minimum(np.searchsorted(self.values, values), len(self.values) - 1)
+        found = (self.values[at] == values) & column.is_valid().to_numpy(zero_copy_only=False)
+        return np.where(found, self.ids[at], 0).astype(np.int32, copy=False)
+
+
+def build_dictionaries(con: duckdb.DuckDBPyConnection, limits: Sequence[int]) -> List[Dictionary]:
+    """Per categorical column, the values of valid lines seen at least `limit` times with ids 1, 2, ...
+    by descending count (ties: ascending signed 64-bit value); one grouped query per column."""
+    dictionaries = []
+    for name, limit in zip(CATEGORICAL_COLUMNS, limits):
+        kept = con.execute(f"""
+            SELECT val, id FROM (
+                SELECT val, (row_number() OVER (ORDER BY n DESC, xor(val, {SIGN_BIT})))::INTEGER AS id
+                FROM (SELECT v{name} AS val, count(*) AS n FROM typed WHERE reason IS NULL AND v{name} IS NOT NULL
+                      GROUP BY v{name})
+                WHERE n >= {int(limit)})
+            ORDER BY val""").fetchnumpy()
+        dictionaries.append(Dictionary(np.asarray(kept["val"], dtype=np.uint64), np.asarray(kept["id"], dtype=np.int32)))
+    return dictionaries
+
+
+def rows_sql(condition: str, order: str) -> str:
+    """Label, 13 transformed numericals and the 26 raw categorical values of the valid rows of
+    `typed` that meet `condition`, ordered by `order` (the ids are looked up in numpy)."""
+    columns = ["_c0", *[f"_c{i}" for i in range(1, FIRST_CATEGORICAL_INDEX)], *[f"v{name}" for name in CATEGORICAL_COLUMNS]]
+    return f"SELECT {', '.join(columns)} FROM typed WHERE reason IS NULL AND {condition} ORDER BY {order}"
+
+
+def packed_batches(reader, dictionaries: Sequence[Dictionary], on_rows: Callable[[int], None]) -> Iterator[np.ndarray]:
+    """Arrow record batches of rows_sql -> [rows, 40] int32 chunks (numericals as float32 bits, ids)."""
+    for batch in reader:
+        packed = np.empty((batch.num_rows, NUM_FIELDS), dtype="<i4")
+        packed[:, 0] = batch.column(0).to_numpy(zero_copy_only=False)
+        for i in range(1, FIRST_CATEGORICAL_INDEX):
+            packed[:, i] = batch.column(i).to_numpy(zero_copy_only=False).astype("<f4").view("<i4")
+        for i, dictionary in zip(range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS), dictionaries):
+            packed[:, i] = dictionary.lookup(batch.column(i))
+        on_rows(batch.num_rows)
+        yield packed
+
+
+def write_query(con: duckdb.DuckDBPyConnection, query: str, dictionaries: Sequence[Dictionary], output_dir: str,
+                progress: Progress, stage: str, rows: int) -> int:
+    """Run `query` and write its rows in order as one split folder; returns the row count."""
+    written = [0]
+    cardinalities = [len(d.ids) + 1 for d in dictionaries]
+    with progress.stage(stage, rows, lambda: 0.5 * query_fraction(con)() + 0.5 * written[0] / max(rows, 1)):
+        reader = con.sql(query).to_arrow_reader(BATCH_ROWS)
+
+        def count(n: int) -> None:
+            written[0] += n
+        return write_split(packed_batches(reader, dictionaries, count), output_dir, f"{stage} rows",
+                           FIRST_CATEGORICAL_INDEX - 1, cardinalities)
+
+
+def first_bad_line(con: duckdb.DuckDBPyConnection, path: str, day: int) -> Tuple[int, str]:
+    """(1-based line number, text) of the first line of a day file that breaks the rules."""
+    con.execute("SET preserve_insertion_order = true")
+    try:
+        return con.execute(f"SELECT line, text FROM ({scan_sql(path, day, numbered=True)}) "
+                           f"WHERE NOT {good_sql()} ORDER BY line LIMIT 1").fetchone()
+    finally:
+        con.execute("SET preserve_insertion_order = false")
+
+
+# ----------------------------------------------------------------------------- the run
+def finished_run(output_dir: str, params: str) -> bool:
+    """Whether `output_dir` holds a complete dataset whose summary records the same `params`."""
+    try:
+        with open(os.path.join(output_dir, SUMMARY_NAME)) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return False
+    complete = all(os.path.isdir(os.path.join(output_dir, split)) for split in ("train", "test", "validation"))
+    return bool(params) and summary.get("params") == params and complete and os.path.isfile(
+        os.path.join(output_dir, "feature_spec.yaml"))
+
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# Bytes per line of the parsed table (13 float32, 26 uint64, keys and bookkeeping), roughly.
+PARSED_BYTES_PER_LINE = 300
+
+
+def memory_bytes(limit: Optional[str]) -> int:
+    """A DuckDB memory limit such as '8GB' or '512MiB' in bytes; None: DuckDB's default, 80% of RAM."""
+    if not limit:
+        return int(0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    number = limit.strip().lower()
+    digits = number.rstrip("abcdefghijklmnopqrstuvwxyz ")
+    unit = number[len(digits):].strip() or "b"
+    if unit not in _UNITS or not digits:
+        raise ValueError(f"--memory_limit {limit!r} is not a size such as 8GB or 512MiB")
+    return int(float(digits) * _UNITS[unit])
+
+
+def _estimate_lines(paths: Sequence[str], sample_bytes: int = 1 << 20) -> int:
+    """Lines in the files, estimated from the line length of each file's first megabyte."""
+    total = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            head = f.read(sample_bytes)
+        per_line = len(head) / max(head.count(b"\n"), 1)
+        total += int(os.path.getsize(path) / max(per_line, 1))
+    return total
+
+
+def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: str, scratch_dir: str, seed: int,
+            strict: bool = False, take_log: bool = True, threads: int = 1, memory_limit: Optional[str] = None,
+            overwrite: bool = False, progress_interval: float = 10.0, params: str = "") -> Dict[str, object]:
+    """Raw day files -> the split-binary dataset in `output_dir` (all or nothing); returns the summary.
+    `params` is stored in the summary: `finished_run` recognises a dataset built with the same."""
+    if num_days < 2:
+        raise InputError(f"the number of days must be at least 2 (train days and a test day), got {num_days}")
+    limits = column_limits(frequency_limit)
+    refuse_overlap(output_dir, "--output", {"--input_folder": input_folder, "--scratch_dir": scratch_dir})
+    replace = check_replaceable(output_dir, "--output", output_entries(with_summary=True), overwrite)
+    days = list(range(num_days))
+    paths = day_file_paths(input_folder, days)
+    os.makedirs(scratch_dir, exist_ok=True)
+    progress = Progress(progress_interval)
+    con = connect(os.path.join(scratch_dir, "work.duckdb"), os.path.join(scratch_dir, "spill"), threads, memory_limit)
+    try:
+        start = time.monotonic()
+        estimated_lines = _estimate_lines(paths)
+        # The parsed table stays in memory when it takes under a third of the budget, else it spills.
+        in_memory = estimated_lines * PARSED_BYTES_PER_LINE < memory_bytes(memory_limit) // 3
+        with progress.stage("parse", estimated_lines, query_fraction(con)):
+            parse_pass(con, paths, days, seed, take_log, in_memory)
+        counts = line_counts(con)
+        if strict:
+            first = next((day for day in days if any(counts.get((day, r)) for r in REJECTION_REASONS)), None)
+            if first is not None:
+                line, text = first_bad_line(con, paths[first], first)
+                raise strict_error(paths[first], line, text)
+        last, train_days = days[-1], days[:-1]
+        last_lines = counts.get((last, "lines"), 0)
+        if last_lines < 2:
+            raise InputError(f"{paths[-1]} has {last_lines} line(s); the last day needs at least 2 to split "
+                             f"into test and validation")
+        half = last_lines // 2
+        with progress.stage("dictionary", sum(n for (_, kind), n in counts.items() if kind == "lines"),
+                            query_fraction(con)):
+            dictionaries = build_dictionaries(con, limits)
+        cardinalities = [len(d.ids) + 1 for d in dictionaries]
+        halves = {"test": f"day = {last} AND line <= {half}", "validation": f"day = {last} AND line > {half}"}
+        split_counts = {"train": rejection_summary(counts, train_days),
+                        **{split: rejection_summary(line_counts(con, condition), [last])
+                           for split, condition in halves.items()}}
+        queries = {"train": rows_sql(f"day < {last}", "k1, k2"),
+                   **{split: rows_sql(condition, "line") for split, condition in halves.items()}}
+        with atomic_directory(output_dir, replace) as staging:
+            rows = {split: write_query(con, queries[split], dictionaries, os.path.join(staging, split), progress,
+                                       split, split_counts[split]["input_lines"])
+                    for split in queries}
+            for counted in split_counts.values():
+                counted["input_folder"] = input_folder
+            FeatureSpec.get_default_feature_spec(FIRST_CATEGORICAL_INDEX - 1, cardinalities, staging).to_yaml()
+            dictionary = {"engine": "duckdb", "frequency_limit": frequency_limit, "days": f"0-{last}"}
+            summary = build_summary(split_counts, dictionary, rows, cardinalities)
+            summary["params"] = params
+            with open(os.path.join(staging, SUMMARY_NAME), "w") as f:
+                json.dump(summary, f, indent=2)
+                f.write("\n")
+        progress.say(f"done in {time.monotonic() - start:.1f} s: " + ", ".join(f"{s}: {n:,} rows" for s, n in rows.items()))
+        return summary
+    finally:
+        con.close()
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input_folder", required=True, help="folder holding day_0 .. day_<N-1>")
+    parser.add_argument("--num_days", type=int, required=True, help="N: days 0..N-2 train, day N-1 test/validation")
+    parser.add_argument("--frequency_limit", default="0",
+                        help="N, col:N or a comma list of both (col = raw column 14..39); keep values seen >= N times")
+    parser.add_argument("--output", required=True, help="the dataset folder (feature_spec.yaml, train/, test/, validation/)")
+    parser.add_argument("--scratch_dir", required=True, help="DuckDB's working database and spill files")
+    parser.add_argument("--random_seed", type=int, default=12345, help="seed of the train shuffle")
+    parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
+    parser.add_argument("--no_numeric_log_col", action="store_true", help="keep raw numericals (no log)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--memory_limit", help="DuckDB memory limit, e.g. 8GB (default: DuckDB's, 80%% of RAM)")
+    parser.add_argument("--progress_interval", type=float, default=10.0, help="seconds between progress lines (0: none)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output (refused while it holds other files)")
+    parser.add_argument("--params", default="",
+                        help="a line identifying the run, kept in the summary; with --reuse, an output with the same "
+                             "line is kept as it is")
+    parser.add_argument("--reuse", action="store_true", help="keep an --output built with the same --params")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    if args.threads < 1:
+        print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        return 2
+    if args.reuse and finished_run(args.output, args.params):
+        print(f"Reusing the dataset in {args.output} (same input, NUM_DAYS, threshold and seed)")
+        return 0
+    try:
+        summary = prepare(args.input_folder, args.num_days, args.frequency_limit, args.output, args.scratch_dir,
+                          args.random_seed, args.strict, not args.no_numeric_log_col, args.threads, args.memory_limit,
+                          args.overwrite, args.progress_interval, args.params)
+    except (InputError, OutputPathError, ValueError, OSError, duckdb.Error) as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 1
+    by_reason = {r: sum(split["rejected_by_reason"][r] for split in summary["splits"].values())
+                 for r in REJECTION_REASONS}
+    reasons = ", ".join(f"{r}: {n}" for r, n in by_reason.items() if n)
+    total = summary["total"]
+    print(f"{total['input_lines']} lines, {total['rejected_lines']} rejected" + (f" ({reasons})" if reasons else "")
+          + f", {total['rows']} rows -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
