@@ -68,18 +68,16 @@ set_spark_submit_args() {
     )
 }
 
-# Runs spark_data_utils.py with SPARK_SUBMIT_ARGS plus per-job confs.
-# Usage: spark_job <shuffle partitions> <extra spark-submit args as one string or ''> <script args...>
+# Runs spark_data_utils.py (one Spark application for the whole run) with SPARK_SUBMIT_ARGS plus
+# the extra spark-submit args in TRAIN_TRANSFORM_CONF (one string, optional).
 spark_job() {
-    local partitions="$1" extra="$2"
-    shift 2
     local extra_args=()
-    [[ -n "$extra" ]] && read -r -a extra_args <<<"$extra"
+    [[ -n "${TRAIN_TRANSFORM_CONF:-}" ]] && read -r -a extra_args <<<"$TRAIN_TRANSFORM_CONF"
     [[ -n "${SPARK_DRIVER_JAVA_OPTIONS:-}" ]] && extra_args+=(--driver-java-options "$SPARK_DRIVER_JAVA_OPTIONS")
     echo "+ spark-submit ... spark_data_utils.py $*" >&2
     PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON}" PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYTHON}" \
         "$SPARK_HOME/bin/spark-submit" "${SPARK_SUBMIT_ARGS[@]}" \
-        --conf "spark.sql.shuffle.partitions=$partitions" "${extra_args[@]}" \
+        --conf "spark.sql.shuffle.partitions=$SHUFFLE_PARTITIONS" "${extra_args[@]}" \
         "$PREPROC_DIR/spark_data_utils.py" --write_mode overwrite "$@"
 }
 
@@ -117,7 +115,8 @@ on_exit() {
     trap 'exit 143' TERM
 }
 
-# The four Spark jobs of the reference (§5.2), written to OUTPUT.partial and renamed into place.
+# The Spark run (reference §5.2: dictionaries over all days, train, then the last day's halves as
+# test and validation) in one Spark application, written to OUTPUT.partial and renamed into place.
 # Needs SPARK_SUBMIT_ARGS, SHUFFLE_PARTITIONS, TEST_SHUFFLE_PARTITIONS; TRAIN_TRANSFORM_CONF optional.
 run_criteo_spark_jobs() {
     local input_path="$1" output_path="$2" frequency_limit="$3"
@@ -125,31 +124,19 @@ run_criteo_spark_jobs() {
     find_spark_home
     "$PYTHON" "$PREPROC_DIR/check_paths.py" spark "$input_path" "$output_path" || exit 1
     local last_day=$((NUM_DAYS - 1))
-    local staging="${output_path%/}.partial"
+    local staging="${output_path%/}.partial" halves="${output_path%/}.halves"
     local strict_flag=()
     [[ "$STRICT" == 1 ]] && strict_flag=(--strict)
-    rm -rf "$staging"
-    on_exit "rm -rf '$staging'"
-    mkdir -p "$staging/summary" "$staging/temp/test" "$staging/temp/validation" "${SPARK_LOCAL_DIRS:?}"
+    rm -rf "$staging" "$halves"
+    on_exit "rm -rf '$staging' '$halves'"
+    mkdir -p "$staging" "$halves/test" "$halves/validation" "${SPARK_LOCAL_DIRS:?}"
 
-    spark_job "$SHUFFLE_PARTITIONS" "" --mode generate_models --days "0-$last_day" \
-        --input_folder "$input_path" --model_folder "$staging/models" --frequency_limit "$frequency_limit" \
-        --summary_file "$staging/summary/dictionary.json" "${strict_flag[@]}"
-    spark_job "$SHUFFLE_PARTITIONS" "${TRAIN_TRANSFORM_CONF:-}" --mode transform --days "0-$((last_day - 1))" \
-        --input_folder "$input_path" --model_folder "$staging/models" --output_folder "$staging/train" \
-        --model_size_file "$staging/model_size.json" --output_ordering total_random \
-        --random_seed "$RANDOM_SEED" --broadcast_max_rows "$BROADCAST_MAX_ROWS" \
-        --summary_file "$staging/summary/train.json"
-    split_last_day "$input_path/day_$last_day" "$staging/temp/test/day_$last_day" \
-        "$staging/temp/validation/day_$last_day"
-    local split
-    for split in test validation; do
-        spark_job "$TEST_SHUFFLE_PARTITIONS" "" --mode transform --days "$last_day-$last_day" \
-            --input_folder "$staging/temp/$split" --model_folder "$staging/models" \
-            --output_folder "$staging/$split" --output_ordering input \
-            --broadcast_max_rows "$BROADCAST_MAX_ROWS" --summary_file "$staging/summary/$split.json"
-    done
-    rm -rf "$staging/temp"
+    split_last_day "$input_path/day_$last_day" "$halves/test/day_$last_day" "$halves/validation/day_$last_day"
+    spark_job --input_folder "$input_path" --num_days "$NUM_DAYS" --halves_folder "$halves" \
+        --output_folder "$staging" --frequency_limit "$frequency_limit" --random_seed "$RANDOM_SEED" \
+        --broadcast_max_rows "$BROADCAST_MAX_ROWS" --partitions "$SHUFFLE_PARTITIONS" \
+        --test_partitions "$TEST_SHUFFLE_PARTITIONS" --progress_interval "${PROGRESS_INTERVAL:-10}" "${strict_flag[@]}"
+    rm -rf "$halves"
     spark_params_stamp "$input_path" "$frequency_limit" >"$staging/_PARAMS"
     replace_folder "$output_path" "$staging"
     trap - EXIT INT TERM

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE, HEX_PATTERN,  # noqa: E402
+from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE,  # noqa: E402
                           INTEGER_PATTERN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
                           REJECTION_REASONS, InputError, column_limits, day_file_paths, rejection_summary,
                           strict_error)

@@ -1,12 +1,19 @@
-"""Criteo 1TB preprocessing on Spark (reference §5.3): build categorical dictionaries, then
-transform raw day files into parquet with categorical ids and log-transformed numericals.
+"""Criteo 1TB preprocessing on Spark (reference §5.3), one Spark application for the whole run:
 
-Every step uses Spark SQL expressions (no Python UDFs) so the JVM does all per-row work.
+  1. one pass over all days validates every line (criteo_rules.GOOD_LINE, one regular expression per
+     line; the field-by-field reason only for lines that fail it), counts lines and rejections per
+     day and reason, and counts every categorical value of the valid lines in one grouped
+     aggregation over all 26 columns; the kept values get ids by a range-partitioned sort and
+     per-partition offsets (no single-partition window) and are written to `models/`;
+  2. train (days 0..N-2): the valid lines, ids applied by joins (broadcast for small dictionaries),
+     written in the order of the seeded md5 key of criteo_rules.py: rows are partitioned into key
+     ranges by a computed partition number and sorted within each, so the part files concatenate
+     into one globally sorted sequence (no sampling job);
+  3. test and validation (the halves of the last day, split beforehand by the driver script) in
+     input order, partitioned the same way by file block.
 
-Raw line: 40 tab-separated fields, `_c0` label (0/1), `_c1`..`_c13` integers, `_c14`..`_c39`
-hexadecimal categoricals; any field but the label may be empty. A line that breaks these rules is
-rejected: it is counted per day file and per reason in the summary file, or with `--strict` it stops
-the job with an error naming the file and line.
+Every per-row step is a Spark SQL expression (no Python UDFs) so the JVM does all per-row work; the
+rules, and so the output bytes, are those of the embedded engine (duckdb_pipeline.py).
 
 Outputs are checked before Spark starts (never an input; an existing one only with
 `--write_mode overwrite`). Local output folders are written beside themselves and renamed into
@@ -15,104 +22,42 @@ place, so a failed job leaves neither part files nor a deleted previous output.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import operator
 import os
 import sys
+import threading
+import time
 import urllib.parse
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from pyspark.sql import Column, DataFrame, DataFrameWriter, Observation, SparkSession, Window
+from pyspark.sql import Column, DataFrame, DataFrameWriter, Observation, SparkSession
 from pyspark.sql import functions as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE, INTEGER_COLUMNS,  # noqa: E402,F401
+                          INTEGER_PATTERN, LABEL_COLUMN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
+                          REJECTION_REASONS, InputError, column_limits, day_file_paths,
+                          parse_frequency_limit, rejection_summary, strict_error)
 from safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir,  # noqa: E402
-                     check_output_file, refuse_overlap)
+                     refuse_overlap)
 
-NUM_INTEGER_FEATURES = 13
-NUM_CATEGORICAL_FEATURES = 26
-NUM_FIELDS = 1 + NUM_INTEGER_FEATURES + NUM_CATEGORICAL_FEATURES
-LABEL_COLUMN = "_c0"
-INTEGER_COLUMNS = [f"_c{i}" for i in range(1, 1 + NUM_INTEGER_FEATURES)]
-CATEGORICAL_COLUMNS = [f"_c{i}" for i in range(1 + NUM_INTEGER_FEATURES, NUM_FIELDS)]
-FIRST_CATEGORICAL_INDEX = 1 + NUM_INTEGER_FEATURES
-
-REJECTION_REASONS = ("wrong_field_count", "bad_label", "non_integer_numerical", "non_hex_categorical")
-INTEGER_PATTERN = r"^-?[0-9]+$"
-HEX_PATTERN = r"^[0-9a-fA-F]{1,16}$"
-LABEL_PATTERN = r"^[01]$"
-# Values at or below this are clamped before the log, so ln(max(x, -2) + 3) >= 0 for every integer.
-NUMERICAL_CLAMP_MIN = -2.0
-NUMERICAL_LOG_SHIFT = 3.0
-ORDERINGS = ("total_random", "input", "any")
-
+ORDERINGS = ("total_random", "input")
 # Helper columns added while parsing; never written out.
 DAY = "_day"
 BLOCK_START = "_block_start"
 POSITION = "_position"
 FILE_PATH = "_file_path"
-REASON = "_rejection_reason"
-DETAIL = "_rejection_detail"
-RANDOM_KEY = "_random_key"
+FILE_SIZE = "_file_size"
+REASON = "_reason"  # 1-based index into REJECTION_REASONS, null for a valid line
+KEY1, KEY2 = "_k1", "_k2"
+FIELDS = "_fields"
 # Dictionary files: one parquet folder partitioned by `column`; the schema is given, not inferred.
 DICTIONARY_SCHEMA = "data long, id int, model_count long, column string"
-
-
-class InputError(ValueError):
-    """Raw input is missing, empty or (in strict mode) malformed; the message names the file."""
-
-
-# ----------------------------------------------------------------------------- arguments
-def parse_days(days: str) -> List[int]:
-    """'a-b' (inclusive) or a single day 'a' -> [a, ..., b]."""
-    first, _, last = days.partition("-")
-    try:
-        start, end = int(first), int(last or first)
-    except ValueError:
-        raise InputError(f"--days must look like 0-23, got {days!r}") from None
-    if start < 0 or end < start:
-        raise InputError(f"--days must be a non-empty range of non-negative days, got {days!r}")
-    return list(range(start, end + 1))
-
-
-def parse_frequency_limit(spec: str) -> Tuple[int, Dict[str, int]]:
-    """'N' and/or 'col:N' items, comma separated -> (default limit, {'_cK': limit}).
-
-    `col` is the raw column index 14..39 (as in the reference), with or without the `_c` prefix.
-    A value is kept in the dictionary when it occurs at least `limit` times; 0 keeps everything.
-    """
-    default, per_column = 0, {}
-    for item in filter(None, (part.strip() for part in (spec or "").split(","))):
-        column, sep, value = item.rpartition(":")
-        try:
-            limit = int(value)
-        except ValueError:
-            raise InputError(f"frequency limit item {item!r} is not N or col:N") from None
-        if limit < 0:
-            raise InputError(f"frequency limit item {item!r} is negative")
-        if not sep:
-            default = limit
-            continue
-        name = column if column.startswith("_c") else f"_c{column}"
-        if name not in CATEGORICAL_COLUMNS:
-            raise InputError(f"frequency limit item {item!r}: the column must be a categorical column "
-                             f"index {FIRST_CATEGORICAL_INDEX}..{NUM_FIELDS - 1}")
-        per_column[name] = limit
-    return default, per_column
-
-
-def day_file_paths(input_folder: str, days: Iterable[int]) -> List[str]:
-    """Paths of `day_<k>` files; local ones must exist and be non-empty (one error lists all)."""
-    paths = [os.path.join(input_folder, f"day_{day}") for day in days]
-    local = [p for p in paths if "://" not in p]
-    missing = [p for p in local if not os.path.isfile(p)]
-    empty = [p for p in local if os.path.isfile(p) and os.path.getsize(p) == 0]
-    problems = [f"{p} is missing" for p in missing] + [f"{p} is empty" for p in empty]
-    if problems:
-        raise InputError("raw Criteo input is incomplete: " + "; ".join(problems))
-    return paths
+# The first 15 and the next 15 hex digits of the md5 shuffle key, as non-negative longs.
+KEY_BITS = 60
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -126,150 +71,204 @@ def _try_cast(column: Column, type_name: str) -> Column:
     return column.try_cast(type_name) if hasattr(Column, "try_cast") else column.cast(type_name)
 
 
-def read_day_files(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
-    """Raw lines plus the keys that restore input order: day, file block start, position in block."""
+def read_day_files(spark: SparkSession, paths: Sequence[str], day: Optional[int] = None) -> DataFrame:
+    """Raw lines plus the keys that restore input order: day (from the file name unless given), file
+    block start, position in the partition, file path and size."""
+    day_column = (F.lit(day) if day is not None
+                  else _try_cast(F.regexp_extract(F.col("_metadata.file_name"), r"day_(\d+)$", 1), "int"))
     return spark.read.text(list(paths)).select(
-        F.col("value"),
-        _try_cast(F.regexp_extract(F.col("_metadata.file_name"), r"day_(\d+)$", 1), "int").alias(DAY),
+        F.col("value"), day_column.cast("int").alias(DAY),
         F.col("_metadata.file_block_start").alias(BLOCK_START),
         F.monotonically_increasing_id().alias(POSITION),
         F.col("_metadata.file_path").alias(FILE_PATH),
+        F.col("_metadata.file_size").alias(FILE_SIZE),
     )
 
 
-def _first_match(conditions: Sequence[Tuple[Column, Column]]) -> Column:
-    """The value of the first (condition, value) pair whose condition holds, else null."""
-    return F.coalesce(*[F.when(condition, value) for condition, value in conditions])
+def _field(i: int) -> Column:
+    return F.try_element_at(F.col(FIELDS), F.lit(i + 1))
 
 
-def _any(conditions: Iterable[Column]) -> Column:
-    return functools.reduce(operator.or_, conditions)
+def _non_empty(i: int) -> Column:
+    return F.when(_field(i) != F.lit(""), _field(i))
 
 
-def parse_lines(raw: DataFrame) -> DataFrame:
-    """Split, validate and type the raw lines.
+def reason_code() -> Column:
+    """The 1-based rejection reason of a line that failed GOOD_LINE (needs FIELDS)."""
+    integer_bad = F.lit(False)
+    for i in range(1, FIRST_CATEGORICAL_INDEX):
+        field = _field(i)
+        integer_bad = integer_bad | F.coalesce((field != F.lit("")) & ~field.rlike(f"^{INTEGER_PATTERN}\\z"),
+                                               F.lit(False))
+    return (F.when(F.size(F.col(FIELDS)) != NUM_FIELDS, F.lit(1))
+            .when(~_field(0).isin("0", "1"), F.lit(2))
+            .when(integer_bad, F.lit(3))
+            .otherwise(F.lit(4)))
 
-    Adds `_c0` (int), `_c1`..`_c13` (double, null when empty), `_c14`..`_c39` (long: the hex value
-    read as a 64-bit two's-complement integer, null when empty), the rejection reason (null for a
-    good line) and a human-readable detail of the first bad field.
-    """
-    keys = [DAY, BLOCK_START, POSITION, FILE_PATH]
-    # Separate projections so that the split and each field check run once per line.
-    split = raw.select(F.split(F.col("value"), "\t", -1).alias("fields"), *keys)
-    names = [f"_raw{i}" for i in range(NUM_FIELDS)]
-    elements = [F.try_element_at(F.col("fields"), F.lit(i + 1)) for i in range(NUM_FIELDS)]
-    fields = split.select(F.size("fields").alias("field_count"), *keys, *[  # an empty field is null
-        F.when(element != F.lit(""), element).alias(name) for element, name in zip(elements, names)])
-    raw_field = [F.col(name) for name in names]
-    integer_bad = [raw_field[i].isNotNull() & ~raw_field[i].rlike(INTEGER_PATTERN)
-                   for i in range(1, FIRST_CATEGORICAL_INDEX)]
-    hex_ok = [raw_field[i].rlike(HEX_PATTERN) for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS)]
-    checked = fields.select("*", (F.col("field_count") != NUM_FIELDS).alias("wrong_count"),
-                            (raw_field[0].isNull() | ~raw_field[0].rlike(LABEL_PATTERN)).alias("label_bad"),
-                            *[bad.alias(f"_bad{i}") for i, bad in enumerate(integer_bad, start=1)],
-                            *[ok.alias(f"_hex{i}") for i, ok in enumerate(hex_ok, start=FIRST_CATEGORICAL_INDEX)])
-    integer_bad = [(F.col(f"_bad{i}"), i) for i in range(1, FIRST_CATEGORICAL_INDEX)]
-    categorical_bad = [(raw_field[i].isNotNull() & ~F.col(f"_hex{i}"), i)
-                       for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS)]
-    wrong_count, label_bad = F.col("wrong_count"), F.col("label_bad")
 
-    reason = (F.when(wrong_count, F.lit(REJECTION_REASONS[0]))
-              .when(label_bad, F.lit(REJECTION_REASONS[1]))
-              .when(_any(bad for bad, _ in integer_bad), F.lit(REJECTION_REASONS[2]))
-              .when(_any(bad for bad, _ in categorical_bad), F.lit(REJECTION_REASONS[3])))
-    detail = (F.when(wrong_count, F.format_string(f"%d tab-separated fields, expected {NUM_FIELDS}",
-                                                  F.col("field_count")))
-              .when(label_bad, F.format_string("label '%s' is not 0 or 1", F.coalesce(raw_field[0], F.lit(""))))
-              .otherwise(_first_match(
-                  [(bad, F.format_string(f"column {i} value '%s' is not an integer", raw_field[i]))
-                   for bad, i in integer_bad]
-                  + [(bad, F.format_string(f"column {i} value '%s' is not 1-16 hex digits", raw_field[i]))
-                     for bad, i in categorical_bad])))
-
-    integers = [_try_cast(raw_field[i], "double").alias(INTEGER_COLUMNS[i - 1])
+def parse_lines(raw: DataFrame, seed: Optional[int] = None, take_log: bool = True) -> DataFrame:
+    """Validate and type the raw lines: `_c0` (int), `_c1`..`_c13` (float, transformed, 0 when
+    missing), `_c14`..`_c39` (long: the hex value read as a 64-bit two's-complement integer, null when
+    empty), REASON (null for a valid line), with `seed` the shuffle key (KEY1, KEY2), and the
+    input-order keys. The typed values of a rejected line are meaningless."""
+    keys = [DAY, BLOCK_START, POSITION, FILE_PATH, FILE_SIZE]
+    good = F.col("value").rlike(f"^{GOOD_LINE}\\z")
+    split = raw.select("value", F.split(F.col("value"), "\t", -1).alias(FIELDS), good.alias("_good"), *keys)
+    extra = []
+    if seed is not None:
+        digest = F.md5(F.concat_ws("\t", F.lit(str(seed)), F.col(DAY).cast("string"), F.col("value")))
+        extra = [F.conv(F.substring(digest, 1, 15), 16, 10).cast("long").alias(KEY1),
+                 F.conv(F.substring(digest, 16, 15), 16, 10).cast("long").alias(KEY2)]
+    integers = [transform_numerical(_try_cast(_non_empty(i), "double"), take_log).alias(INTEGER_COLUMNS[i - 1])
                 for i in range(1, FIRST_CATEGORICAL_INDEX)]
-    categoricals = [_try_cast(F.when(F.col(f"_hex{i}"), F.conv(raw_field[i], 16, -10)), "long")
-                    .alias(CATEGORICAL_COLUMNS[i - FIRST_CATEGORICAL_INDEX])
+    categoricals = [_try_cast(F.conv(_non_empty(i), 16, -10), "long").alias(CATEGORICAL_COLUMNS[i - FIRST_CATEGORICAL_INDEX])
                     for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS)]
-    return checked.select(_try_cast(raw_field[0], "int").alias(LABEL_COLUMN), *integers, *categoricals,
-                          reason.alias(REASON), detail.alias(DETAIL), *keys)
+    return split.select(_try_cast(_field(0), "int").alias(LABEL_COLUMN), *integers, *categoricals,
+                        F.when(~F.col("_good"), reason_code()).alias(REASON), *extra, *keys)
 
 
-# ----------------------------------------------------------------------------- rejections
-@dataclass
-class RejectionCounter:
-    """Counts input lines and rejections per day and reason while another action runs (no extra pass)."""
+def transform_numerical(value: Column, take_log: bool) -> Column:
+    """ln(max(x, -2) + 3) as float32 (or x itself without the log); missing -> 0.
 
-    observation: Observation
-    days: List[int]
-
-    @classmethod
-    def attach(cls, parsed: DataFrame, days: Sequence[int], name: str) -> Tuple["RejectionCounter", DataFrame]:
-        observation = Observation(name)
-        metrics = []
-        for day in days:
-            in_day = F.col(DAY) == day
-            metrics.append(F.sum(F.when(in_day, 1).otherwise(0)).alias(f"lines|{day}"))
-            metrics.extend(F.sum(F.when(in_day & (F.col(REASON) == reason), 1).otherwise(0)).alias(f"{reason}|{day}")
-                           for reason in REJECTION_REASONS)
-        return cls(observation, list(days)), parsed.observe(observation, *metrics)
-
-    def summary(self) -> Dict[str, object]:
-        """Totals and per-day breakdown; valid only after the observed action has run."""
-        values = self.observation.get
-        by_day: Dict[str, Dict[str, int]] = {}
-        for day in self.days:
-            counts = {reason: int(values[f"{reason}|{day}"] or 0) for reason in REJECTION_REASONS}
-            by_day[f"day_{day}"] = {"input_lines": int(values[f"lines|{day}"] or 0),
-                                    "rejected": {r: n for r, n in counts.items() if n}}
-        by_reason = {reason: sum(d["rejected"].get(reason, 0) for d in by_day.values()) for reason in REJECTION_REASONS}
-        input_lines = sum(d["input_lines"] for d in by_day.values())
-        rejected = sum(by_reason.values())
-        return {"input_lines": input_lines, "rejected_lines": rejected, "output_rows": input_lines - rejected,
-                "rejected_by_reason": by_reason, "by_day": by_day}
-
-
-def first_rejected_line(parsed: DataFrame) -> Optional[Dict[str, object]]:
-    """File, 1-based line number, reason and detail of the first bad line in input order, or None.
-
-    Costs one scan (plus one more over the offending file when there is a bad line).
+    For integers this equals the reference's ln(x + 3) with invalid logs (x <= -3) set to 0.
     """
-    order = [DAY, BLOCK_START, POSITION]
-    first = (parsed.where(F.col(REASON).isNotNull())
-             .select(F.min(F.struct(*order, REASON, DETAIL, FILE_PATH)).alias("first")).first()["first"])
-    if first is None:
-        return None
-    day, block, position = first[DAY], first[BLOCK_START], first[POSITION]
-    earlier = parsed.where((F.col(DAY) == day) & ((F.col(BLOCK_START) < block)
-                                                  | ((F.col(BLOCK_START) == block) & (F.col(POSITION) < position))))
-    location = urllib.parse.urlparse(first[FILE_PATH])
-    file_path = urllib.parse.unquote(location.path) if location.scheme == "file" else first[FILE_PATH]
-    return {"file": file_path, "line": earlier.count() + 1, "reason": first[REASON], "detail": first[DETAIL]}
+    if take_log:
+        value = F.log(F.greatest(value, F.lit(NUMERICAL_CLAMP_MIN)) + F.lit(NUMERICAL_LOG_SHIFT))
+    return F.coalesce(value, F.lit(0.0)).cast("float")
 
 
-def fail_on_first_rejected_line(parsed: DataFrame) -> None:
-    """Strict mode: raise InputError naming the first bad line, if any."""
-    bad = first_rejected_line(parsed)
-    if bad is not None:
-        raise InputError(f"{bad['file']}: line {bad['line']}: {bad['reason']}: {bad['detail']} "
-                         f"(strict mode; run without --strict to count and skip such lines)")
+# ----------------------------------------------------------------------------- progress
+class Progress:
+    """Progress lines on stdout while a stage runs: Spark's task counts as fraction, lines/s and ETA."""
+
+    def __init__(self, spark: SparkSession, interval: float) -> None:
+        self.tracker = spark.sparkContext.statusTracker()
+        self.interval = interval
+
+    @staticmethod
+    def say(message: str) -> None:
+        print(f"[spark] {message}", flush=True)
+
+    def _fraction(self) -> float:
+        done = total = 0
+        for stage_id in self.tracker.getActiveStageIds():
+            info = self.tracker.getStageInfo(stage_id)
+            if info is not None:
+                done += info.numCompletedTasks
+                total += info.numTasks
+        return done / total if total else 0.0
+
+    @contextmanager
+    def stage(self, name: str, lines: int) -> Iterator[None]:
+        """Reports while the body runs, then the stage's time and rate."""
+        start = time.monotonic()
+        self.say(f"stage {name}: {lines:,} lines")
+        done = threading.Event()
+
+        def report() -> None:
+            while not done.wait(self.interval):
+                part = self._fraction()
+                elapsed = time.monotonic() - start
+                rate = part * lines / elapsed if elapsed > 0 else 0.0
+                eta = f"{(1 - part) * lines / rate:.0f} s" if rate > 0 else "?"
+                self.say(f"stage {name}: {100 * part:.0f}% of the running Spark stage's tasks, "
+                         f"{rate:,.0f} lines/s, ETA {eta}")
+
+        if self.interval > 0:
+            threading.Thread(target=report, daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+        elapsed = time.monotonic() - start
+        self.say(f"stage {name} done: {elapsed:.1f} s, {lines / max(elapsed, 1e-9):,.0f} lines/s")
+
+
+# ----------------------------------------------------------------------------- ordering
+def partition_representatives(spark: SparkSession, partitions: int) -> List[int]:
+    """For each partition p < `partitions`, a long whose Spark hash partitioning (pmod of the seeded
+    Murmur3 hash, as `repartition(n, column)` computes it) sends it to p."""
+    found: Dict[int, int] = {}
+    span = 64 * partitions
+    start = 0
+    while len(found) < partitions:
+        rows = (spark.range(start, start + span)
+                .select(F.col("id"), F.expr(f"pmod(hash(id), {partitions})").alias("p"))
+                .groupBy("p").agg(F.min("id").alias("id")).collect())
+        for row in rows:
+            found.setdefault(int(row["p"]), int(row["id"]))
+        start += span
+    return [found[p] for p in range(partitions)]
+
+
+def ordered_partitions(rows: DataFrame, bucket: Column, partitions: int, order: Sequence[str],
+                       representatives: Sequence[int]) -> DataFrame:
+    """Rows in partition `bucket` (0..partitions-1, non-decreasing in `order`), sorted by `order`
+    within each: partitions written in index order give one sorted sequence, without the sampling
+    job of a range partitioning."""
+    target = F.element_at(F.array(*[F.lit(r).cast("long") for r in representatives]), bucket.cast("int") + 1)
+    return rows.repartition(partitions, target.alias("_target")).sortWithinPartitions(*order)
+
+
+def key_bucket(partitions: int) -> Column:
+    """Partition of a train row: the key range its KEY1 falls in."""
+    width = -(-(1 << KEY_BITS) // partitions)
+    return F.floor(F.col(KEY1) / F.lit(width))
+
+
+def block_bucket(partitions: int) -> Column:
+    """Partition of a test/validation row: the part of its file its block starts in."""
+    return F.least(F.floor(F.col(BLOCK_START) * F.lit(partitions) / F.greatest(F.col(FILE_SIZE), F.lit(1))),
+                   F.lit(partitions - 1))
 
 
 # ----------------------------------------------------------------------------- dictionaries
-def build_dictionary(valid: DataFrame, default_limit: int, per_column_limits: Dict[str, int]) -> DataFrame:
-    """Columns (column, data, id, model_count): per categorical column, the values seen at least
-    `limit` times, with 1-based ids by descending count, ties broken by ascending value."""
-    pairs = valid.select(F.explode(F.array(*[
-        F.struct(F.lit(name).alias("column"), F.col(name).alias("data")) for name in CATEGORICAL_COLUMNS
-    ])).alias("pair")).select("pair.column", "pair.data").where(F.col("data").isNotNull())
-    counts = pairs.groupBy("column", "data").agg(F.count(F.lit(1)).alias("model_count"))
-    limit = F.lit(default_limit)
-    for name, column_limit in per_column_limits.items():
-        limit = F.when(F.col("column") == name, F.lit(column_limit)).otherwise(limit)
-    by_frequency = Window.partitionBy("column").orderBy(F.desc("model_count"), F.asc("data"))
-    return (counts.where(F.col("model_count") >= limit)
-            .withColumn("id", F.row_number().over(by_frequency).cast("int"))
-            .select("column", "data", "id", "model_count"))
+def count_pass(parsed: DataFrame) -> DataFrame:
+    """One aggregation: (column, data, model_count) of the valid lines' categorical values (column
+    index 0..25), plus one row per (day, reason) with column -1 - reason (0 = valid), data = day."""
+    valid = F.col(REASON).isNull()
+    pairs = [F.struct(F.lit(-1).alias("c"), F.col(DAY).cast("long").alias("v"),
+                      F.coalesce(F.col(REASON), F.lit(0)).alias("r"))]
+    pairs += [F.struct(F.lit(j).alias("c"), F.when(valid, F.col(name)).alias("v"), F.lit(0).alias("r"))
+              for j, name in enumerate(CATEGORICAL_COLUMNS)]
+    exploded = parsed.select(F.explode(F.array(*pairs)).alias("p")).where(F.col("p.v").isNotNull())
+    return (exploded.select((F.col("p.c") - F.col("p.r")).alias("column"), F.col("p.v").alias("data"))
+            .groupBy("column", "data").agg(F.count(F.lit(1)).alias("model_count")))
+
+
+def line_counts(counts: DataFrame) -> Dict[Tuple[int, str], int]:
+    """{(day, 'lines' or reason): count} from the rows count_pass adds for lines."""
+    found: Dict[Tuple[int, str], int] = {}
+    for row in counts.where(F.col("column") < 0).collect():
+        day, code, n = int(row["data"]), -1 - int(row["column"]), int(row["model_count"])
+        found[(day, "lines")] = found.get((day, "lines"), 0) + n
+        if code:
+            found[(day, REJECTION_REASONS[code - 1])] = n
+    return found
+
+
+def assign_ids(spark: SparkSession, counts: DataFrame, limits: Sequence[int], partitions: int) -> DataFrame:
+    """(column, data, id, model_count): per column the values counted at least its limit times, ids
+    1, 2, ... by descending count, ties by ascending value. A range-partitioned sort and per-partition
+    offsets computed on the driver number them, so no single task sees a whole column."""
+    limit = F.element_at(F.array(*[F.lit(n) for n in limits]), F.col("column") + 1)
+    order = [F.col("column"), F.col("model_count").desc(), F.col("data")]
+    kept = counts.where((F.col("column") >= 0) & (F.col("model_count") >= limit))
+    ranked = (kept.repartitionByRange(partitions, *order).sortWithinPartitions(*order)
+              .select("*", F.spark_partition_id().alias("_part"), F.monotonically_increasing_id().alias("_pos"))
+              .localCheckpoint(eager=True))
+    starts: Dict[Tuple[int, int], int] = {}
+    seen: Dict[int, int] = {}
+    for row in (ranked.groupBy("_part", "column").agg(F.count(F.lit(1)).alias("n"), F.min("_pos").alias("first"))
+                .orderBy("_part").collect()):
+        column = int(row["column"])
+        starts[(int(row["_part"]), column)] = seen.get(column, 0) + 1 - int(row["first"])
+        seen[column] = seen.get(column, 0) + int(row["n"])
+    offsets = spark.createDataFrame([(p, c, o) for (p, c), o in starts.items()],
+                                    "_part int, column int, _offset long")
+    return (ranked.join(F.broadcast(offsets), ["_part", "column"])
+            .select(F.concat(F.lit("_c"), (F.col("column") + FIRST_CATEGORICAL_INDEX).cast("string")).alias("column"),
+                    "data", (F.col("_pos") + F.col("_offset")).cast("int").alias("id"), "model_count"))
 
 
 def read_dictionary(spark: SparkSession, model_folder: str) -> DataFrame:
@@ -283,48 +282,23 @@ def dictionary_sizes(dictionary: DataFrame) -> Dict[str, int]:
     return {name: found.get(name, 0) for name in CATEGORICAL_COLUMNS}
 
 
-def apply_dictionary(valid: DataFrame, dictionary: DataFrame, sizes: Dict[str, int],
-                     broadcast_max_rows: int) -> DataFrame:
-    """Replace each categorical value by its id; rare, missing and unseen values become 0.
-
-    The dictionaries of all columns with at most `broadcast_max_rows` entries form one lookup table
-    keyed by (column, value); it is broadcast once and joined once per column. Larger dictionaries
-    are joined with a shuffle, one per column.
-    """
-    key = F.struct(F.col("column"), F.col("data"))
-    small = [name for name in CATEGORICAL_COLUMNS if sizes[name] <= broadcast_max_rows]
-    lookup = F.broadcast(dictionary.where(F.col("column").isin(small)).select(key.alias("key"), "id"))
-    rows = valid
+def apply_dictionary(rows: DataFrame, dictionary: DataFrame, sizes: Dict[str, int],
+                     broadcast_max_rows: int) -> Tuple[DataFrame, bool]:
+    """Replace each categorical value by its id; rare, missing and unseen values become 0. Each
+    column's dictionary is joined on its long value: broadcast up to `broadcast_max_rows` entries,
+    else with a shuffle. Returns the rows and whether any join shuffled them."""
+    shuffled = False
     for name in CATEGORICAL_COLUMNS:
-        mapping = f"dictionary{name}"
-        if name in small:
-            rows = rows.join(lookup.alias(mapping), how="left", on=F.col(f"{mapping}.key") == F.struct(
-                F.lit(name).alias("column"), F.col(name).alias("data")))
+        mapping = dictionary.where(F.col("column") == name).select(F.col("data").alias(f"_v{name}"),
+                                                                  F.col("id").alias(f"_id{name}"))
+        if sizes[name] <= broadcast_max_rows:
+            mapping = F.broadcast(mapping)
         else:
-            column_dictionary = dictionary.where(F.col("column") == name).select("data", "id").alias(mapping)
-            rows = rows.join(column_dictionary, how="left", on=F.col(f"{mapping}.data") == F.col(name))
-    keep = [c for c in valid.columns if c not in CATEGORICAL_COLUMNS]
-    return rows.select(*keep, *[F.coalesce(F.col(f"dictionary{name}.id"), F.lit(0)).cast("int").alias(name)
-                               for name in CATEGORICAL_COLUMNS])
-
-
-def transform_numerical(value: Column, take_log: bool) -> Column:
-    """ln(max(x, -2) + 3) as float32 (or x itself without the log); missing -> 0.
-
-    For integers this equals the reference's ln(x + 3) with invalid logs (x <= -3) set to 0.
-    """
-    if take_log:
-        value = F.log(F.greatest(value, F.lit(NUMERICAL_CLAMP_MIN)) + F.lit(NUMERICAL_LOG_SHIFT))
-    return F.coalesce(value, F.lit(0.0)).cast("float")
-
-
-def order_rows(rows: DataFrame, ordering: str) -> DataFrame:
-    """total_random: shuffled by the seeded key; input: the order of the raw lines; any: as Spark likes."""
-    if ordering == "total_random":
-        return rows.repartition(F.col(RANDOM_KEY)).sortWithinPartitions(RANDOM_KEY, DAY, BLOCK_START, POSITION)
-    if ordering == "input":
-        return rows.orderBy(DAY, BLOCK_START, POSITION)
-    return rows
+            shuffled = True
+        rows = rows.join(mapping, how="left", on=F.col(f"_v{name}") == F.col(name))
+    keep = [c for c in rows.columns if c not in CATEGORICAL_COLUMNS and not c.startswith(("_v_c", "_id_c"))]
+    return rows.select(*keep, *[F.coalesce(F.col(f"_id{name}"), F.lit(0)).alias(name)
+                                for name in CATEGORICAL_COLUMNS]), shuffled
 
 
 def output_columns() -> List[Column]:
@@ -332,47 +306,80 @@ def output_columns() -> List[Column]:
             + [F.col(name).cast("int") for name in CATEGORICAL_COLUMNS])
 
 
-# ----------------------------------------------------------------------------- modes
-def generate_models(spark: SparkSession, paths: Sequence[str], days: Sequence[int], model_folder: str,
-                    frequency_limit: str, write_mode: str, strict: bool) -> Dict[str, object]:
-    """Count categorical values over the given days and write the dictionaries (parquet, partitioned
-    by column); returns the summary."""
-    default_limit, per_column_limits = parse_frequency_limit(frequency_limit)
-    parsed = parse_lines(read_day_files(spark, paths))
+# ----------------------------------------------------------------------------- strict mode
+def first_rejected_line(parsed: DataFrame) -> Optional[Dict[str, object]]:
+    """File, 1-based line number, text of the first bad line in input order (parsed: one file), or None."""
+    order = [BLOCK_START, POSITION]
+    first = (parsed.where(F.col(REASON).isNotNull())
+             .select(F.min(F.struct(*order, FILE_PATH)).alias("first")).first()["first"])
+    if first is None:
+        return None
+    block, position = first[BLOCK_START], first[POSITION]
+    here = (F.col(BLOCK_START) == block) & (F.col(POSITION) == position)
+    earlier = (F.col(BLOCK_START) < block) | ((F.col(BLOCK_START) == block) & (F.col(POSITION) < position))
+    text = parsed.where(here).select("value").first()["value"]
+    location = urllib.parse.urlparse(first[FILE_PATH])
+    file_path = urllib.parse.unquote(location.path) if location.scheme == "file" else first[FILE_PATH]
+    return {"file": file_path, "line": parsed.where(earlier).count() + 1, "text": text}
+
+
+# ----------------------------------------------------------------------------- the run
+def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder: str, output_folder: str,
+            frequency_limit: str, seed: int, take_log: bool, broadcast_max_rows: int, partitions: int,
+            test_partitions: int, strict: bool, progress_interval: float = 10.0) -> Dict[str, Dict[str, object]]:
+    """The whole Spark run into `output_folder` (models/, train/, test/, validation/,
+    model_size.json); `halves_folder` holds test/day_<N-1> and validation/day_<N-1>, the two halves
+    of the last day. Returns the summaries (dictionary, train, test, validation)."""
+    limits = column_limits(frequency_limit)
+    days = list(range(num_days))
+    last = days[-1]
+    paths = day_file_paths(input_folder, days)
+    progress = Progress(spark, progress_interval)
+    total_bytes = sum(os.path.getsize(p) for p in paths if not is_cluster_path(p))
+    with progress.stage("dictionary", int(total_bytes / 256)):
+        counts = count_pass(parse_lines(read_day_files(spark, paths))).localCheckpoint(eager=True)
+        lines = line_counts(counts)
     if strict:
-        fail_on_first_rejected_line(parsed)
-    counter, observed = RejectionCounter.attach(parsed, days, "generate_models")
-    dictionary = build_dictionary(observed.where(F.col(REASON).isNull()), default_limit, per_column_limits)
-    write_parquet(dictionary.write.partitionBy("column"), model_folder, write_mode)
-    summary = counter.summary()
-    summary["dictionary_sizes"] = dictionary_sizes(read_dictionary(spark, model_folder))
-    return summary
-
-
-def transform(spark: SparkSession, paths: Sequence[str], days: Sequence[int], model_folder: str,
-              output_folder: str, ordering: str, take_log: bool, seed: int, broadcast_max_rows: int,
-              write_mode: str, strict: bool) -> Dict[str, object]:
-    """Apply the dictionaries and the numerical transform; write parquet `_c0`..`_c39` in the
-    requested order; returns the summary.
-
-    Lines are counted after the ordering, rejected ones dropped only then: the sort of 'input'
-    ordering samples its input in a job of its own, which would count every line twice.
-    """
-    parsed = parse_lines(read_day_files(spark, paths)).withColumn(RANDOM_KEY, F.rand(seed))
-    if strict:
-        fail_on_first_rejected_line(parsed)
-    dictionary = read_dictionary(spark, model_folder)
+        for path, day in zip(paths, days):
+            if any(lines.get((day, r)) for r in REJECTION_REASONS):
+                bad = first_rejected_line(parse_lines(read_day_files(spark, [path], day)))
+                raise strict_error(bad["file"], bad["line"], bad["text"])
+    models = os.path.join(output_folder, "models")
+    write_parquet(assign_ids(spark, counts, limits, partitions).write.partitionBy("column"), models, "overwrite")
+    dictionary = read_dictionary(spark, models)
     sizes = dictionary_sizes(dictionary)
-    lines = parsed.select(
-        LABEL_COLUMN, *[transform_numerical(F.col(name), take_log).alias(name) for name in INTEGER_COLUMNS],
-        *CATEGORICAL_COLUMNS, DAY, BLOCK_START, POSITION, RANDOM_KEY, REASON)
-    ordered = order_rows(apply_dictionary(lines, dictionary, sizes, broadcast_max_rows), ordering)
-    counter, observed = RejectionCounter.attach(ordered, days, "transform")
-    write_parquet(observed.where(F.col(REASON).isNull()).select(*output_columns()).write, output_folder,
-                  write_mode)
-    summary = counter.summary()
-    summary["dictionary_sizes"] = sizes
-    return summary
+    write_json(os.path.join(output_folder, "model_size.json"), sizes)
+    summaries: Dict[str, Dict[str, object]] = {
+        "dictionary": {**rejection_summary(lines, days), "engine": "spark", "days": f"0-{last}",
+                       "frequency_limit": frequency_limit, "dictionary_sizes": sizes}}
+    train_lines = sum(lines.get((day, "lines"), 0) for day in days[:-1])
+    with progress.stage("train", train_lines):
+        parsed = parse_lines(read_day_files(spark, paths[:-1]), seed, take_log)
+        rows, _ = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
+        ordered = ordered_partitions(rows, key_bucket(partitions), partitions, [KEY1, KEY2],
+                                     partition_representatives(spark, partitions))
+        write_parquet(ordered.select(*output_columns()).write, os.path.join(output_folder, "train"), "overwrite")
+    summaries["train"] = rejection_summary(lines, days[:-1])
+    representatives = partition_representatives(spark, test_partitions)
+    for split in ("test", "validation"):
+        path = os.path.join(halves_folder, split, f"day_{last}")
+        observation = Observation(split)
+        parsed = parse_lines(read_day_files(spark, [path], last), None, take_log).observe(
+            observation, F.count(F.lit(1)).alias("lines"),
+            *[F.sum(F.when(F.col(REASON) == code, 1).otherwise(0)).alias(reason)
+              for code, reason in enumerate(REJECTION_REASONS, start=1)])
+        with progress.stage(split, lines.get((last, "lines"), 0) // 2):
+            rows, _ = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
+            ordered = ordered_partitions(rows, block_bucket(test_partitions), test_partitions,
+                                         [BLOCK_START, POSITION], representatives)
+            write_parquet(ordered.select(*output_columns()).write, os.path.join(output_folder, split), "overwrite")
+        metrics = observation.get
+        summaries[split] = rejection_summary({(last, "lines"): int(metrics["lines"] or 0),
+                                              **{(last, r): int(metrics[r] or 0) for r in REJECTION_REASONS}},
+                                             [last])
+    for summary in summaries.values():
+        summary["input_folder"] = input_folder
+    return summaries
 
 
 def is_cluster_path(path: str) -> bool:
@@ -400,91 +407,77 @@ def write_json(path: str, content: Dict[str, object]) -> None:
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Before Spark starts: every local output is usable, is no input, and exists only if it may be
+    """Before Spark starts: the output folder is usable, is no input, and exists only if it may be
     replaced (`--write_mode overwrite`). Raises OutputPathError naming the flag."""
-    inputs = {"--input_folder": args.input_folder}
-    folders = {}
-    if args.mode == "generate_models":
-        folders["--model_folder"] = args.model_folder
-    else:
-        inputs["--model_folder"] = args.model_folder
-        folders["--output_folder"] = args.output_folder
-    files = {"--model_size_file": args.model_size_file, "--summary_file": args.summary_file}
-    for name, path in {**folders, **files}.items():
-        if path and not is_cluster_path(path):
-            refuse_overlap(path, name, {k: v for k, v in inputs.items() if not is_cluster_path(v)})
-    for name, path in folders.items():
-        if is_cluster_path(path):
-            continue
-        check_output_dir(path, name)
-        if args.write_mode == "errorifexists" and os.path.lexists(path):
-            raise OutputPathError(f"{name} {path} already exists; refusing to overwrite it "
-                                  f"(--write_mode overwrite replaces it)")
-    for name, path in files.items():
-        if path and not is_cluster_path(path):
-            check_output_file(path, name)
+    inputs = {name: path for name, path in (("--input_folder", args.input_folder),
+                                            ("--halves_folder", args.halves_folder))
+              if not is_cluster_path(path)}
+    path = args.output_folder
+    if is_cluster_path(path):
+        return
+    refuse_overlap(path, "--output_folder", inputs)
+    check_output_dir(path, "--output_folder")
+    if args.write_mode == "errorifexists" and os.path.lexists(path) and os.listdir(path):
+        raise OutputPathError(f"--output_folder {path} already holds files; refusing to overwrite them "
+                              f"(--write_mode overwrite replaces them)")
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", required=True, choices=("generate_models", "transform"))
-    parser.add_argument("--days", required=True, help="inclusive range of day files, e.g. 0-22")
-    parser.add_argument("--input_folder", required=True, help="folder holding day_<k> files")
-    parser.add_argument("--output_folder", help="transform: parquet output folder")
-    parser.add_argument("--model_folder", required=True, help="dictionary folder (written by generate_models)")
-    parser.add_argument("--model_size_file", help="transform: write {column: largest id} JSON here")
-    parser.add_argument("--summary_file", help="write input/rejected line counts (JSON) here")
+    parser.add_argument("--input_folder", required=True, help="folder holding day_0 .. day_<N-1>")
+    parser.add_argument("--num_days", type=int, required=True, help="N: days 0..N-2 train, day N-1 test/validation")
+    parser.add_argument("--halves_folder", required=True,
+                        help="folder holding test/day_<N-1> and validation/day_<N-1>, the halves of the last day")
+    parser.add_argument("--output_folder", required=True,
+                        help="writes models/, train/, test/, validation/ (parquet), model_size.json and summary/")
     parser.add_argument("--write_mode", choices=("overwrite", "errorifexists"), default="errorifexists")
     parser.add_argument("--frequency_limit", default="0",
                         help="N, col:N or a comma list of both (col = raw column 14..39); keep values seen >= N times")
     parser.add_argument("--no_numeric_log_col", action="store_true", help="keep raw numericals (no log)")
-    parser.add_argument("--output_ordering", choices=ORDERINGS, default="total_random")
-    parser.add_argument("--random_seed", type=int, default=12345, help="seed of the total_random ordering")
+    parser.add_argument("--random_seed", type=int, default=12345, help="seed of the train shuffle")
     parser.add_argument("--broadcast_max_rows", type=int, default=1_000_000,
                         help="broadcast dictionaries up to this many entries; shuffle-join larger ones")
+    parser.add_argument("--partitions", type=int, default=8, help="partitions of the dictionary and train stages")
+    parser.add_argument("--test_partitions", type=int, default=2, help="partitions of the test and validation stages")
+    parser.add_argument("--progress_interval", type=float, default=10.0, help="seconds between progress lines (0: none)")
     parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    if args.mode == "transform" and not args.output_folder:
-        print("error: --output_folder is required with --mode transform", file=sys.stderr)
+    if args.num_days < 2 or args.partitions < 1 or args.test_partitions < 1:
+        print("error: --num_days must be at least 2, --partitions and --test_partitions at least 1", file=sys.stderr)
         return 2
     try:
         check_outputs(args)
-    except OutputPathError as error:
+        parse_frequency_limit(args.frequency_limit)
+    except (OutputPathError, InputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    builder = SparkSession.builder.appName(f"dlrm-criteo-{args.mode}")
+    builder = SparkSession.builder.appName("dlrm-criteo-preprocessing")
     if not hasattr(Column, "try_cast"):  # Spark 3: _try_cast relies on the non-ANSI cast
         builder = builder.config("spark.sql.ansi.enabled", "false")
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
     try:
-        days = parse_days(args.days)
-        paths = day_file_paths(args.input_folder, days)
-        if args.mode == "generate_models":
-            summary = generate_models(spark, paths, days, args.model_folder, args.frequency_limit,
-                                      args.write_mode, args.strict)
-        else:
-            summary = transform(spark, paths, days, args.model_folder, args.output_folder, args.output_ordering,
-                                not args.no_numeric_log_col, args.random_seed, args.broadcast_max_rows,
-                                args.write_mode, args.strict)
-            if args.model_size_file:
-                write_json(args.model_size_file, summary["dictionary_sizes"])
+        summaries = prepare(spark, args.input_folder, args.num_days, args.halves_folder, args.output_folder,
+                            args.frequency_limit, args.random_seed, not args.no_numeric_log_col,
+                            args.broadcast_max_rows, args.partitions, args.test_partitions, args.strict,
+                            args.progress_interval)
     except (InputError, OutputPathError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:
         spark.stop()
-    summary.update(mode=args.mode, days=args.days, input_folder=args.input_folder,
-                   frequency_limit=args.frequency_limit, strict=args.strict)
-    if args.summary_file:
-        write_json(args.summary_file, summary)
-    reasons = ", ".join(f"{reason}: {n}" for reason, n in summary["rejected_by_reason"].items() if n)
-    print(f"{args.mode} days {args.days}: {summary['input_lines']} lines, {summary['rejected_lines']} rejected"
-          + (f" ({reasons})" if reasons else ""))
+    for name, summary in summaries.items():
+        summary["strict"] = args.strict
+        write_json(os.path.join(args.output_folder, "summary", f"{name}.json"), summary)
+    for name in ("train", "test", "validation"):
+        summary = summaries[name]
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in summary["rejected_by_reason"].items() if n)
+        print(f"{name}: {summary['input_lines']} lines, {summary['rejected_lines']} rejected"
+              + (f" ({reasons})" if reasons else ""))
     return 0
 
 
