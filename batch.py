@@ -4,9 +4,11 @@ An input element is `(features, labels)` with `features = {NUMERICAL_KEY: [local
 CATEGORICAL_KEY: tuple of int ids, one [b] tensor per feature}`. Rank r of W owns rows
 [(r*B)//W, ((r+1)*B)//W) of a global batch of B samples: the loaders cut numericals and labels
 by it, the hybrid embedding layer cuts looked-up rows by it, and the benchmarks size batches by it.
+Which categorical features a rank's batches carry is a `TableReads`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, List, Tuple
 
 NUMERICAL_KEY = "numerical_features"
@@ -29,3 +31,31 @@ def local_slice(global_batch: int, rank: int, world_size: int) -> Tuple[int, int
 def local_sizes(global_batch: int, world_size: int) -> List[int]:
     """The local batch size of every rank."""
     return [hi - lo for lo, hi in (local_slice(global_batch, r, world_size) for r in range(world_size))]
+
+
+@dataclass(frozen=True)
+class TableReads:
+    """Which categorical features a rank's batches hold, and for which rows.
+
+    Decided once, by `ShardingPlan.reads`, and handed to both the loader (what it reads) and the
+    embedding layer (what it receives), so the two cannot disagree: `tables` are feature indices in
+    increasing order, one id tensor each; `global_batch` means every row of the global batch
+    (model-parallel input), otherwise only the rank's local slice.
+    """
+    tables: Tuple[int, ...]
+    global_batch: bool = False
+
+    @classmethod
+    def every_table(cls, num_tables: int) -> "TableReads":
+        """All features for the local rows: a single process, or data-parallel input."""
+        return cls(tuple(range(num_tables)), global_batch=False)
+
+    def rows(self, global_batch: int, rank: int, world_size: int) -> Tuple[int, int]:
+        """Rows [lo, hi) of a global batch whose ids this rank reads."""
+        return (0, global_batch) if self.global_batch else local_slice(global_batch, rank, world_size)
+
+    def check(self, num_tables: int) -> None:
+        """Raise ValueError unless `tables` are strictly increasing indices in [0, num_tables)."""
+        if list(self.tables) != sorted(set(self.tables)) or any(not 0 <= t < num_tables for t in self.tables):
+            raise ValueError(f"the tables a rank reads, {list(self.tables)}, must be strictly increasing "
+                             f"indices in [0, {num_tables})")

@@ -27,7 +27,7 @@ from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, local_sizes, local_slice
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_sizes, local_slice
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
                           NUMERICAL_DTYPE, FeatureSpec)
 from safe_io import OutputPathError, StagedDirectory, check_replaceable
@@ -182,9 +182,8 @@ def _pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
 class SplitBinaryReader:
     """Batches of one mapping of a split-binary dataset, as a rank needs them.
 
-    Categorical features are read for the whole global batch (model-parallel input) or for the
-    rank's local slice (`data_parallel_categoricals`); numerical features and labels always for the
-    local slice. With `drop_remainder` the last partial batch is dropped (training); otherwise it
+    The categorical features and rows of `reads` (`ShardingPlan.reads`; default: every feature,
+    local rows) are read; numerical features and labels always for the rank's local slice. With `drop_remainder` the last partial batch is dropped (training); otherwise it
     is served with fewer rows (evaluation covers every sample).
 
     Per batch, one aligned arena receives: the labels, the numericals, and one [features, rows]
@@ -195,8 +194,7 @@ class SplitBinaryReader:
 
     def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
                  rank: int = 0, world_size: int = 1,
-                 categorical_ids: Optional[Sequence[int]] = None,
-                 data_parallel_categoricals: bool = False, drop_remainder: bool = True,
+                 reads: Optional[TableReads] = None, drop_remainder: bool = True,
                  numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None,
                  check_values: bool = True):
         self.mapping = mapping
@@ -206,7 +204,8 @@ class SplitBinaryReader:
         self.world_size = world_size
         self.drop_remainder = drop_remainder
         self.numerical_dtype = numerical_dtype
-        self.data_parallel_categoricals = data_parallel_categoricals
+        self.reads = reads or TableReads.every_table(len(spec.categorical_names))
+        self.reads.check(len(spec.categorical_names))
         self.num_samples = (num_samples if num_samples is not None
                             else spec.check_files([mapping])[mapping])
         if drop_remainder:
@@ -214,8 +213,7 @@ class SplitBinaryReader:
         else:
             self.num_batches = math.ceil(self.num_samples / global_batch_size)
         names = spec.categorical_names
-        ids = range(len(names)) if categorical_ids is None else categorical_ids
-        self.categorical_features = [names[i] for i in ids]
+        self.categorical_features = [names[i] for i in self.reads.tables]
         self.numerical_features = spec.numerical_names
         self.num_numerical = len(self.numerical_features)
         self.label_feature = spec.label_name
@@ -243,7 +241,7 @@ class SplitBinaryReader:
         weakref.finalize(self, _close_all, list(self._fds.values()))
 
         largest_local = max(local_sizes(global_batch_size, world_size))
-        largest_categorical = largest_local if data_parallel_categoricals else global_batch_size
+        largest_categorical = largest_local if not self.reads.global_batch else global_batch_size
         arena_bytes = (_round_up(largest_local) + _round_up(largest_local * self.num_numerical * 2)
                        + sum(_round_up(len(members) * largest_categorical * dtype.itemsize)
                              for dtype, members in self._groups))
@@ -276,8 +274,8 @@ class SplitBinaryReader:
         start, size = self.batch_rows(int(batch_index))
         lo, hi = local_slice(size, self.rank, self.world_size)
         local_first, local_rows = start + lo, hi - lo
-        categorical_first, categorical_rows = ((local_first, local_rows)
-                                               if self.data_parallel_categoricals else (start, size))
+        categorical_lo, categorical_hi = self.reads.rows(size, self.rank, self.world_size)
+        categorical_first, categorical_rows = start + categorical_lo, categorical_hi - categorical_lo
         arena = self._pool.acquire()
         cursor = (-arena.ctypes.data) % BUFFER_ALIGNMENT  # the arena has that much slack
 
@@ -325,7 +323,7 @@ class SplitBinaryReader:
         lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
         local_size = hi - lo if self.drop_remainder else None
         global_size = self.global_batch_size if self.drop_remainder else None
-        categorical_size = local_size if self.data_parallel_categoricals else global_size
+        categorical_size = global_size if self.reads.global_batch else local_size
         labels = tf.reshape(tf.cast(raw[0], tf.float32), [-1, 1])
         labels.set_shape([local_size, 1])
         if self.num_numerical:

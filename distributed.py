@@ -98,6 +98,23 @@ def allreduce(tensor: TensorLike, average: bool = True, name: Optional[str] = No
     return hvd.allreduce(tensor, op=hvd.Average if average else hvd.Sum, name=name)
 
 
+def scale_gradient(gradient: Any, factor: float) -> Any:
+    """`gradient` times `factor`, keeping a sparse gradient sparse (None stays None)."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * factor, gradient.indices, gradient.dense_shape)
+    return gradient * factor
+
+
+def average_gradients(gradients: Sequence[Any], name: str) -> List[Any]:
+    """Average each gradient (dense or sparse) over the ranks, one collective each, named
+    `<name>_<position>` so that every rank pairs the same ones; one process: returned as they are."""
+    if size() == 1:
+        return list(gradients)
+    return [allreduce(gradient, name=f"{name}_{position}") for position, gradient in enumerate(gradients)]
+
+
 def grouped_allreduce(tensors: Sequence[TensorLike], average: bool = True) -> List[tf.Tensor]:
     """Allreduce a list of dense tensors in one fused collective."""
     hvd = _horovod()

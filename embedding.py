@@ -15,6 +15,8 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+import distributed as dist
+
 EMBEDDING_TYPES = ("multitable", "fused")
 
 
@@ -266,8 +268,12 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
 
     @property
     def model_parallel_variables(self) -> List[tf.Variable]:
-        """None: every table of this layer is whole on every rank (gradients are averaged)."""
+        """None: every table of this layer is whole on every rank."""
         return []
+
+    def reduce_gradients(self, gradients: Sequence) -> list:
+        """The gradients of `trainable_variables`, averaged over the ranks (tables whole on each)."""
+        return dist.average_gradients(gradients, "replicated_embedding_grad")
 
     def placement(self) -> List[str]:
         """'device' or 'cpu' for every table, in feature order (for start-up logging)."""

@@ -10,9 +10,10 @@ tables may be replicated. Forward:
      its local batch from every holder (the rows of a local batch are contiguous, so the send
      buffer needs no reordering and the bytes sent are the minimum: local batch x width);
   4. reassembly in feature order, column slices concatenated, replicated tables looked up locally.
-The backward pass is the reverse exchange (Horovod's alltoall gradient). Gradients of
-model-parallel pieces stay local and sparse; the trainer scales them by 1/world_size, because
-every rank's local-mean loss contributes to them through the exchange.
+The backward pass is the reverse exchange (Horovod's alltoall gradient). The layer also routes
+its own gradients (`reduce_gradients`): those of model-parallel pieces stay local and sparse,
+scaled by 1/world_size because every rank's local-mean loss reaches them through the exchange;
+those of replicated tables are averaged over the ranks like dense weights.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
-from batch import local_sizes, rank_start
+from batch import TableReads, local_sizes, rank_start
 from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform
 from sharding import Piece, ShardingPlan
 
@@ -68,25 +69,29 @@ class ShardedTableView(TableView):
 class HybridEmbedding(tf.keras.layers.Layer):
     """Lookups of all tables for this rank's local batch, with tables spread by a ShardingPlan.
 
-    Input: a tuple of int id tensors. With model-parallel input, one per `plan.input_tables(rank)`
-    holding the global batch; with data-parallel input, one per table holding the local batch.
-    Output: `[local_batch, n_tables, dim]` in `output_dtype`.
+    Input: a tuple of int id tensors, one per table of `reads` (`ShardingPlan.reads`, the same
+    object the rank's loader was given): with model-parallel input the global batch of the tables
+    this rank holds and of the replicated ones, with data-parallel input the local batch of every
+    table. Output: `[local_batch, n_tables, dim]` in `output_dtype`.
     """
 
-    def __init__(self, plan: ShardingPlan, rank: int, *, data_parallel_input: bool = False,
+    def __init__(self, plan: ShardingPlan, rank: int, reads: TableReads, *,
                  table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
                  trainable: bool = True, seed: int = 0, name: str = "hybrid_embedding") -> None:
         super().__init__(name=name, dtype=table_dtype, trainable=trainable)
+        if reads != plan.reads(rank, data_parallel_input=not reads.global_batch):
+            raise ValueError(f"rank {rank} is given ids of tables {list(reads.tables)} "
+                             f"({'global' if reads.global_batch else 'local'} batch), which is not what "
+                             f"the sharding plan decided for it")
         self.plan = plan
         self.rank = rank
+        self.reads = reads
         self.world_size = plan.world_size
-        self.data_parallel_input = data_parallel_input
+        self.data_parallel_input = not reads.global_batch
         self.output_dtype = output_dtype
         self.seed = seed
         self.local_pieces = plan.pieces_on(rank)
         self.local_tables = plan.model_parallel_tables_on(rank)
-        self.input_tables = (list(range(len(plan.cardinalities))) if data_parallel_input
-                             else plan.input_tables(rank))
         self.piece_variables: List[tf.Variable] = []
         self.replicated_tables: Dict[int, tf.Variable] = {}
 
@@ -128,7 +133,10 @@ class HybridEmbedding(tf.keras.layers.Layer):
         return {t: global_ids[i] for i, t in enumerate(self.local_tables)}, batches
 
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
-        by_table = {t: tf.cast(x, tf.int32) for t, x in zip(self.input_tables, ids)}
+        if len(ids) != len(self.reads.tables):
+            raise ValueError(f"{self.name} on rank {self.rank} expects ids of tables {list(self.reads.tables)}, "
+                             f"got {len(ids)} id tensors")
+        by_table = {t: tf.cast(x, tf.int32) for t, x in zip(self.reads.tables, ids)}
         if self.data_parallel_input:
             replicated_ids = {t: by_table[t] for t in self.plan.replicated}
             global_ids, batches = (self._exchange_ids(by_table) if self.world_size > 1
@@ -177,6 +185,18 @@ class HybridEmbedding(tf.keras.layers.Layer):
     def model_parallel_variables(self) -> List[tf.Variable]:
         """Pieces held by this rank only: never broadcast, and their gradients are never all-reduced."""
         return list(self.piece_variables) if self.world_size > 1 else []
+
+    def reduce_gradients(self, gradients: Sequence) -> list:
+        """The gradients of `trainable_variables` as their updates need them (see the module
+        docstring); each replicated table's collective is named by its position among them."""
+        if self.world_size == 1:
+            return list(gradients)
+        local = {id(v) for v in self.piece_variables}
+        pairs = list(zip(gradients, self.trainable_variables))
+        averaged = iter(dist.average_gradients([g for g, v in pairs if id(v) not in local],
+                                               "replicated_embedding_grad"))
+        return [dist.scale_gradient(g, 1.0 / self.world_size) if id(v) in local else next(averaged)
+                for g, v in pairs]
 
     def table_views(self, selector: Optional[VariableSelector] = None) -> List[TableView]:
         """Every table in feature order as a global-layout view (sharded ones gather/cut)."""

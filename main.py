@@ -9,9 +9,18 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Any, Callable, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from absl import app, flags
+
+from sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
+
+if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
+    from checkpoint import TrainingState
+    from dataloader import InputPipelines
+    from trainer import Evaluator, Trainer
+    from utils import DllLogger
 
 FLAGS = flags.FLAGS
 
@@ -78,8 +87,8 @@ flags.DEFINE_integer("synthetic_dataset_train_batches", 64008, "Synthetic train 
 flags.DEFINE_integer("synthetic_dataset_valid_batches", 1350, "Synthetic eval length in batches")
 flags.DEFINE_list("synthetic_dataset_cardinalities", 26 * ["1000"], "Synthetic table sizes")
 flags.DEFINE_integer("synthetic_dataset_num_numerical_features", 13, "Synthetic numerical feature count")
-flags.DEFINE_string("dist_strategy", "memory_balanced",
-                    "Table placement for model-parallel embeddings: memory_balanced, basic, memory_optimized")
+flags.DEFINE_enum("dist_strategy", "memory_balanced", list(STRATEGIES),
+                  "Table placement of the model-parallel embeddings (the sharding planner's strategies)")
 flags.DEFINE_integer("column_slice_threshold", 10 * 1000 * 1000 * 1000,
                      "Tables with more elements are column-sliced across ranks (model-parallel embeddings)")
 flags.DEFINE_integer("data_parallel_threshold", None,
@@ -155,14 +164,9 @@ def _check_values(opts: Any) -> None:
             raise UsageError(f"--{name} must be a comma-separated list of integers, got {','.join(values)}") from None
         if not numbers or min(numbers) < 1:
             raise UsageError(f"--{name} needs positive integers, got {numbers}")
-    from sharding import STRATEGIES
-
-    if opts.dist_strategy not in STRATEGIES:
-        raise UsageError(f"--dist_strategy must be memory_balanced, basic or memory_optimized, "
-                         f"got {opts.dist_strategy!r}")
 
 
-def validate_flags(opts: Any, world_size: int, has_gpu: bool) -> None:
+def validate_flags(opts: Any, world_size: int) -> None:
     """Flag ranges, the reference's incompatible combinations (§1.1) and this implementation's limits.
 
     `opts` is FLAGS or any object with the flags as attributes, so tests can check values in-process.
@@ -176,9 +180,6 @@ def validate_flags(opts: Any, world_size: int, has_gpu: bool) -> None:
         raise UsageError("--amp and --fp16 are mutually exclusive")
     if opts.fp16 and opts.mode == "train":
         raise UsageError("--fp16 is for inference and export only; train with --amp instead")
-    if opts.dot_interaction == "custom_cuda" and (opts.cpu or not has_gpu):
-        raise UsageError("--dot_interaction custom_cuda needs a GPU; use custom_cpu, tensorflow or auto"
-                         + (" (--cpu is set)" if opts.cpu else " (no GPU is visible)"))
     if opts.mode == "deploy" and not opts.saved_model_output_path:
         raise UsageError("--mode deploy needs --saved_model_output_path")
     if opts.mode != "train" and not (opts.restore_checkpoint_path or opts.saved_model_input_path):
@@ -293,22 +294,15 @@ def load_feature_spec():
                 allow_external_paths=FLAGS.allow_external_data_paths)
 
 
-def build_pipelines(rank: int, world_size: int, compute_dtype, plan, spec):
-    from dataloader import create_input_pipelines
+def build_pipelines(spec, rank: int, world_size: int, reads, compute_dtype):
+    """This rank's train and test pipelines, reading what `reads` (the plan's decision) says."""
+    from dataloader import PipelineConfig, create_input_pipelines
 
-    model_parallel_input = plan is not None and not FLAGS.data_parallel_input
-    return create_input_pipelines(
-        dataset_type=FLAGS.dataset_type, dataset_path=FLAGS.dataset_path, feature_spec_name=FLAGS.feature_spec,
-        train_batch_size=FLAGS.batch_size, eval_batch_size=FLAGS.valid_batch_size, rank=rank,
-        world_size=world_size, local_categorical_ids=plan.input_tables(rank) if model_parallel_input else None,
-        data_parallel_input=not model_parallel_input,
-        shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed, compute_dtype=compute_dtype,
-        num_train_batches=FLAGS.synthetic_dataset_train_batches,
-        num_eval_batches=FLAGS.synthetic_dataset_valid_batches,
-        cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities),
-        num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
-        use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec, validate_data=FLAGS.validate_data,
-        feature_spec=spec)
+    return create_input_pipelines(spec, PipelineConfig(
+        dataset_type=FLAGS.dataset_type, train_batch_size=FLAGS.batch_size, eval_batch_size=FLAGS.valid_batch_size,
+        rank=rank, world_size=world_size, reads=reads, shuffle_batch_order=FLAGS.shuffle_batch_order,
+        seed=FLAGS.seed, compute_dtype=compute_dtype, synthetic_train_batches=FLAGS.synthetic_dataset_train_batches,
+        synthetic_eval_batches=FLAGS.synthetic_dataset_valid_batches, validate_data=FLAGS.validate_data))
 
 
 def memory_budget(local_rank: int):
@@ -332,37 +326,32 @@ def memory_budget(local_rank: int):
                         update_rows=FLAGS.batch_size)
 
 
-def build_model_config(spec, interaction_name: str, host_tables):
-    from model import DlrmConfig
+def sharding_plan(spec, rank: int, world_size: int):
+    """Which rank holds which table or slice, and in which memory tier (--print_sharding_plan)."""
+    import distributed as dist
+    from sharding import plan_sharding
+    from utils import print_rank0
 
-    return DlrmConfig(
-        num_numerical_features=len(spec.numerical_names), cardinalities=spec.cardinalities,
-        embedding_dim=FLAGS.embedding_dim, bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims),
+    plan = plan_sharding(spec.cardinalities, FLAGS.embedding_dim, world_size, FLAGS.dist_strategy,
+                         FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
+                         memory_budget(dist.local_rank()))
+    if FLAGS.print_sharding_plan:
+        print_rank0(plan.describe(), rank=rank)
+    return plan
+
+
+def model_options(spec, interaction_name: str, compute_dtype):
+    from factory import ModelOptions
+
+    return ModelOptions(
+        num_numerical_features=len(spec.numerical_names), bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims),
         top_mlp_dims=_ints(FLAGS.top_mlp_dims), interaction=interaction_name,
         embedding_type=FLAGS.gpu_embedding_type, cpu_embedding_type=FLAGS.cpu_embedding_type,
-        host_tables=list(host_tables), embedding_trainable=FLAGS.embedding_trainable,
-        table_dtype="float16" if FLAGS.fp16 else "float32", seed=FLAGS.seed)
-
-
-def training_state(model, optimizers, scheduler, spec):
-    """The variables a checkpoint saves and restores, named in the global per-table layout."""
-    from checkpoint import STEP_COUNTER, TrainingState
-
-    dense_optimizer, embedding_optimizer = optimizers
-    tables = model.table_views()
-    slot_names = embedding_optimizer.slot_names if model.embedding_variables else ()
-    slot_views = {slot: model.table_views(lambda v, slot=slot: embedding_optimizer.slot_variables(v)[slot])
-                  for slot in slot_names}
-    counters = {STEP_COUNTER: scheduler.step, "dense_optimizer_iterations": dense_optimizer.iterations}
-    if embedding_optimizer is not dense_optimizer:
-        counters["embedding_optimizer_iterations"] = embedding_optimizer.iterations
-    dense = model.dense_weight_map()
-    return TrainingState(
-        model_config=model.config.shape_fields() | {"optimizer": FLAGS.optimizer},
-        feature_names=spec.categorical_names, tables=tables,
-        table_slots=[{slot: views[i] for slot, views in slot_views.items()} for i in range(len(tables))],
-        dense=dense, dense_slots={name: dense_optimizer.slot_variables(v) for name, v in dense.items()},
-        counters=counters)
+        embedding_trainable=FLAGS.embedding_trainable, table_dtype="float16" if FLAGS.fp16 else "float32",
+        compute_dtype=compute_dtype, seed=FLAGS.seed, optimizer=FLAGS.optimizer,
+        learning_rate=FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
+        decay_start_step=FLAGS.decay_start_step, decay_steps=FLAGS.decay_steps,
+        loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None)
 
 
 def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
@@ -416,107 +405,94 @@ def log_final(logger, data: dict) -> None:
     logger.log(step=(), data=data)
 
 
-def build_model(spec, plan, rank: int, compute_dtype):
-    """The DLRM with its variables created: plain tables on one process, hybrid-parallel on several."""
-    import interaction
-    from model import Dlrm
-    from utils import print_rank0
-
-    interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
-    print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
-                rank=rank)
-    config = build_model_config(spec, interaction_name, plan.host_tables(rank) if plan.world_size == 1 else [])
-    embedding_layer = None
-    if plan.world_size > 1:
-        from hybrid_embedding import HybridEmbedding
-
-        embedding_layer = HybridEmbedding(plan, rank, data_parallel_input=FLAGS.data_parallel_input,
-                                          output_dtype=compute_dtype, trainable=FLAGS.embedding_trainable,
-                                          seed=config.seed)
-    model = Dlrm(config, embedding_layer)
-    model.build_weights()
-    placement = model.embedding.placement()
-    counts = ", ".join(f"{placement.count(kind)} {kind}" for kind in ("device", "cpu", "replicated", "remote")
-                       if placement.count(kind))
-    print_rank0(f"embedding tables on rank {rank}: {counts}", rank=rank)
-    return model
+@dataclass
+class Job:
+    """What a mode runs with, once the inputs are checked and the weights are in place."""
+    rank: int
+    logger: DllLogger
+    pipelines: InputPipelines
+    evaluator: Evaluator
+    inference_batches: Optional[int] = None
+    trainer: Optional[Trainer] = None  # None when the weights come from --saved_model_input_path
+    state: Optional[TrainingState] = None
+    lineage: str = ""
 
 
-def run_mode(rank: int, world_size: int, logger) -> None:
+def prepare_job(rank: int, world_size: int, logger) -> Job:
+    """Spec, plan, pipelines and weights (built and restored, or a SavedModel), in that order, so
+    that every input is checked before anything is written."""
     import tensorflow as tf
 
-    import checkpoint
-    import distributed as dist
+    import interaction
     import saved_model
-    from lr_scheduler import LearningRateScheduler
-    from optimizers import make_optimizers
-    from trainer import Evaluator, LoopConfig, Trainer, train_loop
+    from factory import build_trainer
+    from trainer import Evaluator
     from utils import print_rank0
 
     compute_dtype = tf.float16 if (FLAGS.amp or FLAGS.fp16) else tf.float32
     spec = load_feature_spec()
-    plan = None
-    if not FLAGS.saved_model_input_path:
-        from sharding import plan_sharding
-
-        plan = plan_sharding(spec.cardinalities, FLAGS.embedding_dim, world_size, FLAGS.dist_strategy,
-                             FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
-                             memory_budget(dist.local_rank()))
-        if FLAGS.print_sharding_plan:
-            print_rank0(plan.describe(), rank=rank)
-    pipelines = build_pipelines(rank, world_size, compute_dtype, plan if world_size > 1 else None, spec)
+    if FLAGS.saved_model_input_path:
+        pipelines = build_pipelines(spec, rank, world_size, None, compute_dtype)
+        return Job(rank, logger, pipelines, inference_batches=_inference_batches(pipelines),
+                   evaluator=Evaluator(saved_model.load_predict_fn(FLAGS.saved_model_input_path),
+                                       FLAGS.auc_thresholds))
+    interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
+    print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
+                rank=rank)
+    plan = sharding_plan(spec, rank, world_size)
+    reads = plan.reads(rank, FLAGS.data_parallel_input)
+    pipelines = build_pipelines(spec, rank, world_size, reads, compute_dtype)
     if pipelines.teacher_auc is not None:
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
-    batches = (inference_batches(FLAGS.max_steps, pipelines.eval_steps, FLAGS.valid_batch_size)
-               if FLAGS.mode == "inference" else None)
-
-    if FLAGS.saved_model_input_path:
-        evaluator = Evaluator(saved_model.load_predict_fn(FLAGS.saved_model_input_path), FLAGS.auc_thresholds)
-        log_parameters(logger, world_size)
-        run_evaluation_modes(evaluator, pipelines, logger, batches)
-        return
-
-    model = build_model(spec, plan, rank, compute_dtype)
-    dist.broadcast_variables(model.data_parallel_variables, root_rank=0)
-    optimizers = make_optimizers(FLAGS.optimizer)
-    scheduler = LearningRateScheduler(FLAGS.learning_rate, FLAGS.warmup_steps, FLAGS.decay_start_step,
-                                      FLAGS.decay_steps)
-    trainer = Trainer(model, *optimizers, scheduler, loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None)
-    state = training_state(model, optimizers, scheduler, spec)
+    batches = _inference_batches(pipelines)
+    trainer = build_trainer(plan, rank, reads, model_options(spec, interaction_name, compute_dtype))
+    placement = trainer.model.embedding.placement()
+    counts = ", ".join(f"{placement.count(kind)} {kind}" for kind in ("device", "cpu", "replicated", "remote")
+                       if placement.count(kind))
+    print_rank0(f"embedding tables on rank {rank}: {counts}", rank=rank)
+    state = trainer.training_state(spec.categorical_names, FLAGS.optimizer)
     lineage = prepare_checkpoints(state, pipelines.train_steps, rank)
-    evaluator = Evaluator.for_model(model, FLAGS.auc_thresholds)
-    log_parameters(logger, world_size)
+    return Job(rank, logger, pipelines, Evaluator.for_model(trainer.model, FLAGS.auc_thresholds), batches,
+               trainer, state, lineage)
 
-    if FLAGS.mode == "deploy":
-        print_rank0(f"deployed to: {saved_model.export(model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16)}",
-                    rank=rank)
-        return
-    if FLAGS.mode != "train":
-        run_evaluation_modes(evaluator, pipelines, logger, batches)
-        return
+
+def _inference_batches(pipelines) -> Optional[int]:
+    if FLAGS.mode != "inference":
+        return None
+    return inference_batches(FLAGS.max_steps, pipelines.eval_steps, FLAGS.valid_batch_size)
+
+
+def run_train(job: Job) -> None:
+    """--mode train: the epochs, periodic evaluations and checkpoints, then the final record."""
+    import checkpoint
+    import distributed as dist
+    import saved_model
+    from trainer import LoopConfig, train_loop
+    from utils import print_rank0
+
     if FLAGS.max_steps == 0:  # validate_flags allows it only to save the initial weights
-        print_rank0("--max_steps 0: no training step runs; the checkpoint holds the initial weights", rank=rank)
-
+        print_rank0("--max_steps 0: no training step runs; the checkpoint holds the initial weights", rank=job.rank)
     saved_steps = []
 
     def save(step: int) -> None:
         saved_steps.append(step)
-        path = checkpoint.save(FLAGS.save_checkpoint_path, step, state, lineage, keep=FLAGS.keep_checkpoints,
-                               writer=rank == 0)
+        path = checkpoint.save(FLAGS.save_checkpoint_path, step, job.state, job.lineage, keep=FLAGS.keep_checkpoints,
+                               writer=job.rank == 0)
         dist.barrier()
-        print_rank0(f"checkpoint saved: {path}", rank=rank)
+        print_rank0(f"checkpoint saved: {path}", rank=job.rank)
 
     loop_config = LoopConfig(
-        epochs=FLAGS.epochs, steps_per_epoch=pipelines.train_steps, global_batch_size=FLAGS.batch_size,
+        epochs=FLAGS.epochs, steps_per_epoch=job.pipelines.train_steps, global_batch_size=FLAGS.batch_size,
         max_steps=FLAGS.max_steps, evals_per_epoch=FLAGS.evals_per_epoch, print_freq=int(FLAGS.print_freq),
         checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps, profiler_start_step=FLAGS.profiler_start_step,
-        profile_this_rank=rank == FLAGS.profiled_rank)
-    result = train_loop(trainer, evaluator, pipelines.train, pipelines.test, loop_config,
+        profile_this_rank=job.rank == FLAGS.profiled_rank)
+    result = train_loop(job.trainer, job.evaluator, job.pipelines.train, job.pipelines.test, loop_config,
                         save_checkpoint=save if FLAGS.save_checkpoint_path else None)
     if FLAGS.save_checkpoint_path and result.steps not in saved_steps:
         save(result.steps)
     if FLAGS.saved_model_output_path:  # single process only (validate_flags)
-        print(f"SavedModel exported to: {saved_model.export(model, FLAGS.saved_model_output_path)}", flush=True)
+        print(f"SavedModel exported to: {saved_model.export(job.trainer.model, FLAGS.saved_model_output_path)}",
+              flush=True)
     mean_step = result.mean_step_time_s
     record = {"throughput": float("nan") if math.isnan(mean_step) else FLAGS.batch_size / mean_step,
               "mean_step_time_ms": mean_step * 1000}
@@ -524,27 +500,50 @@ def run_mode(rank: int, world_size: int, logger) -> None:
         record |= {"auc": result.best_auc, "validation_loss": result.min_validation_loss}
     else:
         print_rank0(f"no evaluation ran before training ended (--max_steps {FLAGS.max_steps}, --evals_per_epoch "
-                    f"{FLAGS.evals_per_epoch}): the final record has no auc or validation_loss", rank=rank)
+                    f"{FLAGS.evals_per_epoch}): the final record has no auc or validation_loss", rank=job.rank)
     record |= {"train_loss": result.train_loss, "evaluations": len(result.evaluations)}
-    log_final(logger, record | ({"teacher_auc": pipelines.teacher_auc} if pipelines.teacher_auc is not None else {}))
+    teacher_auc = job.pipelines.teacher_auc
+    log_final(job.logger, record | ({"teacher_auc": teacher_auc} if teacher_auc is not None else {}))
 
 
-def run_evaluation_modes(evaluator, pipelines, logger, batches: Optional[int]) -> None:
-    """--mode eval: one pass over the test data; --mode inference: latencies over `batches` batches."""
+def run_eval(job: Job) -> None:
+    """--mode eval: one pass over the test data."""
+    result = job.evaluator.evaluate(job.pipelines.test)
+    log_final(job.logger, {"auc": result.auc, "test_loss": result.loss})
+
+
+def run_inference(job: Job) -> None:
+    """--mode inference: per-batch latencies over the batches `inference_batches` allows."""
     from trainer import percentiles
 
-    if FLAGS.mode == "eval":
-        result = evaluator.evaluate(pipelines.test)
-        log_final(logger, {"auc": result.auc, "test_loss": result.loss})
-        return
-    latencies, result = evaluator.benchmark_inference(pipelines.test, batches,
-                                                      warmup_batches=INFERENCE_WARMUP_BATCHES)
+    latencies, result = job.evaluator.benchmark_inference(job.pipelines.test, job.inference_batches,
+                                                          warmup_batches=INFERENCE_WARMUP_BATCHES)
     stats = percentiles(latencies)
-    log_final(logger, {"mean_inference_throughput": FLAGS.valid_batch_size / stats["mean"],
-                       "mean_inference_latency": stats["mean"], "p50_inference_latency": stats["p50"],
-                       "p90_inference_latency": stats["p90"], "p95_inference_latency": stats["p95"],
-                       "p99_inference_latency": stats["p99"], "auc": result.auc,
-                       "measured_batches": len(latencies)})
+    log_final(job.logger, {"mean_inference_throughput": FLAGS.valid_batch_size / stats["mean"],
+                           "mean_inference_latency": stats["mean"], "p50_inference_latency": stats["p50"],
+                           "p90_inference_latency": stats["p90"], "p95_inference_latency": stats["p95"],
+                           "p99_inference_latency": stats["p99"], "auc": result.auc,
+                           "measured_batches": len(latencies)})
+
+
+def run_deploy(job: Job) -> None:
+    """--mode deploy: export the restored weights as a SavedModel."""
+    import saved_model
+    from utils import print_rank0
+
+    print_rank0(f"deployed to: {saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16)}",
+                rank=job.rank)
+
+
+MODES: Dict[str, Callable[[Job], None]] = {"train": run_train, "eval": run_eval, "inference": run_inference,
+                                           "deploy": run_deploy}
+
+
+def run_mode(rank: int, world_size: int, logger) -> None:
+    """Prepare the job, log the run's parameters, then run --mode."""
+    job = prepare_job(rank, world_size, logger)
+    log_parameters(logger, world_size)
+    MODES[FLAGS.mode](job)
 
 
 def user_error_types() -> tuple:
@@ -569,17 +568,14 @@ def run(argv) -> int:
     if FLAGS.xla:
         os.environ["TF_XLA_FLAGS"] = ("--tf_xla_auto_jit=fusible" + (" --tf_xla_cpu_global_jit" if FLAGS.cpu else "")
                                       + " " + os.environ.get("TF_XLA_FLAGS", "")).strip()
-    import tensorflow as tf
-
-    import distributed as dist
+    import distributed as dist  # the first TensorFlow import: after TF_XLA_FLAGS is set
     from utils import DllLogger
 
     dist.init()
     rank, world_size = dist.rank(), dist.size()
-    has_gpu = bool(tf.config.list_physical_devices("GPU"))
     logger = DllLogger(FLAGS.log_path, enabled=rank == 0)  # opens the file at its first record
     try:
-        validate_flags(FLAGS, world_size, has_gpu)
+        validate_flags(FLAGS, world_size)
         configure_tensorflow(dist.local_rank())
         verdict = output_paths_verdict(FLAGS, rank)
         if verdict:

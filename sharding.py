@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+from batch import TableReads
+
 STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
 HOST_VALUE_BYTES = 4  # tables offloaded to host memory are kept in float32
 MIN_DEVICE_RESERVE_BYTES = 4 << 30
@@ -98,9 +100,17 @@ class ShardingPlan:
     def model_parallel_tables_on(self, rank: int) -> List[int]:
         return sorted({p.table for p in self.pieces if p.rank == rank})
 
-    def input_tables(self, rank: int) -> List[int]:
-        """Tables whose ids this rank reads with model-parallel input: its own and the replicated."""
-        return sorted(set(self.model_parallel_tables_on(rank)) | set(self.replicated))
+    def reads(self, rank: int, data_parallel_input: bool = False) -> TableReads:
+        """The one decision of which ids `rank` reads, handed to its loader and its embedding layer.
+
+        Model-parallel input (several ranks, the default): the global batch of the tables it holds
+        a piece of, and of the replicated ones. Data-parallel input, or a single process: the local
+        rows of every table.
+        """
+        if data_parallel_input or self.world_size == 1:
+            return TableReads.every_table(len(self.cardinalities))
+        return TableReads(tuple(sorted(set(self.model_parallel_tables_on(rank)) | set(self.replicated))),
+                          global_batch=True)
 
     def width_on(self, rank: int) -> int:
         return sum(p.width for p in self.pieces_on(rank))

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, local_slice
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
 from datasets import PREFETCH_BATCHES, SplitBinaryWriter
 from feature_spec import FeatureSpec
 from metrics import exact_auc
@@ -160,16 +160,15 @@ def make_synthetic_split(teacher: SyntheticTeacher, global_batch_size: int, num_
                           num_batches=num_batches, teacher_auc=auc)
 
 
-def synthetic_dataset(split: SyntheticSplit, categorical_ids: Sequence[int], rank: int,
-                      world_size: int, data_parallel_categoricals: bool,
+def synthetic_dataset(split: SyntheticSplit, reads: TableReads, rank: int, world_size: int,
                       numerical_dtype: tf.DType) -> tf.data.Dataset:
     """The split as (features, labels) batches for one rank, same layout as SplitBinaryReader."""
     global_batch = split.labels.shape[1]
     lo, hi = local_slice(global_batch, rank, world_size)
-    cat_lo, cat_hi = (lo, hi) if data_parallel_categoricals else (0, global_batch)
+    cat_lo, cat_hi = reads.rows(global_batch, rank, world_size)
     pool = {
         NUMERICAL_KEY: tf.cast(split.numerical[:, lo:hi], numerical_dtype),
-        CATEGORICAL_KEY: tuple(tf.constant(split.categoricals[i][:, cat_lo:cat_hi]) for i in categorical_ids),
+        CATEGORICAL_KEY: tuple(tf.constant(split.categoricals[i][:, cat_lo:cat_hi]) for i in reads.tables),
     }
     labels = tf.constant(split.labels[:, lo:hi, None].astype(np.float32))
     return (tf.data.Dataset.from_tensor_slices((pool, labels)).repeat()

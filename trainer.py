@@ -1,8 +1,9 @@
 """Training step, evaluation and the epoch loop (reference §2.11, §7).
 
 The step runs data parallel: each rank computes its local batch's loss; dense gradients are
-averaged over ranks with one fused allreduce. Embedding gradients of model-parallel pieces stay
-local (sparse); those of tables held whole on every rank are averaged.
+averaged over ranks with one fused allreduce. The embedding layer routes its own gradients
+(`reduce_gradients`: model-parallel pieces stay local and sparse, tables held whole on every rank
+are averaged). The trainer also names the variables a checkpoint holds (`training_state`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 import distributed as dist
 import metrics
+from checkpoint import STEP_COUNTER, TrainingState
 from datasets import surface_data_errors
 from lr_scheduler import LearningRateScheduler
 from model import Dlrm
@@ -57,14 +59,6 @@ class TrainResult:
         return min(e.loss for e in self.evaluations)
 
 
-def _scale(gradient, factor: float):
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values * factor, gradient.indices, gradient.dense_shape)
-    return gradient * factor
-
-
 def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
     """0-based steps within an epoch after which to evaluate (§7)."""
     if evals_per_epoch <= 0:
@@ -82,8 +76,6 @@ class Trainer:
         self.embedding_optimizer = embedding_optimizer
         self.scheduler = scheduler
         self.loss_scale = loss_scale
-        self.world_size = dist.size()
-        self._model_parallel = {id(v) for v in model.embedding.model_parallel_variables}
         dense_optimizer.build(model.dense_variables)
         embedding_optimizer.build(model.embedding_variables)
         with tf.device("/CPU:0"):
@@ -111,9 +103,9 @@ class Trainer:
             scaled_loss = loss * self.loss_scale if self.loss_scale else loss
         gradients = tape.gradient(scaled_loss, dense_vars + embedding_vars)
         if self.loss_scale:
-            gradients = [_scale(g, 1.0 / self.loss_scale) for g in gradients]
+            gradients = [dist.scale_gradient(g, 1.0 / self.loss_scale) for g in gradients]
         dense_grads = dist.grouped_allreduce(gradients[:len(dense_vars)]) if dense_vars else []
-        embedding_grads = self._reduce_embedding_gradients(gradients[len(dense_vars):], embedding_vars)
+        embedding_grads = self.model.embedding.reduce_gradients(gradients[len(dense_vars):])
         dense_pairs = list(zip(dense_grads, dense_vars))
         embedding_pairs = list(zip(embedding_grads, embedding_vars))
         if self.dense_optimizer is self.embedding_optimizer:
@@ -126,20 +118,23 @@ class Trainer:
         self.first_nonfinite_step.assign(tf.where((first_bad < 0) & ~tf.math.is_finite(loss), step, first_bad))
         return loss, learning_rate
 
-    def _reduce_embedding_gradients(self, gradients, variables: Sequence[tf.Variable]) -> list:
-        """Model-parallel pieces: local, scaled by 1/W (every rank's local-mean loss reaches them
-        through the exchange). Tables whole on every rank: averaged like dense weights, each
-        collective named by its position among those tables (the same on every rank)."""
-        if self.world_size == 1:
-            return list(gradients)
-        reduced, replicated_index = [], 0
-        for gradient, variable in zip(gradients, variables):
-            if id(variable) in self._model_parallel:
-                reduced.append(_scale(gradient, 1.0 / self.world_size))
-            else:
-                reduced.append(dist.allreduce(gradient, name=f"replicated_embedding_grad_{replicated_index}"))
-                replicated_index += 1
-        return reduced
+    def training_state(self, feature_names: Sequence[str], optimizer_name: str) -> TrainingState:
+        """The variables a checkpoint saves and restores, named in the global per-table layout."""
+        model, dense_optimizer, embedding_optimizer = self.model, self.dense_optimizer, self.embedding_optimizer
+        tables = model.table_views()
+        slot_names = embedding_optimizer.slot_names if model.embedding_variables else ()
+        slot_views = {slot: model.table_views(lambda v, slot=slot: embedding_optimizer.slot_variables(v)[slot])
+                      for slot in slot_names}
+        counters = {STEP_COUNTER: self.scheduler.step, "dense_optimizer_iterations": dense_optimizer.iterations}
+        if embedding_optimizer is not dense_optimizer:
+            counters["embedding_optimizer_iterations"] = embedding_optimizer.iterations
+        dense = model.dense_weight_map()
+        return TrainingState(
+            model_config=model.config.shape_fields() | {"optimizer": optimizer_name},
+            feature_names=list(feature_names), tables=tables,
+            table_slots=[{slot: views[i] for slot, views in slot_views.items()} for i in range(len(tables))],
+            dense=dense, dense_slots={name: dense_optimizer.slot_variables(v) for name, v in dense.items()},
+            counters=counters)
 
 
 PredictFn = Callable[[Dict[str, tf.Tensor]], tf.Tensor]

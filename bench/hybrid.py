@@ -94,29 +94,22 @@ def recording_alltoall() -> Iterator[Dict[str, List[int]]]:
 
 
 def build(options: dict, data_parallel_input: bool) -> tuple:
-    """Plan, model and SGD trainer for this process's rank and world size."""
+    """Plan, what this rank reads, and the SGD trainer for this process's rank and world size."""
     import distributed as dist
-    from hybrid_embedding import HybridEmbedding
+    from factory import ModelOptions, build_trainer
     from interaction import resolve_interaction_name
-    from lr_scheduler import LearningRateScheduler
-    from model import Dlrm, DlrmConfig
-    from optimizers import make_optimizers
     from sharding import plan_sharding
-    from trainer import Trainer
 
     plan = plan_sharding(options["cardinalities"], options["dim"], dist.size(), "memory_balanced")
-    layer = HybridEmbedding(plan, dist.rank(), data_parallel_input=data_parallel_input,
-                            name="hybrid_dp" if data_parallel_input else "hybrid_mp")
-    config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=options["cardinalities"],
-                        embedding_dim=options["dim"], bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
-                        interaction=resolve_interaction_name("auto"))
-    model = Dlrm(config, layer)
-    model.build_weights()
-    trainer = Trainer(model, *make_optimizers("sgd"), LearningRateScheduler(0.01, 0, 10**9, 1))
-    return plan, model, trainer
+    reads = plan.reads(dist.rank(), data_parallel_input)
+    trainer = build_trainer(plan, dist.rank(), reads, ModelOptions(
+        num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
+        interaction=resolve_interaction_name("auto"), learning_rate=0.01, warmup_steps=0,
+        decay_start_step=10**9, decay_steps=1), name="hybrid_dp" if data_parallel_input else "hybrid_mp")
+    return plan, reads, trainer
 
 
-def rank_batches(options: dict, plan: ShardingPlan, data_parallel_input: bool, count: int) -> list:
+def rank_batches(options: dict, reads, count: int) -> list:
     """`count` random global batches cut as this rank's loader would give them (tests/hybrid_worker.py)."""
     import numpy as np
     import tensorflow as tf
@@ -126,16 +119,14 @@ def rank_batches(options: dict, plan: ShardingPlan, data_parallel_input: bool, c
 
     rank, size, batch = dist.rank(), dist.size(), options["batch"]
     start, end = local_slice(batch, rank, size)
+    id_start, id_end = reads.rows(batch, rank, size)
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(count):
         numerical = rng.random((batch, NUM_NUMERICAL), dtype=np.float32)
         categorical = [rng.integers(0, c, batch, dtype=np.int32) for c in options["cardinalities"]]
         labels = (rng.random((batch, 1)) < 0.3).astype(np.float32)
-        if data_parallel_input:
-            ids = tuple(tf.constant(c[start:end]) for c in categorical)
-        else:
-            ids = tuple(tf.constant(categorical[t]) for t in plan.input_tables(rank))
+        ids = tuple(tf.constant(categorical[t][id_start:id_end]) for t in reads.tables)
         batches.append(({NUMERICAL_KEY: tf.constant(numerical[start:end]), CATEGORICAL_KEY: ids},
                         tf.constant(labels[start:end])))
     return batches
@@ -202,17 +193,17 @@ def worker(job: str, options: dict) -> dict:
     tf.keras.utils.set_random_seed(0)
     rank, size = dist.rank(), dist.size()
     result: Dict[str, object] = {"rank": rank}
-    plan, _, trainer = build(options, data_parallel_input=False)
+    plan, reads, trainer = build(options, data_parallel_input=False)
     result["table_bytes_on_rank"] = sum(plan.memory_per_rank()[rank])
     result["peak_rss_after_build_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    batches = rank_batches(options, plan, False, 2)
+    batches = rank_batches(options, reads, 2)
     if job == "mid" and size > 1:
         result["model_parallel_sent"] = eager_step_bytes(trainer, batches[0])
     result["step_times_s"] = timed_steps(trainer, batches, options["steps"])
     if job == "mid" and size > 1:
         result["exchange_times_s"] = exchange_times(plan, options["batch"], options["exchange_runs"])
-        _, _, dp_trainer = build(options, data_parallel_input=True)
-        result["data_parallel_sent"] = eager_step_bytes(dp_trainer, rank_batches(options, plan, True, 1)[0])
+        _, dp_reads, dp_trainer = build(options, data_parallel_input=True)
+        result["data_parallel_sent"] = eager_step_bytes(dp_trainer, rank_batches(options, dp_reads, 1)[0])
         result["formula_bytes"] = exchange_bytes_per_step(plan, options["batch"], 4)
         result["minimum_output_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=False)
         result["minimum_id_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=True)

@@ -102,9 +102,9 @@ def measure_pipeline(directory: str, num_samples: int, check_values: bool) -> di
     import datasets
 
     rss_before = peak_rss_mib()
-    train = dataloader.create_input_pipelines(dataset_type="tf_raw", dataset_path=directory,
-                                              train_batch_size=BATCH_SIZE, eval_batch_size=BATCH_SIZE,
-                                              check_values=check_values).train
+    spec = dataloader.load_feature_spec(dataset_path=directory)
+    train = dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
+        train_batch_size=BATCH_SIZE, eval_batch_size=BATCH_SIZE, check_values=check_values)).train
     start = time.perf_counter()
     samples = sum(int(labels.shape[0]) for _, labels in train)
     python_loop = time.perf_counter() - start
@@ -113,8 +113,7 @@ def measure_pipeline(directory: str, num_samples: int, check_values: bool) -> di
         element[1], out_type=tf.int64)[0]))
     graph_loop = time.perf_counter() - start
     assert samples == in_graph == num_samples // BATCH_SIZE * BATCH_SIZE
-    reader = datasets.SplitBinaryReader(dataloader.load_feature_spec(dataset_path=directory), "train",
-                                        BATCH_SIZE, check_values=check_values)
+    reader = datasets.SplitBinaryReader(spec, "train", BATCH_SIZE, check_values=check_values)
     start = time.perf_counter()
     for batch in range(len(reader)):
         reader.read_batch(batch)

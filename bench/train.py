@@ -75,28 +75,27 @@ def worker(batch_size: int, xla: bool, low_memory: bool, steps: int) -> dict:
     """One configuration, in this process: train steps, then inference at batch 2048."""
     import tensorflow as tf
 
-    from dataloader import create_input_pipelines
+    from dataloader import PipelineConfig, create_input_pipelines, load_feature_spec
+    from factory import ModelOptions, build_trainer
     from interaction import resolve_interaction_name
-    from lr_scheduler import LearningRateScheduler
-    from model import Dlrm, DlrmConfig
-    from optimizers import make_optimizers
-    from trainer import Evaluator, Trainer, percentiles
+    from sharding import MemoryBudget, plan_sharding
+    from trainer import Evaluator, percentiles
 
     tf.keras.utils.set_random_seed(0)
     warmup = 5
-    pipelines = create_input_pipelines(dataset_type="synthetic", train_batch_size=batch_size,
-                                       eval_batch_size=2048, num_train_batches=warmup + steps,
-                                       num_eval_batches=40, cardinalities=CARDINALITIES,
-                                       num_numerical_features=NUM_NUMERICAL, seed=0)
-    config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=CARDINALITIES, embedding_dim=DIM,
-                        bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction=resolve_interaction_name("auto"),
-                        host_tables=list(range(len(CARDINALITIES))))
+    spec = load_feature_spec(dataset_type="synthetic", num_numerical_features=NUM_NUMERICAL,
+                             cardinalities=CARDINALITIES)
+    pipelines = create_input_pipelines(spec, PipelineConfig(
+        dataset_type="synthetic", train_batch_size=batch_size, eval_batch_size=2048,
+        synthetic_train_batches=warmup + steps, synthetic_eval_batches=40, seed=0))
+    plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0))  # the CPU: host memory
+    options = ModelOptions(num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
+                           interaction=resolve_interaction_name("auto"), learning_rate=0.01, warmup_steps=0,
+                           decay_start_step=10**9, decay_steps=1)
     runtime_rss = rss_bytes()
-    model = Dlrm(config)
-    model.build_weights()
+    trainer = build_trainer(plan, 0, plan.reads(0), options)
+    model = trainer.model
     built_rss = rss_bytes()
-    optimizers = make_optimizers("sgd")
-    trainer = Trainer(model, *optimizers, LearningRateScheduler(0.01, 0, 10**9, 1))
     batches = list(pipelines.train)
     for features, labels in batches[:warmup]:
         trainer.train_step(features, labels)[0].numpy()
@@ -116,7 +115,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, steps: int) -> dict:
     batch_bytes = batch_size * (NUM_NUMERICAL * 4 + len(CARDINALITIES) * 4 + 4)
     state_bytes = parameter_bytes + 2 * batch_bytes
     return {"batch_size": batch_size, "xla": xla, "low_memory_allocator": low_memory,
-            "interaction": config.interaction,
+            "interaction": options.interaction,
             "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
             "flops_per_sample": flops_per_sample(), "achieved_flops_per_s": achieved,
             "matmul_flops_per_s": peak_matmul,

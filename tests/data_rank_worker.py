@@ -12,6 +12,15 @@ import numpy as np
 
 import dataloader
 import distributed as dist
+from batch import TableReads
+
+
+def open_pipelines(dataset_path=None, *, spec=None, owned=None, **config) -> dataloader.InputPipelines:
+    """The pipelines of the spec in `dataset_path` (or of `spec`), with `PipelineConfig(**config)`;
+    `owned`: read the global batch of only those categorical features (model-parallel input)."""
+    spec = spec or dataloader.load_feature_spec(dataset_path=dataset_path)
+    reads = None if owned is None else TableReads(tuple(owned), global_batch=True)
+    return dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(reads=reads, **config))
 
 
 def collect_epoch(dataset) -> Dict[str, np.ndarray]:
@@ -30,13 +39,10 @@ def main(dataset_dir: str, output_dir: str, train_batch: int, eval_batch: int) -
     dist.init()
     rank, size = dist.rank(), dist.size()
     num_categorical = 4
-    for mode, data_parallel, owned in (
-            ("data_parallel", True, None),
-            ("model_parallel", False, [i for i in range(num_categorical) if i % size == rank])):
-        pipelines = dataloader.create_input_pipelines(
-            dataset_type="tf_raw", dataset_path=dataset_dir, train_batch_size=train_batch,
-            eval_batch_size=eval_batch, rank=rank, world_size=size, local_categorical_ids=owned,
-            data_parallel_input=data_parallel)
+    for mode, owned in (("data_parallel", None),
+                        ("model_parallel", [i for i in range(num_categorical) if i % size == rank])):
+        pipelines = open_pipelines(dataset_dir, owned=owned, train_batch_size=train_batch,
+                                   eval_batch_size=eval_batch, rank=rank, world_size=size)
         for split, dataset in (("train", pipelines.train), ("test", pipelines.test)):
             np.savez(os.path.join(output_dir, f"{mode}_{split}_rank{rank}.npz"),
                      **collect_epoch(dataset))

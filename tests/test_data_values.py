@@ -11,6 +11,7 @@ import dataloader
 import datasets
 import synthetic_data
 import saved_model
+from data_rank_worker import open_pipelines
 from feature_spec import get_default_feature_spec
 from model import Dlrm, DlrmConfig
 from test_main import SMALL_MODEL, main_py
@@ -37,9 +38,7 @@ def corrupt(path, dtype, width, sample, value, column=0):
 
 
 def pipelines(directory, **kwargs):
-    arguments = dict(dataset_type="tf_raw", dataset_path=str(directory), train_batch_size=BATCH,
-                     eval_batch_size=BATCH)
-    return dataloader.create_input_pipelines(**(arguments | kwargs))
+    return open_pipelines(str(directory), **(dict(train_batch_size=BATCH, eval_batch_size=BATCH) | kwargs))
 
 
 def consume(dataset):
@@ -109,8 +108,7 @@ def test_each_rank_checks_what_it_reads_and_names_the_sample_in_the_file(data_di
     # Sample 300 is in batch 2 (samples 256-383): rank 0's local half holds it, rank 1's does not;
     # a rank reading the global batch of a feature (model-parallel input) sees it.
     corrupt(data_dir / "train" / "cat_1.bin", np.int16, 1, 300, -7)
-    built = pipelines(data_dir, rank=rank, world_size=world_size, data_parallel_input=data_parallel,
-                      local_categorical_ids=None if data_parallel else [1])
+    built = pipelines(data_dir, rank=rank, world_size=world_size, owned=None if data_parallel else [1])
     batches, message = consume(built.train)
     if data_parallel and rank == 1:
         assert (batches, message) == (3, None)

@@ -10,7 +10,7 @@ import dataloader
 import batch
 import datasets
 import synthetic_data
-from data_rank_worker import collect_epoch
+from data_rank_worker import collect_epoch, open_pipelines
 from feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
 from multiproc import assert_ok, run_horovod
 
@@ -40,10 +40,7 @@ def spec_in(path, directory):
 
 
 def pipelines_for(directory, **kwargs):
-    arguments = dict(dataset_type="tf_raw", dataset_path=str(directory), train_batch_size=128,
-                     eval_batch_size=128)
-    arguments.update(kwargs)
-    return dataloader.create_input_pipelines(**arguments)
+    return open_pipelines(str(directory), **(dict(train_batch_size=128, eval_batch_size=128) | kwargs))
 
 
 def assert_epoch_equals(epoch, arrays, rows, cat_rows=None, categorical_ids=None):
@@ -92,8 +89,7 @@ def test_rank_slices_together_equal_the_global_batch(tmp_path, data_parallel):
     written = write_known_dataset(spec, {"train": 400, "test": 250})
     world, owned = 3, {0: [0, 3], 1: [1], 2: [2]}
     epochs = {r: pipelines_for(tmp_path, train_batch_size=96, eval_batch_size=96, rank=r,
-                               world_size=world, data_parallel_input=data_parallel,
-                               local_categorical_ids=None if data_parallel else owned[r])
+                               world_size=world, owned=None if data_parallel else owned[r])
               for r in range(world)}
     assert {(p.train_steps, p.eval_steps) for p in epochs.values()} == {(4, 3)}
     for split, total in (("train", 384), ("test", 250)):
@@ -177,8 +173,8 @@ def test_batch_larger_than_the_dataset(small_dataset, kwargs, pattern):
     (dict(train_batch_size=100, world_size=3), r"--batch_size\) 100 .* divisible .* 3"),
     (dict(train_batch_size=99, eval_batch_size=100, world_size=3), r"--valid_batch_size\) 100"),
     (dict(rank=2, world_size=2), r"rank 2 is not in \[0, world_size=2\)"),
-    (dict(local_categorical_ids=[1, 0]), "strictly increasing"),
-    (dict(local_categorical_ids=[2]), r"\[0, 2\)"),
+    (dict(owned=[1, 0]), "strictly increasing"),
+    (dict(owned=[2]), r"\[0, 2\)"),
     (dict(dataset_type="parquet"), "dataset_type"),
 ])
 def test_bad_partitioning_arguments(small_dataset, kwargs, pattern):
@@ -191,16 +187,16 @@ def test_dataset_path_with_a_broken_spec_fails_before_reading(small_dataset):
     with pytest.raises(FeatureSpecError, match="label.bin"):
         pipelines_for(small_dataset)
     with pytest.raises(ValueError, match="dataset_path is required"):
-        dataloader.create_input_pipelines(dataset_type="tf_raw", dataset_path=None)
+        dataloader.load_feature_spec(dataset_type="tf_raw", dataset_path=None)
 
 
 # ------------------------------------------------------------------------------ synthetic
-def synthetic(**kwargs):
-    arguments = dict(dataset_type="synthetic", train_batch_size=512, eval_batch_size=256,
-                     num_train_batches=6, num_eval_batches=3, cardinalities=[30, 700, 9],
-                     num_numerical_features=4, seed=11)
-    arguments.update(kwargs)
-    return dataloader.create_input_pipelines(**arguments)
+def synthetic(spec_arguments=None, **kwargs):
+    """Synthetic pipelines of three tables, or of the spec `load_feature_spec(**spec_arguments)` reads."""
+    spec = dataloader.load_feature_spec(**(spec_arguments or dict(
+        dataset_type="synthetic", cardinalities=[30, 700, 9], num_numerical_features=4)))
+    return open_pipelines(spec=spec, **(dict(dataset_type="synthetic", train_batch_size=512, eval_batch_size=256,
+                                              synthetic_train_batches=6, synthetic_eval_batches=3, seed=11) | kwargs))
 
 
 def test_synthetic_pipelines_are_learnable_shaped_and_deterministic():
@@ -221,7 +217,7 @@ def test_synthetic_pipelines_are_learnable_shaped_and_deterministic():
 
 def test_synthetic_rank_slices_match_the_global_batch():
     whole = collect_epoch(synthetic().test)
-    parts = [collect_epoch(synthetic(rank=r, world_size=2, local_categorical_ids=[r]).test)
+    parts = [collect_epoch(synthetic(rank=r, world_size=2, owned=[r]).test)
              for r in range(2)]
     batches = whole["labels"].reshape(3, 256, 1)
     np.testing.assert_array_equal(np.concatenate([p["labels"].reshape(3, 128, 1) for p in parts], 1),
@@ -236,7 +232,7 @@ def test_synthetic_pool_cycles_when_the_batches_do_not_fit():
     split = synthetic_data.make_synthetic_split(teacher, 100, 7, np.random.default_rng(0),
                                           max_pool_bytes=3 * 100 * sample_bytes)
     assert split.labels.shape == (3, 100) and split.num_batches == 7
-    epoch = collect_epoch(synthetic_data.synthetic_dataset(split, [0, 1], 0, 1, False, tf.float32))
+    epoch = collect_epoch(synthetic_data.synthetic_dataset(split, batch.TableReads((0, 1)), 0, 1, tf.float32))
     assert len(epoch["labels"]) == 700
     np.testing.assert_array_equal(epoch["categorical_1"][:300], epoch["categorical_1"][300:600])
     np.testing.assert_array_equal(epoch["categorical_1"][600:], epoch["categorical_1"][:100])
@@ -244,7 +240,7 @@ def test_synthetic_pool_cycles_when_the_batches_do_not_fit():
 
 def test_synthetic_dimensions_from_a_feature_spec(tmp_path):
     get_default_feature_spec(2, [40, 50], str(tmp_path)).to_yaml()
-    pipelines = synthetic(dataset_path=str(tmp_path), use_feature_spec=True)
+    pipelines = synthetic(dict(dataset_type="synthetic", dataset_path=str(tmp_path), use_feature_spec=True))
     assert pipelines.feature_spec.cardinalities == [40, 50]
     features, _ = next(iter(pipelines.train))
     assert features["numerical_features"].shape == (512, 2)

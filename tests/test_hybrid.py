@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from multiproc import assert_ok, run_horovod, run_python
+from batch import TableReads
 from sharding import STRATEGIES, MemoryBudget, ShardingError, plan_sharding, table_budget_from_device
 
 
@@ -46,7 +47,8 @@ def test_column_slicing_is_power_of_two_capped_and_merged():
 
 def test_replication_and_planner_errors():
     plan = plan_sharding([1000, 10, 500, 5], 4, 2, "basic", data_parallel_threshold=40)
-    assert plan.replicated == [1, 3] and plan.input_tables(0) == [0, 1, 3]
+    assert plan.replicated == [1, 3] and plan.reads(0) == TableReads((0, 1, 3), global_batch=True)
+    assert plan.reads(1, data_parallel_input=True) == TableReads((0, 1, 2, 3), global_batch=False)
     _coverage(plan)
     with pytest.raises(ShardingError, match="3 ranks but"):
         plan_sharding([100], 2, 3, "basic")
@@ -144,12 +146,28 @@ def test_per_rank_cpu_offload_keeps_the_largest_pieces_in_cpu_memory():
     tf.keras.utils.set_random_seed(0)
     budget = MemoryBudget(device_bytes=(10 + 40) * 8 * 4)
     plan = plan_sharding([1000, 10, 500, 40], 8, 1, "basic", budget=budget)
-    layer = HybridEmbedding(plan, 0)
+    layer = HybridEmbedding(plan, 0, plan.reads(0))
     layer.build(None)
     assert layer.placement() == ["cpu", "device", "cpu", "device"]
     assert all("CPU" in v.device for v in layer.piece_variables[::2])
     ids = tuple(tf.constant([1, 2, 3]) for _ in range(4))
     assert layer(ids).shape == (3, 4, 8)
+
+
+def test_the_layer_refuses_ids_other_than_the_plan_decided():
+    """The loader and the layer get the same `plan.reads` object; anything else is an error, never
+    ids silently paired with the wrong tables."""
+    import tensorflow as tf
+
+    from hybrid_embedding import HybridEmbedding
+
+    plan = plan_sharding([1000, 10, 500, 5], 4, 2, "basic", data_parallel_threshold=40)
+    with pytest.raises(ValueError, match=r"rank 0 is given ids of tables \[0, 1\] .* not what the sharding plan"):
+        HybridEmbedding(plan, 0, TableReads((0, 1), global_batch=True))
+    layer = HybridEmbedding(plan, 0, plan.reads(0))
+    layer.build(None)
+    with pytest.raises(ValueError, match=r"expects ids of tables \[0, 1, 3\], got 4 id tensors"):
+        layer(tuple(tf.constant([1, 2]) for _ in range(4)))
 
 
 @pytest.mark.parametrize("args, message", [

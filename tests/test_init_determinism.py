@@ -56,7 +56,7 @@ def test_column_slices_and_replicas_on_any_rank_hold_the_same_values():
                          data_parallel_threshold=30)
     assert plan.replicated and any(p.width < DIM for p in plan.pieces)
     for rank in range(plan.world_size):
-        layer = HybridEmbedding(plan, rank, seed=11)
+        layer = HybridEmbedding(plan, rank, plan.reads(rank), seed=11)
         layer.build(None)
         for piece, variable in zip(layer.local_pieces, layer.piece_variables):
             np.testing.assert_array_equal(variable.numpy(), reference[piece.table][:, piece.col_start:piece.col_end],

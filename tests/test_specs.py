@@ -68,8 +68,8 @@ def test_a_path_leaving_the_dataset_folder_is_refused_unless_allowed(data_dir, r
     assert message.startswith(spec_path(data_dir))
     spec = load(data_dir, allow_external_paths=True)
     assert os.path.samefile(spec.file_of("train", "label"), outside / "label.bin")
-    pipelines = dataloader.create_input_pipelines(dataset_path=str(data_dir), train_batch_size=50,
-                                                  eval_batch_size=40, feature_spec=spec)
+    pipelines = dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(train_batch_size=50,
+                                                                                  eval_batch_size=40))
     labels = np.concatenate([labels.numpy().ravel() for _, labels in pipelines.train])
     np.testing.assert_array_equal(labels, np.fromfile(outside / "label.bin", dtype=bool))
 

@@ -1,0 +1,84 @@
+"""The one place the model stack is put together: sharding plan -> embedding layer -> DLRM ->
+optimizers -> trainer.
+
+`main.py`, the benchmarks and the multi-process test workers build through `build_trainer`, so
+every run pairs the same embedding layer with the same plan and the same reads. The plan is made
+first (`sharding.plan_sharding`) because the loader needs `plan.reads(rank, ...)` too; the same
+`TableReads` object is handed to the loader and, here, to the embedding layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+import distributed as dist
+from batch import TableReads
+from hybrid_embedding import HybridEmbedding
+from lr_scheduler import LearningRateScheduler
+from model import Dlrm, DlrmConfig
+from optimizers import make_optimizers
+from sharding import ShardingPlan
+from trainer import Trainer
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What shapes the stack besides the plan (which fixes the tables and their width), in plain values.
+
+    `interaction` is a concrete implementation (`interaction.resolve_interaction_name` resolves
+    `auto` once, before this). `loss_scale` None trains without loss scaling.
+    """
+    num_numerical_features: int
+    bottom_mlp_dims: Sequence[int] = (512, 256, 128)
+    top_mlp_dims: Sequence[int] = (1024, 1024, 512, 256, 1)
+    interaction: str = "tensorflow"
+    embedding_type: str = "fused"
+    cpu_embedding_type: str = "multitable"
+    embedding_trainable: bool = True
+    table_dtype: str = "float32"
+    compute_dtype: tf.DType = tf.float32
+    seed: int = 0
+    optimizer: str = "sgd"
+    learning_rate: float = 24.0
+    warmup_steps: int = 8000
+    decay_start_step: int = 48000
+    decay_steps: int = 24000
+    loss_scale: Optional[float] = None
+
+
+def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmConfig:
+    """The DLRM's configuration; on one process the plan's host tables go to host memory."""
+    return DlrmConfig(
+        num_numerical_features=options.num_numerical_features, cardinalities=list(plan.cardinalities),
+        embedding_dim=plan.dim, bottom_mlp_dims=list(options.bottom_mlp_dims),
+        top_mlp_dims=list(options.top_mlp_dims), interaction=options.interaction,
+        embedding_type=options.embedding_type, cpu_embedding_type=options.cpu_embedding_type,
+        host_tables=plan.host_tables(rank) if plan.world_size == 1 else [],
+        embedding_trainable=options.embedding_trainable, table_dtype=options.table_dtype, seed=options.seed)
+
+
+def build_model(plan: ShardingPlan, rank: int, reads: TableReads, options: ModelOptions,
+                name: str = "hybrid_embedding") -> Dlrm:
+    """The DLRM with its variables created: the plain tables on one process, the hybrid-parallel
+    layer (`name`, float32 tables) on several. Every rank starts from the same data-parallel weights."""
+    config = model_config(plan, rank, options)
+    embedding_layer = None
+    if plan.world_size > 1:
+        embedding_layer = HybridEmbedding(plan, rank, reads, output_dtype=options.compute_dtype,
+                                          trainable=options.embedding_trainable, seed=options.seed, name=name)
+    model = Dlrm(config, embedding_layer)
+    model.build_weights()
+    dist.broadcast_variables(model.data_parallel_variables, root_rank=0)
+    return model
+
+
+def build_trainer(plan: ShardingPlan, rank: int, reads: TableReads, options: ModelOptions,
+                  name: str = "hybrid_embedding") -> Trainer:
+    """The whole stack: the model of `build_model`, its optimizers, the learning-rate schedule and
+    the trainer that owns them (`trainer.model`, `trainer.training_state`)."""
+    model = build_model(plan, rank, reads, options, name)
+    scheduler = LearningRateScheduler(options.learning_rate, options.warmup_steps, options.decay_start_step,
+                                      options.decay_steps)
+    return Trainer(model, *make_optimizers(options.optimizer), scheduler, loss_scale=options.loss_scale)
