@@ -1,4 +1,4 @@
-"""World-size-independent checkpoints of the whole training state (ARCHITECTURE.md, Formats).
+"""World-size-independent checkpoints of the whole training state (docs/architecture.md, Formats).
 
 Layout of one checkpoint directory `<root>/step_<NNNNNNNNN>/`:
   manifest.json                   format version, step, lineage, model config, feature order, file

@@ -1,6 +1,6 @@
 """DLRM dot interaction: the TF-ops implementation and the dispatch to the custom op.
 
-Every implementation produces the same unified layout (ARCHITECTURE.md), so weights trained
+Every implementation produces the same unified layout (docs/architecture.md), so weights trained
 with one transfer to the others. For an input ``[B, F, D]`` whose row 0 is the bottom-MLP
 output, an output row is::
 

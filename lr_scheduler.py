@@ -1,7 +1,7 @@
 """Warmup + polynomial-decay learning rate (reference §2.10), clamped at 0 after the decay ends.
 
 The reference let the rate rise again quadratically after `decay_start_step + decay_steps`;
-here it stays 0 (ARCHITECTURE.md, deliberate improvements).
+here it stays 0 (docs/architecture.md, deliberate differences).
 """
 from __future__ import annotations
 

@@ -1,0 +1,32 @@
+"""The module maps of README.md (Layout) and docs/architecture.md name every top-level module, and
+name no module that does not exist, so the docs move with the code."""
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end >= 0 else None]
+
+
+def _named_modules(text: str) -> set:
+    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*\.py)`", text))
+
+
+@pytest.mark.parametrize("document, heading", [("README.md", "## Layout"),
+                                               ("docs/architecture.md", "## Module map")])
+def test_module_map_matches_the_code(document, heading):
+    named = _named_modules(_section((REPO / document).read_text(), heading))
+    modules = {path.name for path in REPO.glob("*.py")}
+    assert modules - named == set(), f"{document} does not describe these modules"
+    assert named - modules == set(), f"{document} names modules that do not exist"
+
+
+def test_docstrings_point_at_the_architecture_the_repo_has():
+    for path in REPO.glob("*.py"):
+        assert "ARCHITECTURE.md" not in path.read_text(), f"{path.name} cites a file the repo does not have"
