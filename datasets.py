@@ -44,12 +44,12 @@ class DataError(ValueError):
 # One contract for stored values, applied per batch by the reader and by the up-front scan.
 
 def check_labels(raw: np.ndarray, path: str, feature: str, mapping: str, first_sample: int) -> None:
-    """Labels are bool bytes 0 or 1; any other byte (which TensorFlow reads as true) is a DataError."""
+    """Label bytes (bool or int8) are 0 or 1; any other byte (TensorFlow reads it as true) is a DataError."""
     raw = raw.reshape(-1).view(np.uint8)
     if raw.size and raw.max() > 1:
         index = int(np.flatnonzero(raw > 1)[0])
         raise DataError(f"{path}: label '{feature}' (mapping '{mapping}') has byte {raw[index]} at "
-                        f"sample {first_sample + index}; a bool label must be stored as 0 or 1")
+                        f"sample {first_sample + index}; a label must be stored as 0 or 1")
 
 
 _FLOAT16_MAGNITUDE = 0x7FFF
@@ -102,7 +102,7 @@ _pipeline_error_numbers = itertools.count(1)
 _pipeline_errors_lock = threading.Lock()
 
 
-def _file_pipeline_error(error: Optional[DataError]) -> np.int64:
+def file_pipeline_error(error: Optional[DataError]) -> np.int64:
     """0 for no error, else the number under which `error` waits for `surface_data_errors`."""
     if error is None:
         return np.int64(0)
@@ -110,6 +110,12 @@ def _file_pipeline_error(error: Optional[DataError]) -> np.int64:
         number = next(_pipeline_error_numbers)
         _pipeline_errors[number] = error
     return np.int64(number)
+
+
+def pipeline_error_check(error_number: tf.Tensor) -> tf.Operation:
+    """The graph-side half of `file_pipeline_error`: fails the pipeline (for `surface_data_errors`)
+    when `error_number` is not 0."""
+    return tf.debugging.Assert(tf.equal(error_number, 0), [_PIPELINE_ERROR_TAG, error_number])
 
 
 def _data_error_in(message: str) -> Optional[DataError]:
@@ -263,11 +269,23 @@ class SplitBinaryReader:
             raise error
         return arrays
 
+    def read_samples(self, batch_index: int) -> Tuple[Optional[np.ndarray], np.ndarray, List[np.ndarray]]:
+        """One batch as `SplitBinaryWriter.append` takes it: numericals [n, n_num] float16 (None
+        without numerical features), labels [n] bool, one id array per feature read. Bad data
+        raises DataError."""
+        arrays = self.read_batch(batch_index)
+        labels, numerical = arrays[0], (arrays[1] if self.num_numerical else None)
+        ids: List[np.ndarray] = [np.empty(0)] * len(self.categorical_features)
+        for (_, members), block in zip(self._groups, arrays[len(arrays) - len(self._groups):]):
+            for position, row in zip(members, block):
+                ids[position] = row
+        return numerical, labels, ids
+
     def _read_and_file_error(self, batch_index: int) -> List[np.ndarray]:
         """`read_batch` for the pipeline: the arrays, then the number its DataError is filed
         under (0: none), so the pipeline fails with an assertion instead of a Python traceback."""
         arrays, error = self._read(batch_index)
-        return [*arrays, _file_pipeline_error(error)]
+        return [*arrays, file_pipeline_error(error)]
 
     def _read(self, batch_index: int) -> Tuple[List[np.ndarray], Optional[DataError]]:
         """The batch's arrays (whole even when the data is bad) and the DataError found, if any."""
@@ -351,9 +369,7 @@ class SplitBinaryReader:
         def load(batch_index):
             *raw, error_number = tf.numpy_function(self._read_and_file_error, [batch_index],
                                                    raw_types + [tf.int64], stateful=False)
-            checked = tf.debugging.Assert(tf.equal(error_number, 0),
-                                          [_PIPELINE_ERROR_TAG, error_number])
-            with tf.control_dependencies([checked]):
+            with tf.control_dependencies([pipeline_error_check(error_number)]):
                 return self._decode([tf.identity(array) for array in raw])
 
         options = tf.data.Options()

@@ -1,10 +1,15 @@
-"""FeatureSpec: the YAML description of a split-binary dataset (reference §4.1-4.5).
+"""FeatureSpec: the YAML description of a dataset (reference §4.1-4.5, §13.2).
 
 A spec names every feature with its dtype (and cardinality for categoricals), groups the features
 into channels (categorical, numerical, label) and says which files of each mapping (train, test)
 hold them. Paths in the spec are relative to the directory of the YAML file and, unless the
 caller allows external paths, must stay inside it (a stray `../` or absolute path would silently
 read or overwrite someone else's files).
+
+The V5 (DLRM_and_DCNv2) spec shape is accepted too: `source_spec: null` (synthetic data, or a
+split-TFRecords dataset whose folder layout is fixed), an `int8` label, and categorical features
+with `hotness` (ids per sample; only 1 is supported) and `alpha` (the exponent of V5's power-law
+synthetic ids; this project draws ids uniformly, so it is only checked to be a positive number).
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import yaml
+
+from safe_io import atomic_file
 
 CATEGORICAL_CHANNEL = "categorical"
 NUMERICAL_CHANNEL = "numerical"
@@ -30,6 +37,8 @@ MAPPINGS = (TRAIN_MAPPING, TEST_MAPPING)
 
 DTYPE_SELECTOR = "dtype"
 CARDINALITY_SELECTOR = "cardinality"
+HOTNESS_SELECTOR = "hotness"
+ALPHA_SELECTOR = "alpha"
 TYPE_SELECTOR = "type"
 FEATURES_SELECTOR = "features"
 FILES_SELECTOR = "files"
@@ -37,8 +46,25 @@ AUTO_CARDINALITY = "auto"
 
 CATEGORICAL_DTYPES = ("int8", "int16", "int32")
 NUMERICAL_DTYPE = "float16"
-LABEL_DTYPE = "bool"
+LABEL_DTYPE = "bool"  # what the split-binary writers store
+LABEL_DTYPES = ("bool", "int8")  # one byte, 0 or 1: both read the same
 DEFAULT_SPEC_NAME = "feature_spec.yaml"
+DEFAULT_ALPHA = 1.45  # V5's power-law exponent, kept in generated specs
+
+# Cardinalities of the Criteo 1TB dataset preprocessed with frequency thresholds 15, 3 and 0
+# (reference §4.12 and §13.2).
+CRITEO_VARIANTS = {
+    "criteo_t15_synthetic": [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469,
+                             245828, 11, 2209, 10667, 104, 4, 968, 15, 8165896, 2675940, 7156453,
+                             302516, 12022, 97, 35],
+    "criteo_t3_synthetic": [45833188, 36747, 1572176, 345139, 11, 2209, 11268, 128, 4, 975, 15,
+                            48937457, 17246, 11316796, 40094537, 452104, 12607, 105, 36, 7414, 20244,
+                            4, 7115, 1442, 63, 29275261],
+    "criteo_t0_synthetic": [227605432, 39061, 3067956, 405283, 11, 2209, 11939, 155, 4, 977, 15,
+                            292775614, 17296, 40790948, 187188510, 590152, 12974, 109, 37, 7425,
+                            20266, 4, 7123, 1544, 64, 130229467],
+}
+CRITEO_NUMERICAL_FEATURES = 13
 
 
 class FeatureSpecError(ValueError):
@@ -123,7 +149,7 @@ class FeatureSpec:
     """The four sections of a feature spec plus the directory its paths are relative to."""
 
     feature_spec: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    source_spec: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    source_spec: Optional[Dict[str, List[Dict[str, Any]]]] = field(default_factory=dict)
     channel_spec: Dict[str, List[str]] = field(default_factory=dict)
     metadata: Dict[str, Any] = field(default_factory=dict)
     base_directory: str = "."
@@ -150,8 +176,11 @@ class FeatureSpec:
         if unknown:
             raise FeatureSpecError(f"{path}: unknown top-level keys {sorted(unknown)}")
         for section in ("feature_spec", "source_spec", "channel_spec"):
-            if not isinstance(raw.get(section), dict):
-                raise FeatureSpecError(f"{path}: section '{section}' is missing or not a mapping")
+            if section not in raw or not isinstance(raw[section], dict) and (
+                    section != "source_spec" or raw[section] is not None):
+                raise FeatureSpecError(f"{path}: section '{section}' is missing or not a mapping"
+                                       + (" (null: a dataset without files)" if section == "source_spec"
+                                          else ""))
         metadata = raw.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise FeatureSpecError(f"{path}: section 'metadata' must be a mapping")
@@ -174,14 +203,14 @@ class FeatureSpec:
         return {"feature_spec": self.feature_spec, "source_spec": self.source_spec,
                 "channel_spec": self.channel_spec, "metadata": self.metadata}
 
-    def to_yaml(self, output_path: Optional[str] = None) -> str:
-        """Write the spec (default: `<base_directory>/feature_spec.yaml`) atomically; return the path."""
+    def to_yaml(self, output_path: Optional[str] = None, overwrite: bool = True) -> str:
+        """Write the spec (default: `<base_directory>/feature_spec.yaml`) atomically; return the path.
+
+        An existing file is replaced only if `overwrite` (else `safe_io.OutputPathError`)."""
         output_path = output_path or os.path.join(self.base_directory, DEFAULT_SPEC_NAME)
         os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-        tmp = output_path + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_file(output_path, replace=overwrite) as f:
             yaml.safe_dump(copy.deepcopy(self.to_dict()), f)
-        os.replace(tmp, output_path)
         return output_path
 
     # ------------------------------------------------------------ defaults
@@ -213,6 +242,25 @@ class FeatureSpec:
         channels = {CATEGORICAL_CHANNEL: categorical_names, NUMERICAL_CHANNEL: numerical_names,
                     LABEL_CHANNEL: ["label"]}
         return cls(feature_spec=features, source_spec=sources, channel_spec=channels, metadata={},
+                   base_directory=base_directory)
+
+    @classmethod
+    def get_fileless_feature_spec(cls, number_of_numerical_features: int,
+                                  categorical_feature_cardinalities: Sequence[int],
+                                  base_directory: str = ".") -> "FeatureSpec":
+        """The V5 spec of §13.2 (`generate_feature_spec`): `cat_<i>` (cardinality, hotness 1,
+        alpha 1.45, int32), `num_<i>` (float16), `label` (int8), and no files (`source_spec: null`)."""
+        numerical_names = [f"num_{i}" for i in range(number_of_numerical_features)]
+        categorical_names = [f"cat_{i}" for i in range(len(categorical_feature_cardinalities))]
+        features: Dict[str, Dict[str, Any]] = {
+            name: {CARDINALITY_SELECTOR: int(card), HOTNESS_SELECTOR: 1, ALPHA_SELECTOR: DEFAULT_ALPHA,
+                   DTYPE_SELECTOR: "int32"}
+            for name, card in zip(categorical_names, categorical_feature_cardinalities)}
+        features.update({name: {DTYPE_SELECTOR: NUMERICAL_DTYPE} for name in numerical_names})
+        features["label"] = {DTYPE_SELECTOR: "int8"}
+        channels = {CATEGORICAL_CHANNEL: categorical_names, NUMERICAL_CHANNEL: numerical_names,
+                    LABEL_CHANNEL: ["label"]}
+        return cls(feature_spec=features, source_spec=None, channel_spec=channels, metadata={},
                    base_directory=base_directory)
 
     # -------------------------------------------------------------- queries
@@ -253,11 +301,12 @@ class FeatureSpec:
         return self.path or os.path.join(self.base_directory, DEFAULT_SPEC_NAME)
 
     # ----------------------------------------------------------- validation
-    def check_feature_spec(self, chunk_type: str = SPLIT_BINARY,
+    def check_feature_spec(self, chunk_type: Optional[str] = SPLIT_BINARY,
                            allow_external_paths: bool = False) -> None:
-        """Every rule of §4.2 plus: cardinality fits the dtype, no file serves two chunks of a
-        mapping, and (unless `allow_external_paths`) every file lies inside the spec's folder.
-        Raises FeatureSpecError."""
+        """Every rule of §4.2 plus: cardinality fits the dtype, hotness 1, no file serves two chunks
+        of a mapping, and (unless `allow_external_paths`) every file lies inside the spec's folder.
+        `chunk_type` None checks a spec whose files are not its business (synthetic data, a
+        split-TFRecords folder): features, channels and dtypes only. Raises FeatureSpecError."""
         where = self._where()
         self._check_features(where, chunk_type)
         self._check_channels(where)
@@ -268,7 +317,50 @@ class FeatureSpec:
             if isinstance(card, bool) or not isinstance(card, int) or card <= 0:
                 raise FeatureSpecError(f"{where}: categorical feature '{name}' needs a positive integer "
                                        f"cardinality, got {card!r}")
+            self._check_hotness(where, name)
+        if chunk_type != CSV:
+            self._check_dtypes(where)
+        if chunk_type is None:
+            return
+        if self.source_spec is None:
+            raise FeatureSpecError(f"{where}: source_spec is null, so the spec names no data files; "
+                                   f"a {chunk_type} dataset needs the files of 'train' and 'test'")
         self._check_mappings(where, chunk_type, allow_external_paths)
+
+    def _check_hotness(self, where: str, name: str) -> None:
+        props = self.feature_spec[name]
+        hotness = props.get(HOTNESS_SELECTOR, 1)
+        if isinstance(hotness, bool) or not isinstance(hotness, int) or hotness < 1:
+            raise FeatureSpecError(f"{where}: categorical feature '{name}' has hotness {hotness!r}; it "
+                                   f"must be a positive integer (ids per sample)")
+        if hotness != 1:
+            raise FeatureSpecError(f"{where}: categorical feature '{name}' has hotness {hotness}; "
+                                   f"multi-hot features are not supported yet (hotness must be 1)")
+        alpha = props.get(ALPHA_SELECTOR, DEFAULT_ALPHA)
+        if (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not np.isfinite(alpha)
+                or alpha <= 0):
+            raise FeatureSpecError(f"{where}: categorical feature '{name}' has alpha {alpha!r}; it must "
+                                   f"be a positive number")
+
+    def _check_dtypes(self, where: str) -> None:
+        """Categoricals int8/16/32 wide enough for their cardinality, numericals float16, the
+        label bool or int8."""
+        for name in self.categorical_names:
+            dtype = str(self.dtype_of(name))
+            if dtype not in CATEGORICAL_DTYPES:
+                raise FeatureSpecError(f"{where}: categorical feature '{name}' has dtype {dtype}; "
+                                       f"supported are {list(CATEGORICAL_DTYPES)}")
+            card = self.feature_spec[name].get(CARDINALITY_SELECTOR)
+            if card - 1 > np.iinfo(dtype).max:
+                raise FeatureSpecError(f"{where}: cardinality {card} of feature '{name}' does not fit "
+                                       f"its dtype {dtype}")
+        for name in self.numerical_names:
+            if str(self.dtype_of(name)) != NUMERICAL_DTYPE:
+                raise FeatureSpecError(f"{where}: numerical feature '{name}' must be float16, "
+                                       f"got {self.dtype_of(name)}")
+        if str(self.dtype_of(self.label_name)) not in LABEL_DTYPES:
+            raise FeatureSpecError(f"{where}: label feature '{self.label_name}' must be "
+                                   f"{' or '.join(LABEL_DTYPES)}, got {self.dtype_of(self.label_name)}")
 
     def _check_features(self, where: str, chunk_type: str) -> None:
         for name, props in self.feature_spec.items():
@@ -368,29 +460,12 @@ class FeatureSpec:
         if categorical:
             if len(features) != 1:
                 raise FeatureSpecError(f"{label}: a categorical chunk must hold exactly one feature")
-            name = features[0]
-            dtype = str(self.dtype_of(name))
-            if dtype not in CATEGORICAL_DTYPES:
-                raise FeatureSpecError(f"{label}: categorical feature '{name}' has dtype {dtype}; "
-                                       f"split-binary supports {list(CATEGORICAL_DTYPES)}")
-            card = self.feature_spec[name].get(CARDINALITY_SELECTOR)
-            if isinstance(card, int) and card - 1 > np.iinfo(dtype).max:
-                raise FeatureSpecError(f"{label}: cardinality {card} of feature '{name}' does not fit "
-                                       f"its dtype {dtype}")
         elif numerical:
             if features != self.numerical_names:
                 raise FeatureSpecError(f"{label}: the numerical chunk must hold all numerical features in "
                                        f"channel_spec order {self.numerical_names}")
-            for name in features:
-                if str(self.dtype_of(name)) != NUMERICAL_DTYPE:
-                    raise FeatureSpecError(f"{label}: numerical feature '{name}' must be float16, "
-                                           f"got {self.dtype_of(name)}")
-        else:
-            if features != [self.label_name]:
-                raise FeatureSpecError(f"{label}: the label chunk must hold only the label feature")
-            if str(self.dtype_of(self.label_name)) != LABEL_DTYPE:
-                raise FeatureSpecError(f"{label}: label feature '{self.label_name}' must be bool, "
-                                       f"got {self.dtype_of(self.label_name)}")
+        elif features != [self.label_name]:
+            raise FeatureSpecError(f"{label}: the label chunk must hold only the label feature")
 
     def check_files(self, mappings: Sequence[str] = MAPPINGS) -> Dict[str, int]:
         """Every file exists, holds whole records and agrees on the sample count; returns the counts."""

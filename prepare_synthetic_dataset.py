@@ -21,23 +21,10 @@ from typing import List, Optional, Tuple
 from absl import app, flags
 
 from synthetic_data import write_synthetic_dataset
-from feature_spec import MAX_CARDINALITY, FeatureSpec, FeatureSpecError
+from feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, MAX_CARDINALITY, FeatureSpec,
+                          FeatureSpecError)
 from safe_io import refuse_overlap
 
-# Cardinalities of the Criteo 1TB dataset preprocessed with frequency thresholds 15, 3 and 0
-# (reference §4.12 and §13.2).
-CRITEO_VARIANTS = {
-    "criteo_t15_synthetic": [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469,
-                             245828, 11, 2209, 10667, 104, 4, 968, 15, 8165896, 2675940, 7156453,
-                             302516, 12022, 97, 35],
-    "criteo_t3_synthetic": [45833188, 36747, 1572176, 345139, 11, 2209, 11268, 128, 4, 975, 15,
-                            48937457, 17246, 11316796, 40094537, 452104, 12607, 105, 36, 7414, 20244,
-                            4, 7115, 1442, 63, 29275261],
-    "criteo_t0_synthetic": [227605432, 39061, 3067956, 405283, 11, 2209, 11939, 155, 4, 977, 15,
-                            292775614, 17296, 40790948, 187188510, 590152, 12974, 109, 37, 7425,
-                            20266, 4, 7123, 1544, 64, 130229467],
-}
-CRITEO_NUMERICAL_FEATURES = 13
 
 FLAGS = flags.FLAGS
 

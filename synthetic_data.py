@@ -2,7 +2,8 @@
 
 Labels come from a random teacher DLRM (`SyntheticTeacher`), so a model trained on the data can
 learn something and its AUC can be compared with the teacher's. The data is either written as a
-split-binary dataset (`write_synthetic_dataset`, what prepare_synthetic_dataset.py does) or drawn in
+split-binary dataset (`write_synthetic_dataset`, what prepare_synthetic_dataset.py does), appended to
+any dataset writer (`write_teacher_samples`, what `dataloading.transcribe` does), or drawn in
 memory as per-rank tf.data pipelines (`make_synthetic_split`, `synthetic_dataset`, what
 `--dataset_type synthetic` uses). The teacher's AUC is the evaluation's own exact AUC
 (`metrics.exact_auc`), so the data layer (`datasets`) imports no evaluation code.
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Iterable, List, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
 from datasets import PREFETCH_BATCHES, SplitBinaryWriter
-from feature_spec import FeatureSpec
+from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 from metrics import exact_auc
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -104,6 +105,33 @@ class SyntheticTeacher:
         return numerical, labels, categoricals, probabilities
 
 
+class SampleWriter(Protocol):
+    """What the dataset writers share (`datasets.SplitBinaryWriter`, `split_tfrecords.SplitTFRecordsWriter`)."""
+
+    def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
+               categoricals: Sequence[np.ndarray]) -> None:
+        ...
+
+
+def write_teacher_samples(writer: SampleWriter, teacher: SyntheticTeacher, rng: np.random.Generator,
+                          chunks: Mapping[str, Iterable[int]]) -> float:
+    """Append teacher-labelled samples to `writer`, one `append` per entry of `chunks[mapping]` (its
+    sample count), drawn one chunk at a time; return the teacher's AUC on the test samples (NaN
+    when they hold a single class)."""
+    test_labels, test_probabilities = [], []
+    for mapping, sizes in chunks.items():
+        for size in sizes:
+            numerical, labels, ids, probabilities = teacher.sample(size, rng)
+            writer.append(mapping, numerical, labels, ids)
+            if mapping == TEST_MAPPING:
+                test_labels.append(labels)
+                test_probabilities.append(probabilities.astype(np.float32))
+    labels = np.concatenate(test_labels) if test_labels else np.zeros(0, bool)
+    if not 0 < labels.sum() < labels.size:
+        return float("nan")
+    return exact_auc(labels, np.concatenate(test_probabilities))
+
+
 def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_samples: int,
                             seed: int, overwrite: bool = False, chunk_samples: int = 1 << 20,
                             output_name: str = "output folder") -> float:
@@ -111,19 +139,9 @@ def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_
     store and return the test teacher AUC."""
     with SplitBinaryWriter(spec, overwrite=overwrite, output_name=output_name) as writer:
         teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
-        rng = np.random.default_rng(seed)
-        test_labels, test_probabilities = [], []
-        for mapping, total in (("train", num_train_samples), ("test", num_test_samples)):
-            for start in range(0, total, chunk_samples):
-                numerical, labels, ids, probabilities = teacher.sample(
-                    min(chunk_samples, total - start), rng)
-                writer.append(mapping, numerical, labels, ids)
-                if mapping == "test":
-                    test_labels.append(labels)
-                    test_probabilities.append(probabilities.astype(np.float32))
-        labels = np.concatenate(test_labels) if test_labels else np.zeros(0, bool)
-        teacher_auc = (exact_auc(labels, np.concatenate(test_probabilities))
-                       if 0 < labels.sum() < labels.size else float("nan"))
+        chunks = {mapping: [min(chunk_samples, total - start) for start in range(0, total, chunk_samples)]
+                  for mapping, total in ((TRAIN_MAPPING, num_train_samples), (TEST_MAPPING, num_test_samples))}
+        teacher_auc = write_teacher_samples(writer, teacher, np.random.default_rng(seed), chunks)
         spec.metadata = dict(spec.metadata, teacher_auc=teacher_auc)
         writer.commit()
     return teacher_auc

@@ -125,7 +125,8 @@ SPEC_ERRORS = {
                           ["cat_1.bin", "float32"]),
     "numerical not float16": (lambda raw: raw["feature_spec"]["num_0"].update(dtype="float32"),
                               ["num_0", "float16"]),
-    "label not bool": (lambda raw: raw["feature_spec"]["label"].update(dtype="int8"), ["label", "bool"]),
+    "label neither bool nor int8": (lambda raw: raw["feature_spec"]["label"].update(dtype="int16"),
+                                    ["label", "bool or int8", "int16"]),
     "numerical chunk out of channel order": (
         lambda raw: _chunk_of(raw, "train", "num_0")["features"].reverse(), ["num_1", "num_0"]),
     "mapping other than train/test": (lambda raw: raw["source_spec"].update(valid=[]), ["valid"]),
