@@ -6,7 +6,8 @@ Every element is `(features, labels)`:
                                       `batch.TableReads`, [global_b] or [local_b] as it says},
   labels   = float32 [local_b, 1].
 A rank's local slice of a global batch is the one of `batch.local_slice`.
-Training drops the last partial batch; evaluation covers every test sample. Every value read is
+Training drops the last partial batch; evaluation covers every test sample (split-TFRecords data
+holds whole prebatches only, and is read in stored order). Every value read is
 checked (see `datasets`); consume the datasets inside `datasets.surface_data_errors` so that bad
 data arrives as one DataError rather than a TensorFlow error.
 """
@@ -20,11 +21,12 @@ import numpy as np
 import tensorflow as tf
 
 import datasets
+import split_tfrecords
 import synthetic_data
 from batch import TableReads
-from feature_spec import DEFAULT_SPEC_NAME, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 
-DATASET_TYPES = ("tf_raw", "synthetic")
+DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords")
 
 
 @dataclass
@@ -44,7 +46,7 @@ class PipelineConfig:
 
     Batch sizes are global. `reads` says which categorical features this rank reads and for which
     rows (`ShardingPlan.reads`; None: every feature, local rows). `validate_data` reads every file
-    once up front to check its values (tf_raw only); `check_values` checks each batch as it is read
+    once up front to check its values (not for synthetic data); `check_values` checks each batch as it is read
     (on by default; off only to measure its cost). The synthetic lengths are in batches.
     """
     dataset_type: str = "tf_raw"
@@ -93,15 +95,17 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
                       allow_external_paths: bool = False) -> FeatureSpec:
     """The validated spec of the dataset, or the default spec of the synthetic dimensions.
 
-    Its files must lie inside `dataset_path` unless `allow_external_paths`."""
+    A tf_raw spec's files must lie inside `dataset_path` unless `allow_external_paths`; the files
+    of a split-TFRecords dataset, and of a spec shaping synthetic data, are not the spec's business."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
-    if dataset_type == "tf_raw" or use_feature_spec:
+    if dataset_type != "synthetic" or use_feature_spec:
         if not dataset_path:
-            raise ValueError("dataset_path is required for dataset_type 'tf_raw' and for "
-                             "synthetic data from a feature spec")
+            raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}"
+                             + (" from a feature spec" if dataset_type == "synthetic" else ""))
         spec = FeatureSpec.from_yaml(os.path.join(dataset_path, feature_spec_name))
-        spec.check_feature_spec(allow_external_paths=allow_external_paths)
+        spec.check_feature_spec(chunk_type=SPLIT_BINARY if dataset_type == "tf_raw" else None,
+                                allow_external_paths=allow_external_paths)
         return spec
     return FeatureSpec.get_default_feature_spec(num_numerical_features, list(cardinalities))
 
@@ -115,6 +119,8 @@ def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPi
     reads = _check_partitioning(config, len(spec.categorical_names))
     if config.dataset_type == "synthetic":
         return _synthetic_pipelines(spec, config, reads)
+    if config.dataset_type == "split_tfrecords":
+        return _split_tfrecords_pipelines(spec, config, reads)
     counts = spec.check_files()
     where = spec.path or spec.base_directory
     _check_batch_fits(config.train_batch_size, counts[TRAIN_MAPPING], "train", where)
@@ -151,3 +157,24 @@ def _synthetic_pipelines(spec: FeatureSpec, config: PipelineConfig, reads: Table
     return InputPipelines(train=train, test=test, feature_spec=spec,
                           train_steps=config.synthetic_train_batches, eval_steps=config.synthetic_eval_batches,
                           teacher_auc=splits[1].teacher_auc)
+
+
+def _split_tfrecords_pipelines(spec: FeatureSpec, config: PipelineConfig, reads: TableReads) -> InputPipelines:
+    """Prebatched records read in order; both batch sizes must be the prebatch size."""
+    if config.shuffle_batch_order:
+        raise ValueError("shuffle_batch_order is not available for split_tfrecords data: its records "
+                         "are read in stored order")
+    where = spec.path or spec.base_directory
+    readers = {}
+    for mapping, batch in ((TRAIN_MAPPING, config.train_batch_size), (TEST_MAPPING, config.eval_batch_size)):
+        readers[mapping] = split_tfrecords.SplitTFRecordsReader(
+            spec, mapping, batch, rank=config.rank, world_size=config.world_size, reads=reads,
+            numerical_dtype=config.compute_dtype, check_values=config.check_values)
+        _check_batch_fits(batch, len(readers[mapping]) * batch, mapping, where)
+        if config.validate_data:
+            for _ in split_tfrecords.SplitTFRecordsReader(spec, mapping, batch).read_samples():
+                pass
+    return InputPipelines(
+        train=readers[TRAIN_MAPPING].dataset(), test=readers[TEST_MAPPING].dataset(), feature_spec=spec,
+        train_steps=len(readers[TRAIN_MAPPING]), eval_steps=len(readers[TEST_MAPPING]),
+        teacher_auc=spec.metadata.get("teacher_auc"))
