@@ -1,0 +1,31 @@
+"""The V5 (DLRM_and_DCNv2) data commands, run as modules from the repository root (reference §13.2):
+
+  python -m dataloading.generate_feature_spec --variant criteo_t15_synthetic --dst feature_spec.yaml
+  python -m dataloading.transcribe --src_dataset_type synthetic --src_dataset_path . \\
+      --dst_dataset_path /data/preprocessed --max_batches_train 1000 --max_batches_test 100 \\
+      --dst_dataset_type tf_raw
+
+The formats and readers live in the top-level modules (`feature_spec`, `datasets`,
+`split_tfrecords`, `synthetic_data`); this package holds only the entry points and their shared
+command-line conventions: bad input is one `error: ...` line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+USAGE_ERROR_STATUS = 2
+
+
+def fail(message: str) -> NoReturn:
+    """Print one `error: ...` line and exit with status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(USAGE_ERROR_STATUS)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (`fail`) instead of the usage text and the error."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(message)

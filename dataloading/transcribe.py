@@ -1,0 +1,151 @@
+"""Copy a dataset from one format to another, batch by batch (reference §13.2, `transcribe`).
+
+Sources: `tf_raw` (split-binary), `split_tfrecords`, and `synthetic`: teacher-labelled samples
+(`synthetic_data.SyntheticTeacher`) shaped by the spec in --src_dataset_path, e.g. one from
+`dataloading.generate_feature_spec`. Destinations: `split_tfrecords` (the default; records of
+--dst_prebatch_size samples, which must equal --src_batch_size) and `tf_raw` (the default Criteo
+file layout of the source's cardinalities). Only whole batches of --src_batch_size are copied;
+--max_batches_train/--max_batches_test cap them (-1: all; synthetic: 64008 and 1350 batches).
+
+The source is read one batch at a time, every value checked, and the destination is written in a
+hidden sibling folder renamed into place when complete. The destination must not overlap the
+source; if it holds anything it is refused unless --overwrite, and even then unless it holds only
+what a transcribed dataset holds.
+
+Example (the V5 quick start, from the repository root):
+  python -m dataloading.generate_feature_spec --variant criteo_t15_synthetic --dst feature_spec.yaml
+  python -m dataloading.transcribe --src_dataset_type synthetic --src_dataset_path . \\
+      --dst_dataset_path /data/preprocessed --max_batches_train 1000 --max_batches_test 100 \\
+      --dst_dataset_type tf_raw
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Dict, Iterator, List, Optional, Union
+
+import numpy as np
+
+from dataloader import PipelineConfig
+from dataloading import ArgumentParser, fail
+from datasets import DataError, SplitBinaryReader, SplitBinaryWriter
+from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from safe_io import refuse_overlap
+from split_tfrecords import Samples, SplitTFRecordsReader, SplitTFRecordsWriter
+from synthetic_data import SyntheticTeacher, write_teacher_samples
+
+SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords")
+DESTINATION_TYPES = ("tf_raw", "split_tfrecords")
+SYNTHETIC_BATCHES = {TRAIN_MAPPING: PipelineConfig.synthetic_train_batches,
+                     TEST_MAPPING: PipelineConfig.synthetic_eval_batches}
+DST_FLAG = "--dst_dataset_path"
+
+
+def _source_batches(src_type: str, spec: FeatureSpec, mapping: str, batch_size: int,
+                    max_batches: int) -> Iterator[Samples]:
+    """Up to `max_batches` (-1: all) whole batches of a file source, read and checked one at a time."""
+    if src_type == "tf_raw":
+        reader = SplitBinaryReader(spec, mapping, batch_size, drop_remainder=True)
+        batches: Iterator[Samples] = (reader.read_samples(i) for i in range(len(reader)))
+    else:
+        reader = SplitTFRecordsReader(spec, mapping, batch_size)
+        batches = reader.read_samples()
+    if max_batches and not len(reader):
+        raise DataError(f"{spec.path}: mapping '{mapping}' holds no whole batch of --src_batch_size "
+                        f"{batch_size} samples")
+    return itertools.islice(batches, None if max_batches < 0 else max_batches)
+
+
+def _destination(dst_type: str, spec: FeatureSpec, dst_path: str, dst_feature_spec: str,
+                 prebatch_size: int, overwrite: bool) -> Union[SplitBinaryWriter, SplitTFRecordsWriter]:
+    if dst_type == "split_tfrecords":
+        return SplitTFRecordsWriter(spec, dst_path, prebatch_size, overwrite, dst_feature_spec, DST_FLAG)
+    out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
+                                               os.path.abspath(dst_path))
+    out.metadata = dict(spec.metadata)
+    return SplitBinaryWriter(out, overwrite, dst_feature_spec, DST_FLAG)
+
+
+def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "split_tfrecords", *,
+               src_feature_spec: str = DEFAULT_SPEC_NAME, dst_feature_spec: str = DEFAULT_SPEC_NAME,
+               src_batch_size: int = 65536, dst_prebatch_size: int = 65536, max_batches_train: int = -1,
+               max_batches_test: int = -1, train_only: bool = False, overwrite: bool = False,
+               seed: int = 12345) -> Dict[str, int]:
+    """Write the dataset of `src_path` (or synthetic data shaped by its spec) to `dst_path` as
+    `dst_type`; return the batches written per mapping. Everything is checked before any data is
+    read; bad input raises ValueError (FeatureSpecError, DataError, OutputPathError) or OSError."""
+    if src_type not in SOURCE_TYPES:
+        raise ValueError(f"--src_dataset_type must be one of {list(SOURCE_TYPES)}, got {src_type!r}")
+    if dst_type not in DESTINATION_TYPES:
+        raise ValueError(f"--dst_dataset_type must be one of {list(DESTINATION_TYPES)}, got {dst_type!r}")
+    for flag, value, least in (("--src_batch_size", src_batch_size, 1), ("--dst_prebatch_size", dst_prebatch_size, 1),
+                               ("--max_batches_train", max_batches_train, -1),
+                               ("--max_batches_test", max_batches_test, -1)):
+        if value < least:
+            raise ValueError(f"{flag} must be at least {least}, got {value}")
+    if dst_type == "split_tfrecords" and dst_prebatch_size != src_batch_size:
+        raise ValueError(f"--dst_prebatch_size {dst_prebatch_size} must equal --src_batch_size "
+                         f"{src_batch_size}: every source batch becomes one record")
+    spec_path = os.path.join(src_path, src_feature_spec)
+    spec = FeatureSpec.from_yaml(spec_path)
+    spec.check_feature_spec(chunk_type=SPLIT_BINARY if src_type == "tf_raw" else None)
+    inputs = {"--src_feature_spec": spec_path}
+    if src_type != "synthetic":
+        inputs["--src_dataset_path"] = src_path
+    refuse_overlap(dst_path, DST_FLAG, inputs)
+    limits = {TRAIN_MAPPING: max_batches_train, TEST_MAPPING: 0 if train_only else max_batches_test}
+    if src_type != "synthetic":
+        sources = {mapping: _source_batches(src_type, spec, mapping, src_batch_size, limit)
+                   for mapping, limit in limits.items()}
+    with _destination(dst_type, spec, dst_path, dst_feature_spec, dst_prebatch_size, overwrite) as writer:
+        written = {mapping: 0 for mapping in limits}
+        if src_type == "synthetic":
+            written = {mapping: SYNTHETIC_BATCHES[mapping] if limit < 0 else limit
+                       for mapping, limit in limits.items()}
+            teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
+            chunks = {mapping: itertools.repeat(src_batch_size, count) for mapping, count in written.items()}
+            auc = write_teacher_samples(writer, teacher, np.random.default_rng(seed), chunks)
+            writer.spec.metadata = dict(writer.spec.metadata, teacher_auc=auc)
+        else:
+            for mapping, batches in sources.items():
+                for numerical, labels, ids in batches:
+                    writer.append(mapping, numerical, labels, ids)
+                    written[mapping] += 1
+        writer.commit()
+    return written
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = ArgumentParser(prog="python -m dataloading.transcribe", description=__doc__.split("\n")[0])
+    parser.add_argument("--src_dataset_type", default="tf_raw", choices=SOURCE_TYPES)
+    parser.add_argument("--src_dataset_path", default="synthetic_dataset",
+                        help="the source folder (synthetic: the folder of the spec)")
+    parser.add_argument("--src_feature_spec", default=DEFAULT_SPEC_NAME, help="spec file name inside the source")
+    parser.add_argument("--src_batch_size", type=int, default=65536, help="samples per batch read")
+    parser.add_argument("--dst_dataset_path", required=True, help="the folder to write")
+    parser.add_argument("--dst_dataset_type", default="split_tfrecords", choices=DESTINATION_TYPES)
+    parser.add_argument("--dst_feature_spec", default=DEFAULT_SPEC_NAME, help="spec file name to write")
+    parser.add_argument("--dst_prebatch_size", type=int, default=65536,
+                        help="samples per split_tfrecords record (must equal --src_batch_size)")
+    parser.add_argument("--max_batches_train", type=int, default=-1, help="train batches to copy (-1: all)")
+    parser.add_argument("--max_batches_test", type=int, default=-1, help="test batches to copy (-1: all)")
+    parser.add_argument("--train_only", action="store_true", help="copy no test batches (test stays empty)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous output in --dst_dataset_path (never anything else)")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the synthetic teacher and samples")
+    args = parser.parse_args(argv)
+    try:
+        written = transcribe(
+            args.src_dataset_type, args.src_dataset_path, args.dst_dataset_path, args.dst_dataset_type,
+            src_feature_spec=args.src_feature_spec, dst_feature_spec=args.dst_feature_spec,
+            src_batch_size=args.src_batch_size, dst_prebatch_size=args.dst_prebatch_size,
+            max_batches_train=args.max_batches_train, max_batches_test=args.max_batches_test,
+            train_only=args.train_only, overwrite=args.overwrite, seed=args.seed)
+    except (ValueError, OSError) as error:
+        fail(str(error))
+    print(f"wrote {written[TRAIN_MAPPING]} train and {written[TEST_MAPPING]} test batches of "
+          f"{args.src_batch_size} samples ({args.dst_dataset_type}) to {args.dst_dataset_path}")
+
+
+if __name__ == "__main__":
+    main()
