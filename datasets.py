@@ -36,6 +36,11 @@ BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without
 PREFETCH_BATCHES = 2
 
 
+# One batch as the dataset writers take it: numericals [n, n_num] float16 (None without numerical
+# features), labels [n] of bytes 0/1, one id array [n] per categorical feature.
+Samples = Tuple[Optional[np.ndarray], np.ndarray, List[np.ndarray]]
+
+
 class DataError(ValueError):
     """The data (not the spec) is unusable: bad stored values, a batch larger than the data, ..."""
 
@@ -269,7 +274,7 @@ class SplitBinaryReader:
             raise error
         return arrays
 
-    def read_samples(self, batch_index: int) -> Tuple[Optional[np.ndarray], np.ndarray, List[np.ndarray]]:
+    def read_samples(self, batch_index: int) -> Samples:
         """One batch as `SplitBinaryWriter.append` takes it: numericals [n, n_num] float16 (None
         without numerical features), labels [n] bool, one id array per feature read. Bad data
         raises DataError."""

@@ -21,8 +21,8 @@ from typing import List, Optional, Tuple
 from absl import app, flags
 
 from synthetic_data import write_synthetic_dataset
-from feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, MAX_CARDINALITY, FeatureSpec,
-                          FeatureSpecError)
+from feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, MAX_CARDINALITY, SPLIT_BINARY,
+                          FeatureSpec, FeatureSpecError)
 from safe_io import refuse_overlap
 
 
@@ -63,18 +63,22 @@ def sample_counts(num_entries: int, num_test_entries: Optional[int], batch_size:
 
 def output_spec(output_dir: str, feature_spec_path: Optional[str], variant: Optional[str],
                 num_numerical: int, table_sizes: List[str]) -> FeatureSpec:
-    """The spec to write: a given one re-rooted at `output_dir`, or a default Criteo-style one.
+    """The spec to write: a given one re-rooted at `output_dir` (one without files, as V5's
+    generate_feature_spec writes, gets the default file layout), or a default Criteo-style one.
 
     Refuses dimensions main.py cannot train: no numerical or no categorical feature.
     """
     if feature_spec_path:
         spec = FeatureSpec.from_yaml(feature_spec_path)
-        spec.check_feature_spec()
+        spec.check_feature_spec(chunk_type=None if spec.source_spec is None else SPLIT_BINARY)
         for channel, names in (("numerical", spec.numerical_names),
                                ("categorical", spec.categorical_names)):
             if not names:
                 raise FeatureSpecError(f"--feature_spec {feature_spec_path} has no {channel} features; "
                                        f"main.py needs at least one")
+        if spec.source_spec is None:  # a spec without files (V5): the default layout of its dimensions
+            return FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
+                                                        output_dir)
         spec.base_directory, spec.path = os.path.abspath(output_dir), None
         return spec
     if variant:

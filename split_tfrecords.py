@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 from tensorflow.core.framework import tensor_pb2
 
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
-from datasets import (PREFETCH_BATCHES, DataError, check_ids, check_labels, check_numericals,
+from datasets import (PREFETCH_BATCHES, DataError, Samples, check_ids, check_labels, check_numericals,
                       file_pipeline_error, pipeline_error_check, unsigned_cardinalities)
 from feature_spec import (DEFAULT_SPEC_NAME, DTYPE_SELECTOR, MAPPINGS, NUMERICAL_DTYPE, FeatureSpec,
                           file_kind_problem)
@@ -54,9 +54,6 @@ _DATA_FILE = re.compile(r"data_(\d+)\.tfrecords")
 _TF_NOISE = re.compile(r"\{\{.*?\}\}|\[Op:.*$")  # TensorFlow's function and op names around the reason
 _READABLE_DTYPES = {NUMERICAL_FOLDER: ("float16",), LABEL_FOLDER: ("int8", "bool"),
                     "categorical": ("int8", "int16", "int32")}
-
-# numerical [B, n] float16 or None, labels [B] one byte 0/1, ids [B] per categorical read
-Samples = Tuple[Optional[np.ndarray], np.ndarray, List[np.ndarray]]
 
 
 def categorical_folder(index: int) -> str:

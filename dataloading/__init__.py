@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn, TypeVar
+
+T = TypeVar("T")
 
 USAGE_ERROR_STATUS = 2
 
@@ -22,6 +24,15 @@ def fail(message: str) -> NoReturn:
     """Print one `error: ...` line and exit with status 2."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(USAGE_ERROR_STATUS)
+
+
+def run_or_fail(action: Callable[[], T]) -> T:
+    """`action()`'s result; bad input (ValueError, including the project's spec, data and output-path
+    errors, or OSError) becomes one error line and exit status 2."""
+    try:
+        return action()
+    except (ValueError, OSError) as error:
+        fail(str(error))
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from dataloading import ArgumentParser, fail
+from dataloading import ArgumentParser, run_or_fail
 from feature_spec import CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, FeatureSpec
 from safe_io import check_output_file
 
@@ -39,10 +39,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--dst", default="feature_spec.yaml", help="the spec file to write")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     args = parser.parse_args(argv)
-    try:
-        spec = generate_feature_spec(args.variant, args.dst, args.overwrite)
-    except (ValueError, OSError) as error:
-        fail(str(error))
+    spec = run_or_fail(lambda: generate_feature_spec(args.variant, args.dst, args.overwrite))
     print(f"wrote {spec.path}: {len(spec.numerical_names)} numerical and {len(spec.categorical_names)} "
           f"categorical features ({args.variant})")
 

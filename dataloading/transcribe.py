@@ -27,11 +27,11 @@ from typing import Dict, Iterator, List, Optional, Union
 import numpy as np
 
 from dataloader import PipelineConfig
-from dataloading import ArgumentParser, fail
-from datasets import DataError, SplitBinaryReader, SplitBinaryWriter
+from dataloading import ArgumentParser, run_or_fail
+from datasets import DataError, Samples, SplitBinaryReader, SplitBinaryWriter
 from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 from safe_io import refuse_overlap
-from split_tfrecords import Samples, SplitTFRecordsReader, SplitTFRecordsWriter
+from split_tfrecords import SplitTFRecordsReader, SplitTFRecordsWriter
 from synthetic_data import SyntheticTeacher, write_teacher_samples
 
 SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords")
@@ -134,15 +134,12 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="replace a previous output in --dst_dataset_path (never anything else)")
     parser.add_argument("--seed", type=int, default=12345, help="seed of the synthetic teacher and samples")
     args = parser.parse_args(argv)
-    try:
-        written = transcribe(
-            args.src_dataset_type, args.src_dataset_path, args.dst_dataset_path, args.dst_dataset_type,
-            src_feature_spec=args.src_feature_spec, dst_feature_spec=args.dst_feature_spec,
-            src_batch_size=args.src_batch_size, dst_prebatch_size=args.dst_prebatch_size,
-            max_batches_train=args.max_batches_train, max_batches_test=args.max_batches_test,
-            train_only=args.train_only, overwrite=args.overwrite, seed=args.seed)
-    except (ValueError, OSError) as error:
-        fail(str(error))
+    written = run_or_fail(lambda: transcribe(
+        args.src_dataset_type, args.src_dataset_path, args.dst_dataset_path, args.dst_dataset_type,
+        src_feature_spec=args.src_feature_spec, dst_feature_spec=args.dst_feature_spec,
+        src_batch_size=args.src_batch_size, dst_prebatch_size=args.dst_prebatch_size,
+        max_batches_train=args.max_batches_train, max_batches_test=args.max_batches_test,
+        train_only=args.train_only, overwrite=args.overwrite, seed=args.seed))
     print(f"wrote {written[TRAIN_MAPPING]} train and {written[TEST_MAPPING]} test batches of "
           f"{args.src_batch_size} samples ({args.dst_dataset_type}) to {args.dst_dataset_path}")
 

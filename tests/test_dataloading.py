@@ -199,3 +199,13 @@ def test_transcribe_names_a_corrupt_source_file_and_writes_nothing(tmp_path, cap
                      damaged, "corrupt or truncated TFRecord file")
     assert sorted(os.listdir(tmp_path)) == ["records", "src"]
     assert sorted(os.listdir(tmp_path / "records")) == ["feature_spec.yaml", "test", "train"]
+
+
+def test_prepare_synthetic_dataset_takes_a_generated_spec(tmp_path):
+    from prepare_synthetic_dataset import output_spec
+    assert run_module("generate_feature_spec", "--variant", "criteo_t0_synthetic",
+                      "--dst", tmp_path / "feature_spec.yaml").returncode == 0
+    spec = output_spec(str(tmp_path / "out"), str(tmp_path / "feature_spec.yaml"), None, 13, [])
+    assert spec.cardinalities == CRITEO_VARIANTS["criteo_t0_synthetic"]
+    assert spec.file_of("test", spec.label_name) == str(tmp_path / "out" / "test" / "label.bin")
+    spec.check_feature_spec()
