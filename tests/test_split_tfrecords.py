@@ -104,6 +104,10 @@ def test_create_input_pipelines_reads_split_tfrecords(pair):
     with pytest.raises(datasets.DataError, match="global batch size must be 64, got 128"):
         dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
             dataset_type="split_tfrecords", train_batch_size=128, eval_batch_size=BATCH))
+    with pytest.raises(ValueError, match="shuffle_batch_order is not available for split_tfrecords"):
+        dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
+            dataset_type="split_tfrecords", train_batch_size=BATCH, eval_batch_size=BATCH,
+            shuffle_batch_order=True))
 
 
 def test_a_v5_spec_with_an_int8_label_and_hotness_loads(tmp_path):
