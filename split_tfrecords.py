@@ -88,6 +88,7 @@ class _FolderWriter:
         self._file = tf.io.TFRecordWriter(os.path.join(folder, "data_0.tfrecords"))
 
     def write(self, values: np.ndarray) -> None:
+        """Append one prebatch [B, K] (or [B] when K is 1) as one record."""
         tensor = np.ascontiguousarray(values, dtype=self.dtype).reshape(len(values), self.num_features)
         value = tf.train.BytesList(value=[tf.io.serialize_tensor(tensor).numpy()])
         example = tf.train.Example(features=tf.train.Features(
@@ -96,6 +97,7 @@ class _FolderWriter:
         self.batches += 1
 
     def close_file(self) -> None:
+        """Close the data file (again is harmless)."""
         self._file.close()
 
     def finish(self) -> None:
