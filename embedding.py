@@ -1,7 +1,8 @@
 """Embedding tables (reference §3): multitable, fused, and the split of the largest tables to the CPU.
 
 Every layer here takes a tuple of int32 id tensors, one `[B]` tensor per table in feature order,
-and returns `[B, n_tables, D]` in the layer's compute dtype. Each layer also exposes its tables
+and returns the tables' vectors side by side, `[B, sum of the table widths]`, in the layer's compute
+dtype (the layout every embedding layer shares; tables may differ in width). Each layer also exposes its tables
 as `TableSlice`s (a variable and a row range), so checkpoints read and write every table, and the
 optimizer slots that share its layout, in the global per-table layout whatever the
 implementation.
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 
 import distributed as dist
+from sharding import table_dims
 
 EMBEDDING_TYPES = ("multitable", "fused")
 
@@ -106,7 +108,7 @@ def assign_rows(variable: tf.Variable, row_start: int, values) -> None:
     variable.scatter_update(tf.IndexedSlices(tf.cast(values, variable.dtype), rows))
 
 
-def fill_uniform(variable: tf.Variable, row_start: int, rows: int, *, seed: int, table: int,
+def fill_uniform(variable: tf.Variable, row_start: int, rows: int, *, seed: Optional[int], table: int,
                  columns: Optional[Tuple[int, int]] = None, full_dim: Optional[int] = None) -> None:
     """Fill rows [row_start, row_start + rows) of `variable` with table `table`, or with its
     columns [c0, c1) when `columns` is given: U(-sqrt(1/N), sqrt(1/N)), N = rows (§2.7).
@@ -116,7 +118,10 @@ def fill_uniform(variable: tf.Variable, row_start: int, rows: int, *, seed: int,
     (seed, table, block), so a table starts the same whether it is whole, fused, offloaded or
     column-sliced over any number of ranks. Generated on the CPU one block at a time, so
     initialising a huge table never holds more than one block besides the table itself.
+    `seed` None keeps the zeros the table was created with (V5 `--embedding_zeros_initializer`).
     """
+    if seed is None:
+        return
     limit = math.sqrt(1.0 / rows)
     dim = full_dim or int(variable.shape[1])
     first, last = columns or (0, dim)
@@ -132,7 +137,7 @@ class _TableGroup(tf.keras.layers.Layer):
 
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType,
                  trainable: bool, output_dtype: Optional[tf.DType], name: str,
-                 table_ids: Optional[Sequence[int]], seed: int) -> None:
+                 table_ids: Optional[Sequence[int]], seed: Optional[int]) -> None:
         super().__init__(name=name, dtype=table_dtype, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
         self.dim = dim
@@ -147,7 +152,7 @@ class MultiTableEmbedding(_TableGroup):
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
                  name: str = "multitable_embedding", table_ids: Optional[Sequence[int]] = None,
-                 seed: int = 0) -> None:
+                 seed: Optional[int] = 0) -> None:
         super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed)
         self.tables: List[tf.Variable] = []
 
@@ -161,7 +166,7 @@ class MultiTableEmbedding(_TableGroup):
 
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
         vectors = [tf.gather(table, table_ids) for table, table_ids in zip(self.tables, ids)]
-        return tf.cast(tf.stack(vectors, axis=1), self.output_dtype)
+        return tf.cast(tf.concat(vectors, axis=1), self.output_dtype)
 
     def table_slices(self) -> List[TableSlice]:
         return [TableSlice(table, 0, rows) for table, rows in zip(self.tables, self.cardinalities)]
@@ -173,7 +178,7 @@ class FusedEmbedding(_TableGroup):
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
                  name: str = "fused_embedding", table_ids: Optional[Sequence[int]] = None,
-                 seed: int = 0) -> None:
+                 seed: Optional[int] = 0) -> None:
         super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed)
         self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)]).astype(np.int64)
         self.table: Optional[tf.Variable] = None
@@ -188,7 +193,8 @@ class FusedEmbedding(_TableGroup):
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
         offsets = tf.constant(self.offsets[:-1], tf.int64)
         fused_ids = tf.stack([tf.cast(t, tf.int64) for t in ids], axis=1) + offsets
-        return tf.cast(tf.gather(self.table, fused_ids), self.output_dtype)
+        vectors = tf.gather(self.table, fused_ids)
+        return tf.cast(tf.reshape(vectors, [-1, len(self.cardinalities) * self.dim]), self.output_dtype)
 
     def table_slices(self) -> List[TableSlice]:
         return [TableSlice(self.table, int(self.offsets[i]), int(self.offsets[i + 1]))
@@ -197,7 +203,7 @@ class FusedEmbedding(_TableGroup):
 
 def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Sequence[int], dim: int,
                 table_dtype: tf.DType, trainable: bool, output_dtype: tf.DType, name: str,
-                seed: int) -> tf.keras.layers.Layer:
+                seed: Optional[int]) -> tf.keras.layers.Layer:
     """A layer holding tables `table_ids` (indices into `cardinalities`) in one layout."""
     if embedding_type not in EMBEDDING_TYPES:
         raise ValueError(f"embedding type must be one of {EMBEDDING_TYPES}, got {embedding_type!r}")
@@ -208,58 +214,60 @@ def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Se
 
 class DualEmbeddingGroup(tf.keras.layers.Layer):
     """Tables on the accelerator, except `host_tables` (decided by the sharding plan's memory
-    budget), which live in host memory in fp32.
+    budget), which live in host memory in fp32. `dims` is one width for every table or one per table;
+    `seed` None starts every table at zero (`fill_uniform`).
 
-    Both parts are looked up and the vectors are put back in feature order, so the output is the
-    same whatever the split; only placement changes.
+    Tables are grouped by memory tier and width (a group holds tables of one width); every group is
+    looked up and the vectors are put back in feature order, so the output is the same whatever the
+    split; only placement changes.
     """
 
-    def __init__(self, cardinalities: Sequence[int], dim: int, *, device_embedding_type: str = "fused",
-                 cpu_embedding_type: str = "multitable", host_tables: Sequence[int] = (),
-                 table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
-                 trainable: bool = True, seed: int = 0, name: str = "embedding") -> None:
+    def __init__(self, cardinalities: Sequence[int], dims: Union[int, Sequence[int]], *,
+                 device_embedding_type: str = "fused", cpu_embedding_type: str = "multitable",
+                 host_tables: Sequence[int] = (), table_dtype: tf.DType = tf.float32,
+                 output_dtype: tf.DType = tf.float32, trainable: bool = True, seed: Optional[int] = 0,
+                 name: str = "embedding") -> None:
         super().__init__(name=name, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
-        self.dim = dim
-        self.cpu_ids = sorted(host_tables)
-        self.device_ids = [t for t in range(len(self.cardinalities)) if t not in self.cpu_ids]
-        self.device_group = (_make_group(device_embedding_type, self.cardinalities, self.device_ids, dim,
-                                         table_dtype, trainable, output_dtype, "device_tables", seed)
-                             if self.device_ids else None)
-        with tf.device("/CPU:0"):
-            self.cpu_group = (_make_group(cpu_embedding_type, self.cardinalities, self.cpu_ids, dim,
-                                          tf.float32, trainable, output_dtype, "cpu_tables", seed)
-                              if self.cpu_ids else None)
-        order = self.device_ids + self.cpu_ids
-        self._restore_order = np.argsort(order).astype(np.int32)
+        self.dims = table_dims(dims, len(self.cardinalities))
+        self.host_tables = sorted(host_tables)
+        single_width = len(set(self.dims)) == 1
+        self.groups: List[Tuple[List[int], bool, tf.keras.layers.Layer]] = []  # (tables, on host, layer)
+        for on_host, tier, embedding_type, dtype in ((False, "device_tables", device_embedding_type, table_dtype),
+                                                     (True, "cpu_tables", cpu_embedding_type, tf.float32)):
+            tier_tables = [t for t in range(len(self.cardinalities)) if (t in self.host_tables) == on_host]
+            for width in sorted({self.dims[t] for t in tier_tables}):
+                tables = [t for t in tier_tables if self.dims[t] == width]
+                with tf.device("/CPU:0" if on_host else None):
+                    layer = _make_group(embedding_type, self.cardinalities, tables, width, dtype, trainable,
+                                        output_dtype, tier if single_width else f"{tier}_dim_{width}", seed)
+                self.groups.append((tables, on_host, layer))
+        column_starts = np.cumsum([0] + self.dims)
+        order = [t for tables, _, _ in self.groups for t in tables]
+        columns = np.concatenate([np.arange(column_starts[t], column_starts[t + 1]) for t in order])
+        self._feature_columns = (None if np.array_equal(columns, np.arange(column_starts[-1]))
+                                 else np.argsort(columns).astype(np.int32))
 
     def build(self, input_shape=None) -> None:
-        if self.device_group is not None:
-            self.device_group.build(None)
-        if self.cpu_group is not None:
-            with tf.device("/CPU:0"):
-                self.cpu_group.build(None)
+        for _, on_host, layer in self.groups:
+            with tf.device("/CPU:0" if on_host else None):
+                layer.build(None)
         super().build(input_shape)
 
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
         parts = []
-        if self.device_group is not None:
-            parts.append(self.device_group([ids[i] for i in self.device_ids]))
-        if self.cpu_group is not None:
-            with tf.device("/CPU:0"):
-                parts.append(self.cpu_group([ids[i] for i in self.cpu_ids]))
+        for tables, on_host, layer in self.groups:
+            with tf.device("/CPU:0" if on_host else None):
+                parts.append(layer([ids[t] for t in tables]))
         vectors = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
-        if not self.cpu_ids or not self.device_ids:
-            return vectors
-        return tf.gather(vectors, self._restore_order, axis=1)
+        return vectors if self._feature_columns is None else tf.gather(vectors, self._feature_columns, axis=1)
 
     def table_slices(self) -> List[TableSlice]:
         """One slice per table, in feature order."""
         slices: List[Optional[TableSlice]] = [None] * len(self.cardinalities)
-        for group, ids in ((self.device_group, self.device_ids), (self.cpu_group, self.cpu_ids)):
-            if group is not None:
-                for table_id, table_slice in zip(ids, group.table_slices()):
-                    slices[table_id] = table_slice
+        for tables, _, layer in self.groups:
+            for table, table_slice in zip(tables, layer.table_slices()):
+                slices[table] = table_slice
         return slices  # type: ignore[return-value]
 
     def table_views(self, selector: Optional[VariableSelector] = None) -> List[TableView]:
@@ -277,4 +285,4 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
 
     def placement(self) -> List[str]:
         """'device' or 'cpu' for every table, in feature order (for start-up logging)."""
-        return ["cpu" if i in self.cpu_ids else "device" for i in range(len(self.cardinalities))]
+        return ["cpu" if i in self.host_tables else "device" for i in range(len(self.cardinalities))]

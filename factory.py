@@ -27,20 +27,26 @@ from trainer import Trainer
 class ModelOptions:
     """What shapes the stack besides the plan (which fixes the tables and their width), in plain values.
 
-    `interaction` is a concrete implementation (`interaction.resolve_interaction_name` resolves
-    `auto` once, before this). `loss_scale` None trains without loss scaling.
+    `interaction` is a concrete dot implementation (`interaction.resolve_interaction_name` resolves
+    `auto` once, before this) or "cross" (the DCNv2 cross network). `loss_scale` None trains without
+    loss scaling.
     """
     num_numerical_features: int
     bottom_mlp_dims: Sequence[int] = (512, 256, 128)
     top_mlp_dims: Sequence[int] = (1024, 1024, 512, 256, 1)
     interaction: str = "tensorflow"
+    num_cross_layers: int = 3
+    cross_layer_projection_dim: int = 512
     embedding_type: str = "fused"
     cpu_embedding_type: str = "multitable"
     embedding_trainable: bool = True
+    embedding_zeros_initializer: bool = False
     table_dtype: str = "float32"
     compute_dtype: tf.DType = tf.float32
     seed: int = 0
     optimizer: str = "sgd"
+    beta_1: float = 0.9
+    beta_2: float = 0.999
     learning_rate: float = 24.0
     warmup_steps: int = 8000
     decay_start_step: int = 48000
@@ -52,11 +58,15 @@ def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmCo
     """The DLRM's configuration; on one process the plan's host tables go to host memory."""
     return DlrmConfig(
         num_numerical_features=options.num_numerical_features, cardinalities=list(plan.cardinalities),
-        embedding_dim=plan.dim, bottom_mlp_dims=list(options.bottom_mlp_dims),
-        top_mlp_dims=list(options.top_mlp_dims), interaction=options.interaction,
+        embedding_dim=plan.dims[0] if len(set(plan.dims)) == 1 else list(plan.dims),
+        bottom_mlp_dims=list(options.bottom_mlp_dims), top_mlp_dims=list(options.top_mlp_dims),
+        interaction=options.interaction, num_cross_layers=options.num_cross_layers,
+        cross_layer_projection_dim=options.cross_layer_projection_dim,
         embedding_type=options.embedding_type, cpu_embedding_type=options.cpu_embedding_type,
         host_tables=plan.host_tables(rank) if plan.world_size == 1 else [],
-        embedding_trainable=options.embedding_trainable, table_dtype=options.table_dtype, seed=options.seed)
+        embedding_trainable=options.embedding_trainable,
+        embedding_zeros_initializer=options.embedding_zeros_initializer, table_dtype=options.table_dtype,
+        seed=options.seed)
 
 
 def build_model(plan: ShardingPlan, rank: int, reads: TableReads, options: ModelOptions,
@@ -67,7 +77,9 @@ def build_model(plan: ShardingPlan, rank: int, reads: TableReads, options: Model
     embedding_layer = None
     if plan.world_size > 1:
         embedding_layer = HybridEmbedding(plan, rank, reads, output_dtype=options.compute_dtype,
-                                          trainable=options.embedding_trainable, seed=options.seed, name=name)
+                                          trainable=options.embedding_trainable,
+                                          seed=None if options.embedding_zeros_initializer else options.seed,
+                                          name=name)
     model = Dlrm(config, embedding_layer)
     model.build_weights()
     dist.broadcast_variables(model.data_parallel_variables, root_rank=0)
@@ -81,4 +93,5 @@ def build_trainer(plan: ShardingPlan, rank: int, reads: TableReads, options: Mod
     model = build_model(plan, rank, reads, options, name)
     scheduler = LearningRateScheduler(options.learning_rate, options.warmup_steps, options.decay_start_step,
                                       options.decay_steps)
-    return Trainer(model, *make_optimizers(options.optimizer), scheduler, loss_scale=options.loss_scale)
+    return Trainer(model, *make_optimizers(options.optimizer, options.beta_1, options.beta_2), scheduler,
+                   loss_scale=options.loss_scale)

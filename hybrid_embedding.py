@@ -9,7 +9,8 @@ tables may be replicated. Forward:
   3. one all-to-all of the outputs, cast to the compute dtype first: rank d receives the rows of
      its local batch from every holder (the rows of a local batch are contiguous, so the send
      buffer needs no reordering and the bytes sent are the minimum: local batch x width);
-  4. reassembly in feature order, column slices concatenated, replicated tables looked up locally.
+  4. reassembly in feature order, column slices concatenated, replicated tables looked up locally;
+     the tables' vectors side by side, `[local_batch, sum of widths]` (tables may differ in width).
 The backward pass is the reverse exchange (Horovod's alltoall gradient). The layer also routes
 its own gradients (`reduce_gradients`): those of model-parallel pieces stay local and sparse,
 scaled by 1/world_size because every rank's local-mean loss reaches them through the exchange;
@@ -40,7 +41,7 @@ class ShardedTableView(TableView):
         self.plan = plan
         self.table = table
         self.rows = plan.cardinalities[table]
-        self.dim = plan.dim
+        self.dim = plan.dims[table]
         self.local = list(local)
         self.numpy_dtype = np.dtype(self.local[0][1].dtype.as_numpy_dtype) if self.local else np.dtype(np.float32)
 
@@ -72,12 +73,13 @@ class HybridEmbedding(tf.keras.layers.Layer):
     Input: a tuple of int id tensors, one per table of `reads` (`ShardingPlan.reads`, the same
     object the rank's loader was given): with model-parallel input the global batch of the tables
     this rank holds and of the replicated ones, with data-parallel input the local batch of every
-    table. Output: `[local_batch, n_tables, dim]` in `output_dtype`.
+    table. Output: `[local_batch, sum of the table widths]`, the tables' vectors side by side in
+    feature order, in `output_dtype` (the embedding layers' common output layout).
     """
 
     def __init__(self, plan: ShardingPlan, rank: int, reads: TableReads, *,
                  table_dtype: tf.DType = tf.float32, output_dtype: tf.DType = tf.float32,
-                 trainable: bool = True, seed: int = 0, name: str = "hybrid_embedding") -> None:
+                 trainable: bool = True, seed: Optional[int] = 0, name: str = "hybrid_embedding") -> None:
         super().__init__(name=name, dtype=table_dtype, trainable=trainable)
         if reads != plan.reads(rank, data_parallel_input=not reads.global_batch):
             raise ValueError(f"rank {rank} is given ids of tables {list(reads.tables)} "
@@ -103,7 +105,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
                                        dtype=self.dtype,
                                        trainable=self.trainable, initializer="zeros")
         fill_uniform(variable, 0, piece.rows, seed=self.seed, table=piece.table,
-                     columns=(piece.col_start, piece.col_end), full_dim=self.plan.dim)
+                     columns=(piece.col_start, piece.col_end), full_dim=self.plan.dims[piece.table])
         return variable
 
     def build(self, input_shape=None) -> None:
@@ -112,7 +114,8 @@ class HybridEmbedding(tf.keras.layers.Layer):
                 f"table_{piece.table}_cols_{piece.col_start}_{piece.col_end}", piece))
         for table in self.plan.replicated:
             self.replicated_tables[table] = self._table_variable(
-                f"replicated_table_{table}", Piece(table, 0, self.plan.dim, self.rank, self.plan.cardinalities[table]))
+                f"replicated_table_{table}", Piece(table, 0, self.plan.dims[table], self.rank,
+                                                        self.plan.cardinalities[table]))
         super().build(input_shape)
 
     # ------------------------------------------------------------------ forward
@@ -157,7 +160,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
             else:
                 vectors.append(tf.concat([received[(p.rank, p.table, p.col_start)]
                                           for p in self.plan.pieces_of(table)], axis=1))
-        return tf.stack(vectors, axis=1)
+        return tf.concat(vectors, axis=1)
 
     def _exchange_outputs(self, global_ids: Dict[int, tf.Tensor],
                           batches: tf.Tensor) -> Dict[Tuple[int, int, int], tf.Tensor]:

@@ -200,3 +200,56 @@ def make_interaction(name: str) -> Interaction:
 
     interaction.__name__ = f"{name}_interaction"
     return interaction
+
+
+class CrossNetwork(tf.keras.layers.Layer):
+    """DCN-v2 cross layers (reference §13.2) over x0 = [bottom-MLP output, every embedding vector]:
+    x_{l+1} = x0 * (W x_l + b) + x_l, with W = U V of rank `projection_dim` (0: a full-rank W),
+    truncated-normal kernels and zero biases. The output is padded with zeros to a multiple of 8.
+
+    Each kernel draws from its own seed derived from (`seed`, `seed_offset`, layer), as the MLPs do.
+    """
+
+    def __init__(self, num_layers: int, projection_dim: int, seed: int = 0, seed_offset: int = 0,
+                 name: str = "cross_network") -> None:
+        super().__init__(name=name)
+        self.num_layers = num_layers
+        self.projection_dim = projection_dim
+        self.seeds = [(seed * 1_000_003 + seed_offset + i) * 2 for i in range(num_layers)]
+        self.projections: list = []  # U of every layer (low rank only)
+        self.expansions: list = []  # V (low rank) or W (full rank), with the bias b
+        self.padding = 0
+
+    def build(self, input_shape) -> None:
+        width = int(input_shape[-1])
+        for i, layer_seed in enumerate(self.seeds):
+            if self.projection_dim:
+                self.projections.append(tf.keras.layers.Dense(
+                    self.projection_dim, use_bias=False, name=f"cross_{i}_u",
+                    kernel_initializer=tf.keras.initializers.TruncatedNormal(seed=layer_seed)))
+            self.expansions.append(tf.keras.layers.Dense(
+                width, name=f"cross_{i}_{'v' if self.projection_dim else 'w'}", bias_initializer="zeros",
+                kernel_initializer=tf.keras.initializers.TruncatedNormal(seed=layer_seed + 1)))
+        self.padding = cross_output_width(width) - width
+        super().build(input_shape)
+
+    def call(self, x0: tf.Tensor) -> tf.Tensor:
+        x = x0
+        for i, expansion in enumerate(self.expansions):
+            x = x0 * expansion(self.projections[i](x) if self.projections else x) + x
+        return tf.pad(x, [[0, 0], [0, self.padding]]) if self.padding else x
+
+    def weight_map(self) -> dict:
+        """Stable names of the kernels and biases (checkpoint file names)."""
+        names = {}
+        for i, expansion in enumerate(self.expansions):
+            if self.projections:
+                names[f"cross_layer_{i}_u_kernel"] = self.projections[i].kernel
+            names[f"cross_layer_{i}_{'v' if self.projections else 'w'}_kernel"] = expansion.kernel
+            names[f"cross_layer_{i}_bias"] = expansion.bias
+        return names
+
+
+def cross_output_width(input_width: int) -> int:
+    """Width of the cross network's output: its input width rounded up to a multiple of 8."""
+    return -(-input_width // OUTPUT_ALIGNMENT) * OUTPUT_ALIGNMENT

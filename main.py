@@ -6,11 +6,12 @@ defined before TensorFlow is imported so that `--xla` can set TF_XLA_FLAGS first
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from absl import app, flags
 
@@ -24,13 +25,31 @@ if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets
 
 FLAGS = flags.FLAGS
 
+# V5 --interaction -> this project's interaction (a --dot_interaction value, or the cross network).
+V5_INTERACTIONS = {"dot_custom_cuda": "custom_cuda", "dot_tensorflow": "tensorflow", "cross": "cross"}
+# Flags kept so that launch scripts of other versions still run: (default, version, what they mean here).
+ACCEPTED_FLAGS = {
+    "concat_embedding": (False, "V5", "one process already keeps its tables concatenated per width "
+                                      "(--gpu_embedding_type fused); the flag changes nothing"),
+    "use_mde_embeddings": (True, "V5", "the hybrid-parallel layer plays distributed-embeddings' role on "
+                                       "every world size; the flag changes nothing"),
+    "use_merlin_de_embeddings": (False, "V4", "the hybrid-parallel layer plays distributed-embeddings' role; "
+                                              "the flag changes nothing"),
+    "columnwise_split": (False, "V3", "column slicing is decided by --column_slice_threshold (V4); the flag "
+                                      "changes nothing"),
+    "data_parallel_bottom_mlp": (False, "V3", "the bottom MLP is always data parallel (V4); the flag changes "
+                                              "nothing"),
+    "dummy_model": (False, "V3", "not provided (the reference's path crashed); the real model runs"),
+}
+
 flags.DEFINE_enum("mode", "train", ["inference", "eval", "train", "deploy"], "Select task to be performed")
 flags.DEFINE_float("learning_rate", 24, "Learning rate (peak after warmup) of every optimizer")
 flags.DEFINE_integer("batch_size", 64 * 1024, "Global training batch size (split evenly across ranks)")
 flags.DEFINE_integer("valid_batch_size", 64 * 1024, "Global batch size for evaluation and inference")
 flags.DEFINE_bool("run_eagerly", False, "Disable all tf.function graph compilation")
 flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "Top MLP layer widths")
-flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"], "Bottom MLP layer widths (last = embedding_dim)")
+flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"],
+                  "Bottom MLP layer widths (with the dot interaction the last equals --embedding_dim)")
 flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"],
                   "sgd for everything, or Adam for the MLPs with lazy Adam for the embeddings")
 flags.DEFINE_string("save_checkpoint_path", None,
@@ -60,7 +79,8 @@ flags.DEFINE_integer("max_steps", -1, "Stop after this many training steps in to
 flags.DEFINE_bool("embedding_trainable", True, "If False, the embedding tables are frozen")
 flags.DEFINE_enum("dot_interaction", "auto", ["custom_cuda", "custom_cpu", "tensorflow", "dummy", "auto"],
                   "Interaction implementation; auto picks the fastest available and says which")
-flags.DEFINE_integer("embedding_dim", 128, "Width of every embedding vector")
+flags.DEFINE_string("embedding_dim", "128", "Width of the embedding vectors: one integer for every table, or (V5) "
+                                           "a comma list with one per table, or the path of a JSON list of them")
 flags.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (spread evenly over its steps)")
 flags.DEFINE_float("print_freq", 100, "Steps between progress lines (and the 2x warm-up of the timer)")
 flags.DEFINE_integer("warmup_steps", 8000, "Linear learning-rate warmup length")
@@ -80,7 +100,8 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name
 flags.DEFINE_bool("allow_external_data_paths", False,
                   "Let the feature spec name data files outside --dataset_path (absolute or ../ paths); "
                   "refused by default, so a stray path cannot read another dataset's files")
-flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic"], "Split-binary files or in-memory synthetic")
+flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic", "split_tfrecords"],
+                  "Split-binary files, in-memory synthetic data, or (V5) split-TFRecords files")
 flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
                   "Synthetic data shaped by --dataset_path/--feature_spec")
 flags.DEFINE_integer("synthetic_dataset_train_batches", 64008, "Synthetic train length in batches")
@@ -101,6 +122,20 @@ flags.DEFINE_bool("shuffle_batch_order", False, "Shuffle the order of training b
 flags.DEFINE_integer("seed", 12345, "Seed of weight initialisation, synthetic data and batch shuffling")
 flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bitwise reproducible runs)")
 flags.DEFINE_bool("validate_data", False, "Check every categorical id against its cardinality before training")
+# V5 (DLRM_and_DCNv2) flags; dlrm.py and dcnv2.py set their V5 defaults.
+flags.DEFINE_enum("interaction", None, list(V5_INTERACTIONS),
+                  "(V5) dot_custom_cuda, dot_tensorflow or cross (DCNv2); overrides --dot_interaction")
+flags.DEFINE_integer("num_cross_layers", 3, "(V5) Cross layers of the DCNv2 cross network")
+flags.DEFINE_integer("cross_layer_projection_dim", 512, "(V5) Rank of the cross kernels W = U V (0: full rank)")
+flags.DEFINE_float("beta1", 0.9, "(V5) Adam beta_1, for the MLPs and the embeddings")
+flags.DEFINE_float("beta2", 0.999, "(V5) Adam beta_2, for the MLPs and the embeddings")
+flags.DEFINE_bool("embedding_zeros_initializer", False, "(V5) Start every embedding table at zero")
+flags.DEFINE_integer("cpu_offloading_threshold_gb", None,
+                     "(V5) Per-rank device budget (GiB) for embedding state, the rest in host memory; the same "
+                     "budget as --tf_gpu_memory_limit_gb (give one of the two)")
+flags.DEFINE_bool("tfdata_debug", False, "(V5) Run tf.data in debug mode (eager, in order)")
+for _name, (_default, _version, _meaning) in ACCEPTED_FLAGS.items():
+    flags.DEFINE_bool(_name, _default, f"({_version}) accepted: {_meaning}")
 
 
 class UsageError(ValueError):
@@ -129,7 +164,6 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("auc_thresholds", _optional(_at_least(2)), ">= 2"),
     ("epochs", _at_least(1), ">= 1"),
     ("max_steps", _at_least(-1), "-1 (no limit) or >= 0"),
-    ("embedding_dim", _at_least(1), ">= 1"),
     ("evals_per_epoch", _at_least(0), ">= 0"),
     ("print_freq", lambda v: math.isfinite(v) and v == int(v) and v >= 1, "a whole number of steps >= 1"),
     ("warmup_steps", _at_least(0), ">= 0"),
@@ -146,8 +180,36 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("column_slice_threshold", _at_least(1), ">= 1 (elements)"),
     ("data_parallel_threshold", _optional(_at_least(0)), ">= 0 (elements)"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "in [0, 2**32)"),
+    ("num_cross_layers", _at_least(1), ">= 1"),
+    ("cross_layer_projection_dim", _at_least(0), ">= 0 (0: full rank)"),
+    ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("cpu_offloading_threshold_gb", _optional(_at_least(0)), ">= 0"),
 )
 LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities")
+
+
+def embedding_dims(value: str) -> Union[int, List[int]]:
+    """--embedding_dim: one integer for every table, or one per table from a comma list or a JSON
+    file holding a list (V5)."""
+    text = value.strip()
+    if text.endswith(".json") or os.path.isfile(text):
+        try:
+            with open(text) as f:
+                numbers = json.load(f)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--embedding_dim {text}: cannot read a JSON list of widths ({error})") from None
+        if not isinstance(numbers, list) or not all(isinstance(n, int) for n in numbers):
+            raise UsageError(f"--embedding_dim {text}: the file must hold a JSON list of integers")
+    else:
+        try:
+            numbers = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise UsageError(f"--embedding_dim must be an integer, a comma list of integers or a JSON file, "
+                             f"got {value}") from None
+    if not numbers or min(numbers) < 1:
+        raise UsageError(f"--embedding_dim must be >= 1, got {value}")
+    return numbers[0] if len(numbers) == 1 else numbers
 
 
 def _check_values(opts: Any) -> None:
@@ -164,6 +226,7 @@ def _check_values(opts: Any) -> None:
             raise UsageError(f"--{name} must be a comma-separated list of integers, got {','.join(values)}") from None
         if not numbers or min(numbers) < 1:
             raise UsageError(f"--{name} needs positive integers, got {numbers}")
+    embedding_dims(opts.embedding_dim)
 
 
 def validate_flags(opts: Any, world_size: int) -> None:
@@ -176,6 +239,9 @@ def validate_flags(opts: Any, world_size: int) -> None:
         raise UsageError("--restore_checkpoint_path and --saved_model_input_path cannot be used together")
     if opts.saved_model_input_path and opts.mode in ("train", "deploy"):
         raise UsageError(f"--saved_model_input_path serves eval and inference only, not --mode {opts.mode}")
+    if opts.cpu_offloading_threshold_gb is not None and opts.tf_gpu_memory_limit_gb is not None:
+        raise UsageError("--cpu_offloading_threshold_gb (V5) and --tf_gpu_memory_limit_gb set the same "
+                         "embedding budget; give one of them")
     if opts.amp and opts.fp16:
         raise UsageError("--amp and --fp16 are mutually exclusive")
     if opts.fp16 and opts.mode == "train":
@@ -192,8 +258,8 @@ def validate_flags(opts: Any, world_size: int) -> None:
     if opts.mode == "train" and opts.max_steps == 0 and not opts.save_checkpoint_path:
         raise UsageError("--max_steps 0 trains nothing; give --max_steps -1 (all epochs) or > 0, or add "
                          "--save_checkpoint_path to save the initial weights")
-    if opts.dataset_type == "tf_raw" and not opts.dataset_path and not opts.saved_model_input_path:
-        raise UsageError("--dataset_path is required with --dataset_type tf_raw")
+    if opts.dataset_type != "synthetic" and not opts.dataset_path and not opts.saved_model_input_path:
+        raise UsageError(f"--dataset_path is required with --dataset_type {opts.dataset_type}")
     if opts.synthetic_dataset_use_feature_spec and not opts.dataset_path:
         raise UsageError("--synthetic_dataset_use_feature_spec needs --dataset_path")
     if opts.checkpoint_every_n_steps and not opts.save_checkpoint_path:
@@ -278,6 +344,8 @@ def configure_tensorflow(local_rank: int) -> None:
     elif FLAGS.fp16:
         tf.keras.mixed_precision.set_global_policy("float16")
     tf.config.run_functions_eagerly(FLAGS.run_eagerly)
+    if FLAGS.tfdata_debug:
+        tf.data.experimental.enable_debug_mode()
     tf.keras.utils.set_random_seed(FLAGS.seed)
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -316,8 +384,9 @@ def memory_budget(local_rank: int):
     gpus = tf.config.list_physical_devices("GPU")
     if FLAGS.cpu:
         device_bytes = 0
-    elif FLAGS.tf_gpu_memory_limit_gb is not None:
-        device_bytes = FLAGS.tf_gpu_memory_limit_gb << 30
+    elif FLAGS.tf_gpu_memory_limit_gb is not None or FLAGS.cpu_offloading_threshold_gb is not None:
+        device_bytes = (FLAGS.tf_gpu_memory_limit_gb if FLAGS.tf_gpu_memory_limit_gb is not None
+                        else FLAGS.cpu_offloading_threshold_gb) << 30
     else:  # the GPU configure_tensorflow gave this rank; no GPU: tables stay where the ops run
         total = gpu_total_memory_bytes(local_rank % len(gpus)) if gpus else None
         device_bytes = None if total is None else table_budget_from_device(total)
@@ -332,7 +401,7 @@ def sharding_plan(spec, rank: int, world_size: int):
     from sharding import plan_sharding
     from utils import print_rank0
 
-    plan = plan_sharding(spec.cardinalities, FLAGS.embedding_dim, world_size, FLAGS.dist_strategy,
+    plan = plan_sharding(spec.cardinalities, embedding_dims(FLAGS.embedding_dim), world_size, FLAGS.dist_strategy,
                          FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
                          memory_budget(dist.local_rank()))
     if FLAGS.print_sharding_plan:
@@ -346,9 +415,11 @@ def model_options(spec, interaction_name: str, compute_dtype):
     return ModelOptions(
         num_numerical_features=len(spec.numerical_names), bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims),
         top_mlp_dims=_ints(FLAGS.top_mlp_dims), interaction=interaction_name,
+        num_cross_layers=FLAGS.num_cross_layers, cross_layer_projection_dim=FLAGS.cross_layer_projection_dim,
         embedding_type=FLAGS.gpu_embedding_type, cpu_embedding_type=FLAGS.cpu_embedding_type,
-        embedding_trainable=FLAGS.embedding_trainable, table_dtype="float16" if FLAGS.fp16 else "float32",
-        compute_dtype=compute_dtype, seed=FLAGS.seed, optimizer=FLAGS.optimizer,
+        embedding_trainable=FLAGS.embedding_trainable, embedding_zeros_initializer=FLAGS.embedding_zeros_initializer,
+        table_dtype="float16" if FLAGS.fp16 else "float32", compute_dtype=compute_dtype, seed=FLAGS.seed,
+        optimizer=FLAGS.optimizer, beta_1=FLAGS.beta1, beta_2=FLAGS.beta2,
         learning_rate=FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
         decay_start_step=FLAGS.decay_start_step, decay_steps=FLAGS.decay_steps,
         loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None)
@@ -423,7 +494,6 @@ def prepare_job(rank: int, world_size: int, logger) -> Job:
     that every input is checked before anything is written."""
     import tensorflow as tf
 
-    import interaction
     import saved_model
     from factory import build_trainer
     from trainer import Evaluator
@@ -436,9 +506,7 @@ def prepare_job(rank: int, world_size: int, logger) -> Job:
         return Job(rank, logger, pipelines, inference_batches=_inference_batches(pipelines),
                    evaluator=Evaluator(saved_model.load_predict_fn(FLAGS.saved_model_input_path),
                                        FLAGS.auc_thresholds))
-    interaction_name = interaction.resolve_interaction_name(FLAGS.dot_interaction)
-    print_rank0(f"dot interaction: {interaction_name}" + (" (auto)" if FLAGS.dot_interaction == "auto" else ""),
-                rank=rank)
+    interaction_name = chosen_interaction(rank)
     plan = sharding_plan(spec, rank, world_size)
     reads = plan.reads(rank, FLAGS.data_parallel_input)
     pipelines = build_pipelines(spec, rank, world_size, reads, compute_dtype)
@@ -454,6 +522,36 @@ def prepare_job(rank: int, world_size: int, logger) -> Job:
     lineage = prepare_checkpoints(state, pipelines.train_steps, rank)
     return Job(rank, logger, pipelines, Evaluator.for_model(trainer.model, FLAGS.auc_thresholds), batches,
                trainer, state, lineage)
+
+
+def chosen_interaction(rank: int) -> str:
+    """The cross network, or the dot implementation that --dot_interaction (or V5 --interaction)
+    names, resolved once. dlrm.py's default dot_custom_cuda runs the fastest dot there is when no
+    GPU is visible, saying so; asked for on the command line, it needs a GPU."""
+    import interaction
+    from utils import print_rank0
+
+    if FLAGS.interaction == "cross":
+        print_rank0(f"interaction: DCNv2 cross network, {FLAGS.num_cross_layers} layers, projection "
+                    f"{FLAGS.cross_layer_projection_dim or 'full rank'}", rank=rank)
+        return "cross"
+    requested = FLAGS.dot_interaction if FLAGS.interaction is None else V5_INTERACTIONS[FLAGS.interaction]
+    fallback = (FLAGS.interaction == "dot_custom_cuda" and not FLAGS["interaction"].present
+                and interaction.visible_gpu() is None)
+    name = interaction.resolve_interaction_name("auto" if fallback else requested)
+    how = (" (auto)" if requested == "auto" else
+           " (--interaction dot_custom_cuda needs a GPU and none is visible)" if fallback else "")
+    print_rank0(f"dot interaction: {name}{how}", rank=rank)
+    return name
+
+
+def announce_accepted_flags(rank: int) -> None:
+    """One line for each flag of another version given on the command line: what it means here."""
+    from utils import print_rank0
+
+    for name, (_, version, meaning) in ACCEPTED_FLAGS.items():
+        if FLAGS[name].present:
+            print_rank0(f"--{name} ({version}): {meaning}", rank=rank)
 
 
 def _inference_batches(pipelines) -> Optional[int]:
@@ -541,6 +639,7 @@ MODES: Dict[str, Callable[[Job], None]] = {"train": run_train, "eval": run_eval,
 
 def run_mode(rank: int, world_size: int, logger) -> None:
     """Prepare the job, log the run's parameters, then run --mode."""
+    announce_accepted_flags(rank)
     job = prepare_job(rank, world_size, logger)
     log_parameters(logger, world_size)
     MODES[FLAGS.mode](job)
@@ -590,7 +689,14 @@ def run(argv) -> int:
     return 0
 
 
-def main() -> None:
+# V5's defaults shared by dlrm.py and dcnv2.py where they differ from main.py's (V3/V4) ones.
+V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9}
+
+
+def main(defaults: Optional[Dict[str, Any]] = None) -> None:
+    """Parse the flags, with `defaults` over main.py's own (dlrm.py and dcnv2.py give V5's), and run."""
+    for name, value in (defaults or {}).items():
+        FLAGS.set_default(name, value)
     app.run(lambda argv: sys.exit(run(argv)))
 
 

@@ -1,20 +1,23 @@
-"""The DLRM network (reference §2.2-2.7): bottom MLP, embeddings, dot interaction, top MLP.
+"""The DLRM network (reference §2.2-2.7, §13.2): bottom MLP, embeddings, dot interaction or the
+DCNv2 cross network, top MLP.
 
 Inputs are the dict the input pipelines produce: `numerical_features` `[B, n_num]` and
 `categorical_features`, a tuple of int32 `[B]` id tensors in feature order. The output is the
-logit `[B, 1]` in float32.
+logit `[B, 1]` in float32. Tables may differ in width with the cross network; the dot interaction
+needs one width, equal to the bottom MLP's output.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
 import embedding
 import interaction
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from sharding import table_dims
 
 
 @dataclass
@@ -22,16 +25,28 @@ class DlrmConfig:
     """Everything that fixes the shapes of the weights (stored in checkpoint manifests)."""
     num_numerical_features: int
     cardinalities: List[int]
-    embedding_dim: int = 128
+    embedding_dim: Union[int, List[int]] = 128  # one width for every table, or one per table
     bottom_mlp_dims: List[int] = field(default_factory=lambda: [512, 256, 128])
     top_mlp_dims: List[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
-    interaction: str = "tensorflow"
+    interaction: str = "tensorflow"  # a dot implementation (interaction.IMPLEMENTATIONS) or "cross"
+    num_cross_layers: int = 3
+    cross_layer_projection_dim: int = 512  # 0: full-rank cross kernels
     embedding_type: str = "fused"
     cpu_embedding_type: str = "multitable"
     host_tables: List[int] = field(default_factory=list)  # offloaded to host memory (the plan decides)
     embedding_trainable: bool = True
+    embedding_zeros_initializer: bool = False
     table_dtype: str = "float32"
     seed: int = 0
+
+    @property
+    def dims(self) -> List[int]:
+        """The width of every table."""
+        return table_dims(self.embedding_dim, len(self.cardinalities))
+
+    @property
+    def cross(self) -> bool:
+        return self.interaction == CROSS
 
     def validate(self) -> None:
         """Shape rules of the reference, each as one clear message naming the flag."""
@@ -40,21 +55,39 @@ class DlrmConfig:
                              f"(the dataset has {self.num_numerical_features})")
         if not self.cardinalities:
             raise ValueError("the model needs at least one categorical feature")
-        if not self.bottom_mlp_dims or self.bottom_mlp_dims[-1] != self.embedding_dim:
-            raise ValueError(f"the last --bottom_mlp_dims entry ({self.bottom_mlp_dims[-1:]}) must equal "
-                             f"--embedding_dim ({self.embedding_dim})")
+        if not self.bottom_mlp_dims:
+            raise ValueError("--bottom_mlp_dims needs at least one layer")
+        dims = self.dims
+        if not self.cross and (len(set(dims)) != 1 or self.bottom_mlp_dims[-1] != dims[0]):
+            raise ValueError(f"the dot interaction needs every table of one width equal to the last "
+                             f"--bottom_mlp_dims entry ({self.bottom_mlp_dims[-1]}), got --embedding_dim "
+                             f"{_describe(self.embedding_dim)}; use --interaction cross for mixed widths")
         if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
             raise ValueError(f"the last --top_mlp_dims entry must be 1 (one logit), got {self.top_mlp_dims}")
-        if any(d < 1 for d in self.bottom_mlp_dims + self.top_mlp_dims + [self.embedding_dim]):
+        if any(d < 1 for d in self.bottom_mlp_dims + self.top_mlp_dims + dims):
             raise ValueError("layer widths and --embedding_dim must be positive")
+        if self.cross and (self.num_cross_layers < 1 or self.cross_layer_projection_dim < 0):
+            raise ValueError(f"the cross network needs --num_cross_layers >= 1 and --cross_layer_projection_dim "
+                             f">= 0, got {self.num_cross_layers} and {self.cross_layer_projection_dim}")
 
     def shape_fields(self) -> Dict[str, Any]:
         """The fields two checkpoints must agree on to hold the same weights."""
         fields = asdict(self)
-        for free in ("interaction", "embedding_type", "cpu_embedding_type",
-                     "host_tables", "embedding_trainable", "table_dtype", "seed"):
+        for free in ("interaction", "num_cross_layers", "cross_layer_projection_dim", "embedding_type",
+                     "cpu_embedding_type", "host_tables", "embedding_trainable", "embedding_zeros_initializer",
+                     "table_dtype", "seed"):
             fields.pop(free)
+        if self.cross:  # a dot model's fields stay as they were before the cross network existed
+            fields |= {"interaction": CROSS, "num_cross_layers": self.num_cross_layers,
+                       "cross_layer_projection_dim": self.cross_layer_projection_dim}
         return fields
+
+
+CROSS = "cross"
+
+
+def _describe(embedding_dim: Union[int, List[int]]) -> str:
+    return str(embedding_dim) if isinstance(embedding_dim, int) else ",".join(map(str, embedding_dim))
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -90,7 +123,7 @@ class Mlp(tf.keras.layers.Layer):
 
 
 class Dlrm(tf.keras.Model):
-    """Bottom MLP -> [bottom output, embeddings] -> dot interaction -> top MLP -> logit."""
+    """Bottom MLP -> [bottom output, embeddings] -> dot interaction or cross network -> top MLP -> logit."""
 
     def __init__(self, config: DlrmConfig, embedding_layer: Optional[tf.keras.layers.Layer] = None) -> None:
         super().__init__(name="dlrm")
@@ -103,8 +136,13 @@ class Dlrm(tf.keras.Model):
             device_embedding_type=config.embedding_type, cpu_embedding_type=config.cpu_embedding_type,
             host_tables=config.host_tables,
             table_dtype=tf.as_dtype(config.table_dtype), output_dtype=self.compute_dtype,
-            trainable=config.embedding_trainable, seed=config.seed)
-        self.interact = interaction.make_interaction(config.interaction)
+            trainable=config.embedding_trainable,
+            seed=None if config.embedding_zeros_initializer else config.seed)
+        self.cross_network = (interaction.CrossNetwork(config.num_cross_layers, config.cross_layer_projection_dim,
+                                                       seed=config.seed, seed_offset=len(config.bottom_mlp_dims)
+                                                       + len(config.top_mlp_dims))
+                              if config.cross else None)
+        self.interact = None if config.cross else interaction.make_interaction(config.interaction)
         self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp", seed=config.seed,
                            seed_offset=len(config.bottom_mlp_dims))
 
@@ -115,15 +153,25 @@ class Dlrm(tf.keras.Model):
             numerical = tf.pad(numerical, [[0, 0], [0, padding]])
         bottom = self.bottom_mlp(numerical)
         vectors = tf.cast(self.embedding(tuple(inputs[CATEGORICAL_KEY])), bottom.dtype)
-        interactions = self.interact(tf.concat([tf.expand_dims(bottom, 1), vectors], axis=1))
-        return tf.cast(self.top_mlp(interactions), tf.float32)
+        features = tf.concat([bottom, vectors], axis=1)  # [B, bottom width + sum of table widths]
+        if self.cross_network is not None:
+            return tf.cast(self.top_mlp(self.cross_network(features)), tf.float32)
+        num_vectors = len(self.config.cardinalities) + 1
+        stacked = tf.reshape(features, [-1, num_vectors, self.config.bottom_mlp_dims[-1]])
+        return tf.cast(self.top_mlp(self.interact(stacked)), tf.float32)
 
     def build_weights(self) -> None:
         """Create every variable without a forward pass (which would need every rank's input)."""
         self.bottom_mlp(tf.zeros([1, self.padded_numerical]))
         self.embedding.build(None)
-        num_vectors = len(self.config.cardinalities) + 1
-        self.top_mlp(tf.zeros([1, interaction.interaction_output_width(num_vectors, self.config.embedding_dim)]))
+        features = self.config.bottom_mlp_dims[-1] + sum(self.config.dims)
+        if self.cross_network is not None:
+            self.cross_network(tf.zeros([1, features]))
+            top_width = interaction.cross_output_width(features)
+        else:
+            top_width = interaction.interaction_output_width(len(self.config.cardinalities) + 1,
+                                                             self.config.bottom_mlp_dims[-1])
+        self.top_mlp(tf.zeros([1, top_width]))
         self.built = True
 
     @property
@@ -132,7 +180,8 @@ class Dlrm(tf.keras.Model):
 
     @property
     def dense_variables(self) -> List[tf.Variable]:
-        return self.bottom_mlp.trainable_variables + self.top_mlp.trainable_variables
+        cross = self.cross_network.trainable_variables if self.cross_network is not None else []
+        return self.bottom_mlp.trainable_variables + cross + self.top_mlp.trainable_variables
 
     @property
     def data_parallel_variables(self) -> List[tf.Variable]:
@@ -145,10 +194,12 @@ class Dlrm(tf.keras.Model):
         return self.embedding.table_views(selector)
 
     def dense_weight_map(self) -> Dict[str, tf.Variable]:
-        """Stable, implementation-independent names for the MLP weights (checkpoint file names)."""
+        """Stable, implementation-independent names for the MLP and cross weights (checkpoint file names)."""
         names = {}
         for mlp in (self.bottom_mlp, self.top_mlp):
             for i, layer in enumerate(mlp.dense_layers):
                 names[f"{mlp.name}_layer_{i}_kernel"] = layer.kernel
                 names[f"{mlp.name}_layer_{i}_bias"] = layer.bias
+        if self.cross_network is not None:
+            names |= self.cross_network.weight_map()
         return names

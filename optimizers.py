@@ -18,6 +18,12 @@ def _slot_name(variable: tf.Variable, slot: str) -> str:
     return variable.name.split(":")[0].replace("/", "_") + "_" + slot
 
 
+def _slot_key(variable: tf.Variable) -> str:
+    """The variable itself, not its name: two tables may both be named `fused_table` (one group per
+    width, or per memory tier)."""
+    return f"{variable.name}#{id(variable)}"
+
+
 class Optimizer(tf.Module):
     """Applies gradients with a learning rate given per call (the schedule is owned elsewhere)."""
 
@@ -31,16 +37,16 @@ class Optimizer(tf.Module):
     def build(self, variables: Sequence[tf.Variable]) -> None:
         """Create zero slots for every variable (idempotent), on the variable's device."""
         for variable in variables:
-            if variable.name in self.slots:
+            if _slot_key(variable) in self.slots:
                 continue
             with tf.init_scope(), tf.device(variable.device):
-                self.slots[variable.name] = {
+                self.slots[_slot_key(variable)] = {
                     slot: tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
                                       name=_slot_name(variable, slot))
                     for slot in self.slot_names}
 
     def slot_variables(self, variable: tf.Variable) -> Dict[str, tf.Variable]:
-        return self.slots.get(variable.name, {})
+        return self.slots.get(_slot_key(variable), {})
 
     def apply(self, grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]], learning_rate: tf.Tensor) -> None:
         self.iterations.assign_add(1)
@@ -89,13 +95,13 @@ class Adam(Optimizer):
                 / (1.0 - tf.pow(self.beta_1, t)))
 
     def _apply_dense(self, grad, variable, learning_rate):
-        slots = self.slots[variable.name]
+        slots = self.slots[_slot_key(variable)]
         m = slots["m"].assign(self.beta_1 * slots["m"] + (1.0 - self.beta_1) * grad)
         v = slots["v"].assign(self.beta_2 * slots["v"] + (1.0 - self.beta_2) * tf.square(grad))
         variable.assign_sub(self._corrected_rate(variable, learning_rate) * m / (tf.sqrt(v) + self.epsilon))
 
     def _apply_sparse(self, grad, variable, learning_rate):
-        slots = self.slots[variable.name]
+        slots = self.slots[_slot_key(variable)]
         values, indices = _merge_duplicates(grad)
         m_rows = self.beta_1 * tf.gather(slots["m"], indices) + (1.0 - self.beta_1) * values
         v_rows = self.beta_2 * tf.gather(slots["v"], indices) + (1.0 - self.beta_2) * tf.square(values)
@@ -120,12 +126,13 @@ def embedding_slot_count(name: str) -> int:
     return len(EMBEDDING_OPTIMIZERS[name].slot_names)
 
 
-def make_optimizers(name: str) -> Tuple[Optimizer, Optimizer]:
-    """(dense optimizer, embedding optimizer): one shared SGD, or Adam + lazy Adam."""
+def make_optimizers(name: str, beta_1: float = 0.9, beta_2: float = 0.999) -> Tuple[Optimizer, Optimizer]:
+    """(dense optimizer, embedding optimizer): one shared SGD, or Adam + lazy Adam (V5 `--beta1`,
+    `--beta2`)."""
     if name == "sgd":
         shared = SGD()
         return shared, shared
     if name == "adam":
-        return Adam(name="adam_dense"), Adam(name="lazy_adam_embedding")
+        return (Adam(beta_1, beta_2, name="adam_dense"), Adam(beta_1, beta_2, name="lazy_adam_embedding"))
     raise ValueError(f"--optimizer must be 'sgd' or 'adam', got {name!r}")
 

@@ -97,7 +97,8 @@ def export(model: Dlrm, output_path: str, fp16: bool = False) -> str:
     the previous one intact; only what `check_export_target` accepts is ever replaced.
     """
     check_export_target(output_path, "export path")
-    config = dataclasses.replace(model.config, interaction="tensorflow",
+    portable = model.config.interaction if model.config.cross else "tensorflow"  # runs on any device
+    config = dataclasses.replace(model.config, interaction=portable,
                                  table_dtype="float16" if fp16 else model.config.table_dtype,
                                  host_tables=[])
     serving_model = Dlrm(config)

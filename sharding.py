@@ -17,7 +17,7 @@ the same one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from batch import TableReads
 
@@ -61,6 +61,16 @@ class ShardingError(ValueError):
     """The tables cannot be spread over the ranks as asked."""
 
 
+def table_dims(dim: Union[int, Sequence[int]], num_tables: int) -> List[int]:
+    """The width of every table: one width for all, or one per table (V5 `--embedding_dim` lists)."""
+    dims = [int(dim)] * num_tables if isinstance(dim, int) else [int(d) for d in dim]
+    if len(dims) != num_tables:
+        raise ShardingError(f"--embedding_dim lists {len(dims)} widths for {num_tables} tables")
+    if any(d < 1 for d in dims):
+        raise ShardingError(f"--embedding_dim widths must be >= 1, got {dims}")
+    return dims
+
+
 @dataclass(frozen=True)
 class Piece:
     """Columns [col_start, col_end) of every row of table `table`, held by `rank`."""
@@ -83,7 +93,7 @@ class Piece:
 class ShardingPlan:
     world_size: int
     cardinalities: List[int]
-    dim: int
+    dims: List[int]  # the width of every table
     strategy: str
     replicated: List[int] = field(default_factory=list)
     pieces: List[Piece] = field(default_factory=list)
@@ -117,7 +127,7 @@ class ShardingPlan:
 
     def items_on(self, rank: int) -> List[Piece]:
         """Everything `rank` holds: its model-parallel pieces, then the replicated tables whole."""
-        return self.pieces_on(rank) + [Piece(t, 0, self.dim, rank, self.cardinalities[t]) for t in self.replicated]
+        return self.pieces_on(rank) + [Piece(t, 0, self.dims[t], rank, self.cardinalities[t]) for t in self.replicated]
 
     def on_host(self, rank: int, table: int, col_start: int = 0) -> bool:
         """Whether the piece of `table` starting at `col_start` on `rank` lives in host memory."""
@@ -146,13 +156,13 @@ class ShardingPlan:
         budget = ("no device limit" if self.budget.device_bytes is None
                   else f"device budget {self.budget.device_bytes / 2**30:.2f} GiB per rank")
         lines = [f"sharding plan: strategy {self.strategy}, {self.world_size} rank(s), "
-                 f"{len(self.cardinalities)} tables of dim {self.dim}, {budget}, "
+                 f"{len(self.cardinalities)} tables of dim {_describe_dims(self.dims)}, {budget}, "
                  f"{self.budget.optimizer_slots} optimizer slot(s) per table"]
         if self.replicated:
             lines.append(f"  replicated on every rank: tables {self.replicated}")
         for rank, (device, host) in enumerate(self.memory_per_rank()):
             items = ", ".join(
-                f"table {p.table}" + ("" if p.width == self.dim else f"[cols {p.col_start}:{p.col_end}]")
+                f"table {p.table}" + ("" if p.width == self.dims[p.table] else f"[cols {p.col_start}:{p.col_end}]")
                 + f" ({p.rows} rows{', host' if self.on_host(rank, p.table, p.col_start) else ''})"
                 for p in self.items_on(rank))
             lines.append(f"  rank {rank}: device {device / 2**20:.1f} MiB, host {host / 2**20:.1f} MiB: "
@@ -167,25 +177,29 @@ def _largest_power_of_two_at_most(value: int) -> int:
     return power
 
 
-def _slice_counts(cardinalities: Sequence[int], dim: int, tables: Sequence[int], world_size: int,
+def _describe_dims(dims: Sequence[int]) -> str:
+    return str(dims[0]) if len(set(dims)) == 1 else ",".join(map(str, dims))
+
+
+def _slice_counts(cardinalities: Sequence[int], dims: Sequence[int], tables: Sequence[int], world_size: int,
                   column_slice_threshold: Optional[int]) -> Dict[int, int]:
-    cap = _largest_power_of_two_at_most(min(world_size, dim))
+    caps = {t: _largest_power_of_two_at_most(min(world_size, dims[t])) for t in tables}
     counts = {}
     for t in tables:
-        elements = cardinalities[t] * dim
+        elements = cardinalities[t] * dims[t]
         slices = 1
         if column_slice_threshold is not None:
-            while slices < cap and elements / slices > column_slice_threshold:
+            while slices < caps[t] and elements / slices > column_slice_threshold:
                 slices *= 2
         counts[t] = slices
     while sum(counts.values()) < world_size:
-        growable = [t for t in tables if counts[t] * 2 <= cap]
+        growable = [t for t in tables if counts[t] * 2 <= caps[t]]
         if not growable:
             raise ShardingError(
                 f"{world_size} ranks but the {len(tables)} model-parallel table(s) can be cut into at most "
-                f"{sum(counts.values())} slices (a table splits into at most min(ranks, dim={dim}) "
+                f"{sum(counts.values())} slices (a table splits into at most min(ranks, its dim) "
                 f"power-of-two column slices); use fewer ranks or lower --data_parallel_threshold")
-        largest = max(growable, key=lambda t: (cardinalities[t] * dim / counts[t], -t))
+        largest = max(growable, key=lambda t: (cardinalities[t] * dims[t] / counts[t], -t))
         counts[largest] *= 2
     return counts
 
@@ -237,7 +251,8 @@ def _host_items(plan: ShardingPlan) -> FrozenSet[Tuple[int, int, int]]:
     return frozenset(host)
 
 
-def plan_sharding(cardinalities: Sequence[int], dim: int, world_size: int, strategy: str = "memory_balanced",
+def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], world_size: int,
+                  strategy: str = "memory_balanced",
                   column_slice_threshold: Optional[int] = None,
                   data_parallel_threshold: Optional[int] = None,
                   budget: Optional[MemoryBudget] = None) -> ShardingPlan:
@@ -247,21 +262,22 @@ def plan_sharding(cardinalities: Sequence[int], dim: int, world_size: int, strat
     if world_size < 1:
         raise ShardingError(f"world size must be positive, got {world_size}")
     cardinalities = [int(c) for c in cardinalities]
+    dims = table_dims(dim, len(cardinalities))
     replicated = []
     if world_size > 1 and data_parallel_threshold is not None:
-        replicated = [t for t, rows in enumerate(cardinalities) if rows * dim <= data_parallel_threshold]
+        replicated = [t for t, rows in enumerate(cardinalities) if rows * dims[t] <= data_parallel_threshold]
     model_parallel = [t for t in range(len(cardinalities)) if t not in replicated]
     if not model_parallel and world_size > 1:
         raise ShardingError(f"every table is replicated (--data_parallel_threshold {data_parallel_threshold}); "
                             f"no table is left to place on the {world_size} ranks")
-    counts = _slice_counts(cardinalities, dim, model_parallel, world_size, column_slice_threshold)
+    counts = _slice_counts(cardinalities, dims, model_parallel, world_size, column_slice_threshold)
     unplaced = []
     for t in model_parallel:
-        bounds = [i * dim // counts[t] for i in range(counts[t] + 1)]
+        bounds = [i * dims[t] // counts[t] for i in range(counts[t] + 1)]
         unplaced.extend((t, bounds[i], bounds[i + 1]) for i in range(counts[t]))
     ranks = _assign([cardinalities[t] * (end - start) for t, start, end in unplaced], world_size, strategy)
     pieces = [Piece(t, start, end, rank, cardinalities[t]) for (t, start, end), rank in zip(unplaced, ranks)]
-    plan = ShardingPlan(world_size=world_size, cardinalities=cardinalities, dim=dim, strategy=strategy,
+    plan = ShardingPlan(world_size=world_size, cardinalities=cardinalities, dims=dims, strategy=strategy,
                         replicated=replicated, pieces=_merge(pieces), budget=budget or MemoryBudget(None))
     plan.host_items = _host_items(plan)
     return plan

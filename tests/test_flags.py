@@ -72,6 +72,13 @@ BAD_VALUES = [
     (["--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
     (["--top_mlp_dims", "16,x"], "--top_mlp_dims must be a comma-separated list of integers, got 16,x"),
     (["--synthetic_dataset_cardinalities", "50,0"], "--synthetic_dataset_cardinalities needs positive integers"),
+    (["--num_cross_layers", "0"], "--num_cross_layers must be >= 1, got 0"),
+    (["--cross_layer_projection_dim", "-1"], "--cross_layer_projection_dim must be >= 0 (0: full rank), got -1"),
+    (["--beta1", "1"], "--beta1 must be in [0, 1), got 1.0"),
+    (["--beta2", "-0.1"], "--beta2 must be in [0, 1), got -0.1"),
+    (["--cpu_offloading_threshold_gb", "-1"], "--cpu_offloading_threshold_gb must be >= 0, got -1"),
+    (["--embedding_dim", "8,x"], "--embedding_dim must be an integer, a comma list of integers or a JSON file"),
+    (["--embedding_dim", "/nonexistent/dims.json"], "--embedding_dim /nonexistent/dims.json: cannot read a JSON"),
 ]
 
 BAD_COMBINATIONS = [
@@ -88,6 +95,11 @@ BAD_COMBINATIONS = [
     (["--mode", "inference", "--saved_model_output_path", "/nonexistent/s"] + RESTORE,
      "--saved_model_output_path is written by --mode train or deploy only, not --mode inference"),
     (["--amp", "--fp16"], "--amp and --fp16 are mutually exclusive"),
+    (["--cpu_offloading_threshold_gb", "4", "--tf_gpu_memory_limit_gb", "4"],
+     "--cpu_offloading_threshold_gb (V5) and --tf_gpu_memory_limit_gb set the same embedding budget"),
+    (["--embedding_dim", "16,16,16,8", "--synthetic_dataset_cardinalities", "50,20,7,30",
+      "--bottom_mlp_dims", "16"], "the dot interaction needs every table of one width"),
+    (["--interaction", "dot_custom_cuda", "--cpu"], "--dot_interaction custom_cuda: no GPU is visible"),
     (["--fp16"], "--fp16 is for inference and export only"),
     (["--dot_interaction", "custom_cuda", "--cpu"], "--dot_interaction custom_cuda: no GPU is visible (with --cpu"),
     (["--dataset_type", "tf_raw"], "--dataset_path is required with --dataset_type tf_raw"),

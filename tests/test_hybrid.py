@@ -16,7 +16,7 @@ def _coverage(plan):
             assert not plan.pieces_of(table)
             continue
         columns = [c for p in plan.pieces_of(table) for c in range(p.col_start, p.col_end)]
-        assert columns == list(range(plan.dim))
+        assert columns == list(range(plan.dims[table]))
 
 
 def test_strategies_place_whole_tables():
@@ -43,6 +43,15 @@ def test_column_slicing_is_power_of_two_capped_and_merged():
     merged = plan_sharding([1000, 5], 8, 2, "memory_optimized", column_slice_threshold=100)
     assert all(p.rank != q.rank or p.table != q.table for p in merged.pieces for q in merged.pieces if p is not q)
     _coverage(merged)
+
+
+def test_tables_of_different_widths_are_sliced_by_their_own_width():
+    plan = plan_sharding([1000, 1000, 10], [8, 2, 4], 4, "memory_balanced", column_slice_threshold=1000)
+    assert plan.dims == [8, 2, 4]
+    assert [p.width for p in plan.pieces_of(0)] == [2, 2, 2, 2] and [p.width for p in plan.pieces_of(1)] == [1, 1]
+    _coverage(plan)
+    with pytest.raises(ShardingError, match="--embedding_dim lists 2 widths for 3 tables"):
+        plan_sharding([1000, 1000, 10], [8, 2], 4)
 
 
 def test_replication_and_planner_errors():
@@ -151,7 +160,7 @@ def test_per_rank_cpu_offload_keeps_the_largest_pieces_in_cpu_memory():
     assert layer.placement() == ["cpu", "device", "cpu", "device"]
     assert all("CPU" in v.device for v in layer.piece_variables[::2])
     ids = tuple(tf.constant([1, 2, 3]) for _ in range(4))
-    assert layer(ids).shape == (3, 4, 8)
+    assert layer(ids).shape == (3, 4 * 8)
 
 
 def test_the_layer_refuses_ids_other_than_the_plan_decided():
