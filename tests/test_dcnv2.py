@@ -138,6 +138,20 @@ def test_dcnv2_with_amp_and_xla_and_zero_initialised_tables(tmp_path):
     assert np.isfinite(final_record(tmp_path / "l")["train_loss"])
 
 
+def test_dcnv2_learns_to_the_teacher(tmp_path):
+    """Mixed widths; more steps than the dot model needs (test_main): the cross network learns the
+    teacher's pairwise dot products more slowly (measured: AUC 0.773 against the teacher's 0.788)."""
+    log = tmp_path / "log.json"
+    assert_ok(dcnv2_py(["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "100,100,80,80,60,60,50,50",
+                        "--synthetic_dataset_train_batches", "800", "--synthetic_dataset_valid_batches", "20",
+                        "--batch_size", "1024", "--valid_batch_size", "4096", "--epochs", "4",
+                        "--embedding_dim", "16,16,8,8,8,8,4,4", "--bottom_mlp_dims", "64,16",
+                        "--top_mlp_dims", "128,64,1", "--learning_rate", "0.005", "--warmup_steps", "50",
+                        "--print_freq", "800", "--log_path", str(log)], timeout=900))
+    data = final_record(log)
+    assert data["teacher_auc"] - data["auc"] < 0.02, data
+
+
 def test_dlrm_py_runs_dot_and_explains_a_missing_gpu(tmp_path):
     result = run_python(["dlrm.py", "--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
                          *SMALL_DATA, "--max_steps", "2", "--log_path", str(tmp_path / "l")])
