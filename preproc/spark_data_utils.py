@@ -55,7 +55,7 @@ REASON = "_reason"  # 1-based index into REJECTION_REASONS, null for a valid lin
 KEY1, KEY2 = "_k1", "_k2"
 FIELDS = "_fields"
 # Dictionary files: one parquet folder partitioned by `column`; the schema is given, not inferred.
-DICTIONARY_SCHEMA = "data long, id int, model_count long, column string"
+DICTIONARY_SCHEMA = "data long, key binary, id int, model_count long, column string"
 # The first 15 and the next 15 hex digits of the md5 shuffle key, as non-negative longs.
 KEY_BITS = 60
 
@@ -85,46 +85,63 @@ def read_day_files(spark: SparkSession, paths: Sequence[str], day: Optional[int]
     )
 
 
-def _field(i: int) -> Column:
-    return F.try_element_at(F.col(FIELDS), F.lit(i + 1))
+def _field(fields: Column, i: int) -> Column:
+    """Field i of a split line, null past its end."""
+    return F.try_element_at(fields, F.lit(i + 1))
 
 
-def _non_empty(i: int) -> Column:
-    return F.when(_field(i) != F.lit(""), _field(i))
-
-
-def reason_code() -> Column:
-    """The 1-based rejection reason of a line that failed GOOD_LINE (needs FIELDS)."""
+def reason_code(fields: Column) -> Column:
+    """The 1-based rejection reason of a line that failed GOOD_LINE, from its split fields."""
     integer_bad = F.lit(False)
     for i in range(1, FIRST_CATEGORICAL_INDEX):
-        field = _field(i)
+        field = _field(fields, i)
         integer_bad = integer_bad | F.coalesce((field != F.lit("")) & ~field.rlike(f"^{INTEGER_PATTERN}\\z"),
                                                F.lit(False))
-    return (F.when(F.size(F.col(FIELDS)) != NUM_FIELDS, F.lit(1))
-            .when(~_field(0).isin("0", "1"), F.lit(2))
+    return (F.when(F.size(fields) != NUM_FIELDS, F.lit(1))
+            .when(~_field(fields, 0).isin("0", "1"), F.lit(2))
             .when(integer_bad, F.lit(3))
             .otherwise(F.lit(4)))
 
 
+def categorical_key(field: Column) -> Column:
+    """The 8-byte big-endian value of 1-16 hex digits (either case, leading zeros or not), null when
+    empty: the join and grouping key of a categorical value (cheaper than a conversion to long)."""
+    return F.when(field != F.lit(""), F.unhex(F.lpad(field, 16, "0")))
+
+
+def key_to_long(key: Column) -> Column:
+    """A categorical key as the 64-bit two's-complement integer of its hex digits."""
+    return F.conv(F.hex(key), 16, -10).cast("long")
+
+
 def parse_lines(raw: DataFrame, seed: Optional[int] = None, take_log: bool = True) -> DataFrame:
     """Validate and type the raw lines: `_c0` (int), `_c1`..`_c13` (float, transformed, 0 when
-    missing), `_c14`..`_c39` (long: the hex value read as a 64-bit two's-complement integer, null when
-    empty), REASON (null for a valid line), with `seed` the shuffle key (KEY1, KEY2), and the
-    input-order keys. The typed values of a rejected line are meaningless."""
+    missing), `_c14`..`_c39` (categorical_key; null when empty), REASON (null for a valid line), with
+    `seed` the shuffle key (KEY1, KEY2), and the input-order keys. A rejected line's values are null.
+
+    The line regex runs once, in its own projection: the valid text (null for a rejected line) is
+    what gets split and typed."""
     keys = [DAY, BLOCK_START, POSITION, FILE_PATH, FILE_SIZE]
-    good = F.col("value").rlike(f"^{GOOD_LINE}\\z")
-    split = raw.select("value", F.split(F.col("value"), "\t", -1).alias(FIELDS), good.alias("_good"), *keys)
+    checked = raw.select("value", F.when(F.col("value").rlike(f"^{GOOD_LINE}\\z"), F.col("value")).alias("_valid"),
+                         *keys)
+    split = checked.select(
+        "value", F.split(F.col("_valid"), "\t", -1).alias(FIELDS),
+        F.when(F.col("_valid").isNull(), reason_code(F.split(F.col("value"), "\t", -1))).alias(REASON),
+        *([] if seed is None else [F.md5(F.concat_ws("\t", F.lit(str(seed)), F.col(DAY).cast("string"),
+                                                     F.col("_valid"))).alias("_digest")]),
+        *keys)
+    fields = F.col(FIELDS)
+    integers = [transform_numerical(F.when(fields[i] != F.lit(""), fields[i].cast("double")), take_log)
+                .alias(INTEGER_COLUMNS[i - 1]) for i in range(1, FIRST_CATEGORICAL_INDEX)]
+    categoricals = [categorical_key(fields[i]).alias(CATEGORICAL_COLUMNS[i - FIRST_CATEGORICAL_INDEX])
+                    for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS)]
     extra = []
     if seed is not None:
-        digest = F.md5(F.concat_ws("\t", F.lit(str(seed)), F.col(DAY).cast("string"), F.col("value")))
+        digest = F.col("_digest")
         extra = [F.conv(F.substring(digest, 1, 15), 16, 10).cast("long").alias(KEY1),
                  F.conv(F.substring(digest, 16, 15), 16, 10).cast("long").alias(KEY2)]
-    integers = [transform_numerical(_try_cast(_non_empty(i), "double"), take_log).alias(INTEGER_COLUMNS[i - 1])
-                for i in range(1, FIRST_CATEGORICAL_INDEX)]
-    categoricals = [_try_cast(F.conv(_non_empty(i), 16, -10), "long").alias(CATEGORICAL_COLUMNS[i - FIRST_CATEGORICAL_INDEX])
-                    for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS)]
-    return split.select(_try_cast(_field(0), "int").alias(LABEL_COLUMN), *integers, *categoricals,
-                        F.when(~F.col("_good"), reason_code()).alias(REASON), *extra, *keys)
+    return split.select(fields[0].cast("int").alias(LABEL_COLUMN), *integers, *categoricals, REASON, *extra,
+                        "value", *keys)
 
 
 def transform_numerical(value: Column, take_log: bool) -> Column:
@@ -224,12 +241,12 @@ def block_bucket(partitions: int) -> Column:
 
 # ----------------------------------------------------------------------------- dictionaries
 def count_pass(parsed: DataFrame) -> DataFrame:
-    """One aggregation: (column, data, model_count) of the valid lines' categorical values (column
-    index 0..25), plus one row per (day, reason) with column -1 - reason (0 = valid), data = day."""
-    valid = F.col(REASON).isNull()
-    pairs = [F.struct(F.lit(-1).alias("c"), F.col(DAY).cast("long").alias("v"),
+    """One aggregation: (column, data, model_count) of the valid lines' categorical keys (column
+    index 0..25), plus one row per (day, reason) with column -1 - reason (0 = valid), data = the day
+    as bytes. (A rejected line's categorical keys are null.)"""
+    pairs = [F.struct(F.lit(-1).alias("c"), F.unhex(F.hex(F.col(DAY))).alias("v"),
                       F.coalesce(F.col(REASON), F.lit(0)).alias("r"))]
-    pairs += [F.struct(F.lit(j).alias("c"), F.when(valid, F.col(name)).alias("v"), F.lit(0).alias("r"))
+    pairs += [F.struct(F.lit(j).alias("c"), F.col(name).alias("v"), F.lit(0).alias("r"))
               for j, name in enumerate(CATEGORICAL_COLUMNS)]
     exploded = parsed.select(F.explode(F.array(*pairs)).alias("p")).where(F.col("p.v").isNotNull())
     return (exploded.select((F.col("p.c") - F.col("p.r")).alias("column"), F.col("p.v").alias("data"))
@@ -240,7 +257,7 @@ def line_counts(counts: DataFrame) -> Dict[Tuple[int, str], int]:
     """{(day, 'lines' or reason): count} from the rows count_pass adds for lines."""
     found: Dict[Tuple[int, str], int] = {}
     for row in counts.where(F.col("column") < 0).collect():
-        day, code, n = int(row["data"]), -1 - int(row["column"]), int(row["model_count"])
+        day, code, n = int.from_bytes(row["data"], "big"), -1 - int(row["column"]), int(row["model_count"])
         found[(day, "lines")] = found.get((day, "lines"), 0) + n
         if code:
             found[(day, REJECTION_REASONS[code - 1])] = n
@@ -248,12 +265,14 @@ def line_counts(counts: DataFrame) -> Dict[Tuple[int, str], int]:
 
 
 def assign_ids(spark: SparkSession, counts: DataFrame, limits: Sequence[int], partitions: int) -> DataFrame:
-    """(column, data, id, model_count): per column the values counted at least its limit times, ids
+    """(column, data, key, id, model_count): per column the values (data: the 64-bit integer, key:
+    categorical_key) counted at least its limit times, ids
     1, 2, ... by descending count, ties by ascending value. A range-partitioned sort and per-partition
     offsets computed on the driver number them, so no single task sees a whole column."""
     limit = F.element_at(F.array(*[F.lit(n) for n in limits]), F.col("column") + 1)
-    order = [F.col("column"), F.col("model_count").desc(), F.col("data")]
-    kept = counts.where((F.col("column") >= 0) & (F.col("model_count") >= limit))
+    order = [F.col("column"), F.col("model_count").desc(), F.col("value")]
+    kept = (counts.where((F.col("column") >= 0) & (F.col("model_count") >= limit))
+            .select("column", F.col("data").alias("key"), key_to_long(F.col("data")).alias("value"), "model_count"))
     ranked = (kept.repartitionByRange(partitions, *order).sortWithinPartitions(*order)
               .select("*", F.spark_partition_id().alias("_part"), F.monotonically_increasing_id().alias("_pos"))
               .localCheckpoint(eager=True))
@@ -268,7 +287,8 @@ def assign_ids(spark: SparkSession, counts: DataFrame, limits: Sequence[int], pa
                                     "_part int, column int, _offset long")
     return (ranked.join(F.broadcast(offsets), ["_part", "column"])
             .select(F.concat(F.lit("_c"), (F.col("column") + FIRST_CATEGORICAL_INDEX).cast("string")).alias("column"),
-                    "data", (F.col("_pos") + F.col("_offset")).cast("int").alias("id"), "model_count"))
+                    F.col("value").alias("data"), "key", (F.col("_pos") + F.col("_offset")).cast("int").alias("id"),
+                    "model_count"))
 
 
 def read_dictionary(spark: SparkSession, model_folder: str) -> DataFrame:
@@ -282,23 +302,35 @@ def dictionary_sizes(dictionary: DataFrame) -> Dict[str, int]:
     return {name: found.get(name, 0) for name in CATEGORICAL_COLUMNS}
 
 
+def _column_byte(index: Column) -> Column:
+    """A column index 0..25 as one byte, the prefix of a lookup key."""
+    return F.unhex(F.lpad(F.hex(index), 2, "0"))
+
+
 def apply_dictionary(rows: DataFrame, dictionary: DataFrame, sizes: Dict[str, int],
-                     broadcast_max_rows: int) -> Tuple[DataFrame, bool]:
-    """Replace each categorical value by its id; rare, missing and unseen values become 0. Each
-    column's dictionary is joined on its long value: broadcast up to `broadcast_max_rows` entries,
-    else with a shuffle. Returns the rows and whether any join shuffled them."""
-    shuffled = False
-    for name in CATEGORICAL_COLUMNS:
-        mapping = dictionary.where(F.col("column") == name).select(F.col("data").alias(f"_v{name}"),
-                                                                  F.col("id").alias(f"_id{name}"))
-        if sizes[name] <= broadcast_max_rows:
-            mapping = F.broadcast(mapping)
+                     broadcast_max_rows: int) -> DataFrame:
+    """Replace each categorical value by its id; rare, missing and unseen values become 0.
+
+    The dictionaries of all columns with at most `broadcast_max_rows` entries form one lookup table
+    keyed by column byte + categorical key: it is broadcast once (the 26 joins reuse the exchange).
+    Larger dictionaries are joined on their key with a shuffle, one per column."""
+    small = [name for name in CATEGORICAL_COLUMNS if sizes[name] <= broadcast_max_rows]
+    index = F.regexp_extract(F.col("column"), r"_c(\d+)", 1).cast("int") - F.lit(FIRST_CATEGORICAL_INDEX)
+    lookup = F.broadcast(dictionary.where(F.col("column").isin(small))
+                         .select(F.concat(_column_byte(index), F.col("key")).alias("_lookup_key"),
+                                 F.col("id").alias("_lookup_id")))
+    for j, name in enumerate(CATEGORICAL_COLUMNS):
+        mapping = f"_m{name}"
+        if name in small:  # the same plan each time: Spark broadcasts it once and reuses the exchange
+            rows = rows.join(lookup.alias(mapping), how="left",
+                             on=F.col(f"{mapping}._lookup_key") == F.concat(F.lit(bytes([j])), F.col(name)))
         else:
-            shuffled = True
-        rows = rows.join(mapping, how="left", on=F.col(f"_v{name}") == F.col(name))
-    keep = [c for c in rows.columns if c not in CATEGORICAL_COLUMNS and not c.startswith(("_v_c", "_id_c"))]
-    return rows.select(*keep, *[F.coalesce(F.col(f"_id{name}"), F.lit(0)).alias(name)
-                                for name in CATEGORICAL_COLUMNS]), shuffled
+            column = dictionary.where(F.col("column") == name).select(F.col("key").alias("_lookup_key"),
+                                                                     F.col("id").alias("_lookup_id"))
+            rows = rows.join(column.alias(mapping), how="left", on=F.col(f"{mapping}._lookup_key") == F.col(name))
+    keep = [F.col(c) for c in rows.columns if c not in CATEGORICAL_COLUMNS and not c.startswith("_lookup_")]
+    return rows.select(*keep, *[F.coalesce(F.col(f"_m{name}._lookup_id"), F.lit(0)).alias(name)
+                                for name in CATEGORICAL_COLUMNS])
 
 
 def output_columns() -> List[Column]:
@@ -335,6 +367,9 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
     last = days[-1]
     paths = day_file_paths(input_folder, days)
     progress = Progress(spark, progress_interval)
+    # Without adaptive execution the 26 dictionary joins share one broadcast (ReuseExchange); with it
+    # each runs its own broadcast job. The partition counts here are chosen, not adapted, anyway.
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
     total_bytes = sum(os.path.getsize(p) for p in paths if not is_cluster_path(p))
     with progress.stage("dictionary", int(total_bytes / 256)):
         counts = count_pass(parse_lines(read_day_files(spark, paths))).localCheckpoint(eager=True)
@@ -346,7 +381,7 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
                 raise strict_error(bad["file"], bad["line"], bad["text"])
     models = os.path.join(output_folder, "models")
     write_parquet(assign_ids(spark, counts, limits, partitions).write.partitionBy("column"), models, "overwrite")
-    dictionary = read_dictionary(spark, models)
+    dictionary = read_dictionary(spark, models).cache()  # read by the 26 joins of each split
     sizes = dictionary_sizes(dictionary)
     write_json(os.path.join(output_folder, "model_size.json"), sizes)
     summaries: Dict[str, Dict[str, object]] = {
@@ -355,7 +390,7 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
     train_lines = sum(lines.get((day, "lines"), 0) for day in days[:-1])
     with progress.stage("train", train_lines):
         parsed = parse_lines(read_day_files(spark, paths[:-1]), seed, take_log)
-        rows, _ = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
+        rows = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
         ordered = ordered_partitions(rows, key_bucket(partitions), partitions, [KEY1, KEY2],
                                      partition_representatives(spark, partitions))
         write_parquet(ordered.select(*output_columns()).write, os.path.join(output_folder, "train"), "overwrite")
@@ -369,7 +404,7 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
             *[F.sum(F.when(F.col(REASON) == code, 1).otherwise(0)).alias(reason)
               for code, reason in enumerate(REJECTION_REASONS, start=1)])
         with progress.stage(split, lines.get((last, "lines"), 0) // 2):
-            rows, _ = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
+            rows = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
             ordered = ordered_partitions(rows, block_bucket(test_partitions), test_partitions,
                                          [BLOCK_START, POSITION], representatives)
             write_parquet(ordered.select(*output_columns()).write, os.path.join(output_folder, split), "overwrite")
