@@ -22,9 +22,7 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -41,12 +39,16 @@ from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LIN
                           REJECTION_REASONS, InputError, column_limits, day_file_paths, rejection_summary,
                           strict_error)
 from feature_spec import FeatureSpec  # noqa: E402
+from progress import Progress  # noqa: E402
 from safe_io import OutputPathError, atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
 from split_dataset import SUMMARY_NAME, build_summary, output_entries, write_split  # noqa: E402
 
 BATCH_ROWS = 1 << 17
 # Read buffer of the CSV scanner (DuckDB: 32 MiB per scan); smaller keeps low memory limits workable.
-CSV_BUFFER_BYTES = 8 << 20
+CSV_BUFFER_BYTES = 4 << 20
+# The field delimiter given to DuckDB's CSV reader, so that a whole line is one field (blank lines
+# included, which a multi-column read would skip).
+LINE_DELIMITER = "\\x01\\x02\\x03\\x04"
 # Rows per row group of the working tables (DuckDB: 122,880); each thread fills one in memory.
 ROW_GROUP_ROWS = 16384
 # The reason codes stored in the dictionary pass: 0 = valid line, k = REJECTION_REASONS[k - 1].
@@ -61,12 +63,13 @@ def _quote(text: str) -> str:
 
 def scan_sql(path: str, day: int, numbered: bool = False) -> str:
     """The lines of one day file: day, the line text ('' for a blank line) and, if `numbered`, the
-    1-based line number (needs preserve_insertion_order). A line holding \\x01 (never valid) keeps its
-    first two \\x01-separated parts."""
+    1-based line number (needs preserve_insertion_order). Each line is one field: the delimiter is
+    the 4-byte sequence LINE_DELIMITER, which no Criteo line holds (a line that did would be cut
+    there)."""
     number = ", row_number() OVER () AS line" if numbered else ""
-    return (f"SELECT {int(day)}::SMALLINT AS day, coalesce(text, '') || coalesce(E'\\x01' || rest, '') AS text{number} "
-            f"FROM read_csv({_quote(path)}, columns={{'text': 'VARCHAR', 'rest': 'VARCHAR'}}, delim=E'\\x01', "
-            f"quote='', escape='', header=false, auto_detect=false, strict_mode=false, null_padding=true, "
+    return (f"SELECT {int(day)}::SMALLINT AS day, coalesce(text, '') AS text{number} "
+            f"FROM read_csv({_quote(path)}, columns={{'text': 'VARCHAR'}}, delim=E'{LINE_DELIMITER}', "
+            f"quote='', escape='', header=false, auto_detect=false, strict_mode=false, "
             f"buffer_size={CSV_BUFFER_BYTES})")
 
 
@@ -100,42 +103,6 @@ def good_sql() -> str:
 
 
 # ----------------------------------------------------------------------------- progress
-class Progress:
-    """Per-stage progress lines on stderr: fraction done, lines/s and ETA, every `interval` seconds."""
-
-    def __init__(self, interval: float, stream=sys.stderr) -> None:
-        self.interval = interval
-        self.stream = stream
-
-    def say(self, message: str) -> None:
-        print(f"[duckdb] {message}", file=self.stream, flush=True)
-
-    @contextmanager
-    def stage(self, name: str, lines: int, fraction: Callable[[], float]) -> Iterator[None]:
-        """Reports `fraction()` (0..1) of `lines` lines while the body runs, then the stage time."""
-        start = time.monotonic()
-        self.say(f"stage {name}: {lines:,} lines")
-        done = threading.Event()
-
-        def report() -> None:
-            while not done.wait(self.interval):
-                part = min(max(fraction(), 0.0), 1.0)
-                elapsed = time.monotonic() - start
-                rate = part * lines / elapsed if elapsed > 0 else 0.0
-                eta = f"{(1 - part) * lines / rate:.0f} s" if rate > 0 else "?"
-                self.say(f"stage {name}: {100 * part:.0f}%, {rate:,.0f} lines/s, ETA {eta}")
-
-        thread = threading.Thread(target=report, daemon=True)
-        if self.interval > 0:
-            thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-        elapsed = time.monotonic() - start
-        self.say(f"stage {name} done: {elapsed:.1f} s, {lines / max(elapsed, 1e-9):,.0f} lines/s")
-
-
 def query_fraction(con: duckdb.DuckDBPyConnection) -> Callable[[], float]:
     """DuckDB's own progress of the running query, as a fraction."""
     def fraction() -> float:
@@ -263,7 +230,8 @@ def write_query(con: duckdb.DuckDBPyConnection, query: str, dictionaries: Sequen
     """Run `query` and write its rows in order as one split folder; returns the row count."""
     written = [0]
     cardinalities = [len(d.ids) + 1 for d in dictionaries]
-    with progress.stage(stage, rows, lambda: 0.5 * query_fraction(con)() + 0.5 * written[0] / max(rows, 1)):
+    with progress.stage(stage, rows, lambda: 0.5 * query_fraction(con)() + 0.5 * written[0] / max(rows, 1),
+                        " (query and rows written)"):
         reader = con.sql(query).to_arrow_reader(BATCH_ROWS)
 
         def count(n: int) -> None:
@@ -337,7 +305,7 @@ def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: 
     days = list(range(num_days))
     paths = day_file_paths(input_folder, days)
     os.makedirs(scratch_dir, exist_ok=True)
-    progress = Progress(progress_interval)
+    progress = Progress("duckdb", progress_interval, sys.stderr)
     con = connect(os.path.join(scratch_dir, "work.duckdb"), os.path.join(scratch_dir, "spill"), threads, memory_limit)
     try:
         start = time.monotonic()

@@ -3,7 +3,8 @@
 #
 # Criteo day files -> split-binary training data (feature_spec.yaml, train/, test/, validation/).
 # Two engines, same rules and the same bytes in every output file:
-#   duckdb  embedded, one process, no JVM (default for CPU when SPARK_MASTER is unset):
+#   duckdb  embedded, one process, no JVM (default for CPU when SPARK_MASTER is unset and $PYTHON
+#           has the duckdb package):
 #           duckdb_pipeline.py writes final_output_dir directly (skipped when it holds a run with
 #           the same input, NUM_DAYS, threshold and seed); spark_output_path is not used
 #   spark   clusters and GPUs (default for DGX2 or when SPARK_MASTER is set):
@@ -51,10 +52,20 @@ PLATFORM="$1"
 FREQUENCY_THRESHOLD="$2"
 [[ "$PLATFORM" == CPU || "$PLATFORM" == DGX2 ]] || die "unknown platform '$PLATFORM': use CPU or DGX2"
 if [[ -z "${ENGINE:-}" ]]; then
-    if [[ "$PLATFORM" == DGX2 || -n "${SPARK_MASTER:-}" ]]; then ENGINE=spark; else ENGINE=duckdb; fi
+    if [[ "$PLATFORM" == DGX2 || -n "${SPARK_MASTER:-}" ]]; then
+        ENGINE=spark
+    elif "$PYTHON" -c 'import duckdb' 2>/dev/null; then
+        ENGINE=duckdb
+    else
+        ENGINE=spark
+        echo "note: $PYTHON has no duckdb (pip install duckdb), so the Spark engine runs" >&2
+    fi
 fi
 [[ "$ENGINE" == duckdb || "$ENGINE" == spark ]] || die "unknown engine '$ENGINE': use duckdb or spark"
 [[ "$ENGINE" == spark || "$PLATFORM" == CPU ]] || die "the duckdb engine runs on CPUs only: use --engine spark with DGX2"
+if [[ "$ENGINE" == duckdb ]]; then
+    "$PYTHON" -c 'import duckdb' 2>/dev/null || die "the duckdb engine needs the duckdb package for $PYTHON (pip install duckdb)"
+fi
 
 download_dir="${download_dir:-/data/dlrm/criteo}"
 spark_output_path="${spark_output_path:-/data/dlrm/spark/output}"

@@ -25,11 +25,8 @@ import argparse
 import json
 import os
 import sys
-import threading
-import time
 import urllib.parse
-from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pyspark.sql import Column, DataFrame, DataFrameWriter, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -41,6 +38,7 @@ from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LIN
                           INTEGER_PATTERN, LABEL_COLUMN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
                           REJECTION_REASONS, InputError, column_limits, day_file_paths,
                           parse_frequency_limit, rejection_summary, strict_error)
+from progress import Progress  # noqa: E402
 from safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir,  # noqa: E402
                      refuse_overlap)
 
@@ -155,50 +153,19 @@ def transform_numerical(value: Column, take_log: bool) -> Column:
 
 
 # ----------------------------------------------------------------------------- progress
-class Progress:
-    """Progress lines on stdout while a stage runs: Spark's task counts as fraction, lines/s and ETA."""
+def task_fraction(spark: SparkSession) -> Callable[[], float]:
+    """The completed share of the tasks of Spark's running stages."""
+    tracker = spark.sparkContext.statusTracker()
 
-    def __init__(self, spark: SparkSession, interval: float) -> None:
-        self.tracker = spark.sparkContext.statusTracker()
-        self.interval = interval
-
-    @staticmethod
-    def say(message: str) -> None:
-        print(f"[spark] {message}", flush=True)
-
-    def _fraction(self) -> float:
+    def fraction() -> float:
         done = total = 0
-        for stage_id in self.tracker.getActiveStageIds():
-            info = self.tracker.getStageInfo(stage_id)
+        for stage_id in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage_id)
             if info is not None:
                 done += info.numCompletedTasks
                 total += info.numTasks
         return done / total if total else 0.0
-
-    @contextmanager
-    def stage(self, name: str, lines: int) -> Iterator[None]:
-        """Reports while the body runs, then the stage's time and rate."""
-        start = time.monotonic()
-        self.say(f"stage {name}: {lines:,} lines")
-        done = threading.Event()
-
-        def report() -> None:
-            while not done.wait(self.interval):
-                part = self._fraction()
-                elapsed = time.monotonic() - start
-                rate = part * lines / elapsed if elapsed > 0 else 0.0
-                eta = f"{(1 - part) * lines / rate:.0f} s" if rate > 0 else "?"
-                self.say(f"stage {name}: {100 * part:.0f}% of the running Spark stage's tasks, "
-                         f"{rate:,.0f} lines/s, ETA {eta}")
-
-        if self.interval > 0:
-            threading.Thread(target=report, daemon=True).start()
-        try:
-            yield
-        finally:
-            done.set()
-        elapsed = time.monotonic() - start
-        self.say(f"stage {name} done: {elapsed:.1f} s, {lines / max(elapsed, 1e-9):,.0f} lines/s")
+    return fraction
 
 
 # ----------------------------------------------------------------------------- ordering
@@ -283,8 +250,10 @@ def assign_ids(spark: SparkSession, counts: DataFrame, limits: Sequence[int], pa
         column = int(row["column"])
         starts[(int(row["_part"]), column)] = seen.get(column, 0) + 1 - int(row["first"])
         seen[column] = seen.get(column, 0) + int(row["n"])
-    offsets = spark.createDataFrame([(p, c, o) for (p, c), o in starts.items()],
-                                    "_part int, column int, _offset long")
+    # A literal table (no Python on the executors, unlike createDataFrame from Python rows).
+    offsets = spark.range(1).select(F.inline(F.array(*[
+        F.struct(F.lit(p).cast("int").alias("_part"), F.lit(c).cast("int").alias("column"),
+                 F.lit(o).cast("long").alias("_offset")) for (p, c), o in (starts or {(-1, -1): 0}).items()])))
     return (ranked.join(F.broadcast(offsets), ["_part", "column"])
             .select(F.concat(F.lit("_c"), (F.col("column") + FIRST_CATEGORICAL_INDEX).cast("string")).alias("column"),
                     F.col("value").alias("data"), "key", (F.col("_pos") + F.col("_offset")).cast("int").alias("id"),
@@ -366,12 +335,14 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
     days = list(range(num_days))
     last = days[-1]
     paths = day_file_paths(input_folder, days)
-    progress = Progress(spark, progress_interval)
+    progress = Progress("spark", progress_interval)
+    tasks = task_fraction(spark)
+    of_tasks = " of the running Spark stages' tasks"
     # Without adaptive execution the 26 dictionary joins share one broadcast (ReuseExchange); with it
     # each runs its own broadcast job. The partition counts here are chosen, not adapted, anyway.
     spark.conf.set("spark.sql.adaptive.enabled", "false")
     total_bytes = sum(os.path.getsize(p) for p in paths if not is_cluster_path(p))
-    with progress.stage("dictionary", int(total_bytes / 256)):
+    with progress.stage("dictionary", int(total_bytes / 256), tasks, of_tasks):
         counts = count_pass(parse_lines(read_day_files(spark, paths))).localCheckpoint(eager=True)
         lines = line_counts(counts)
     if strict:
@@ -388,7 +359,7 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
         "dictionary": {**rejection_summary(lines, days), "engine": "spark", "days": f"0-{last}",
                        "frequency_limit": frequency_limit, "dictionary_sizes": sizes}}
     train_lines = sum(lines.get((day, "lines"), 0) for day in days[:-1])
-    with progress.stage("train", train_lines):
+    with progress.stage("train", train_lines, tasks, of_tasks):
         parsed = parse_lines(read_day_files(spark, paths[:-1]), seed, take_log)
         rows = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
         ordered = ordered_partitions(rows, key_bucket(partitions), partitions, [KEY1, KEY2],
@@ -403,7 +374,7 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
             observation, F.count(F.lit(1)).alias("lines"),
             *[F.sum(F.when(F.col(REASON) == code, 1).otherwise(0)).alias(reason)
               for code, reason in enumerate(REJECTION_REASONS, start=1)])
-        with progress.stage(split, lines.get((last, "lines"), 0) // 2):
+        with progress.stage(split, lines.get((last, "lines"), 0) // 2, tasks, of_tasks):
             rows = apply_dictionary(parsed.where(F.col(REASON).isNull()), dictionary, sizes, broadcast_max_rows)
             ordered = ordered_partitions(rows, block_bucket(test_partitions), test_partitions,
                                          [BLOCK_START, POSITION], representatives)

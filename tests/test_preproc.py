@@ -1,11 +1,15 @@
-"""Criteo preprocessing (preproc/): the real shell scripts and PySpark in local mode, checked
-against an independent pandas/numpy computation of the same dictionaries and transforms."""
+"""Criteo preprocessing (preproc/): the real shell scripts with both engines (the embedded DuckDB
+one and PySpark in local mode), checked against an independent pandas/numpy computation of the
+same dictionaries and transforms, and against each other byte for byte."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,11 +26,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import criteo_synth  # noqa: E402
-from multiproc import assert_one_error, snapshot  # noqa: E402
+from multiproc import assert_one_error, require, snapshot  # noqa: E402
 from feature_spec import FeatureSpec, get_categorical_feature_type  # noqa: E402
 
 HAVE_SPARK = shutil.which("java") is not None and importlib.util.find_spec("pyspark") is not None
 needs_spark = pytest.mark.skipif(not HAVE_SPARK, reason="needs java and pyspark")
+HAVE_DUCKDB = importlib.util.find_spec("duckdb") is not None
+ENGINES = ("duckdb", "spark")
 
 NUM_DAYS = 4
 LINES_PER_DAY = 10_000
@@ -34,6 +40,9 @@ THRESHOLD = 2
 # Small jobs spend most of their CPU in the JVM's optimising compiler; the quick tier is enough here.
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 NUM_INTEGER, NUM_CATEGORICAL = 13, 26
+# The bounded-memory run: 4 x 90,000 lines are about 93 MB of raw input, against a 40 MB limit.
+MEMORY_TEST_LINES_PER_DAY = 90_000
+MEMORY_TEST_LIMIT_MB = 40
 # day -> {line index: kind}; day 3 has one bad line in each half (test, validation).
 BAD_LINES = {1: {10: "wrong_field_count", 500: "bad_label", 999: "non_integer_numerical",
                  7_500: "non_hex_categorical"},
@@ -49,12 +58,12 @@ def _environment(**overrides: str) -> Dict[str, str]:
     return env
 
 
-def run_prepare(tmp: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """prepare_dataset.sh with every path under `tmp` (raw input in `tmp/raw`)."""
-    paths = dict(download_dir=os.path.join(tmp, "raw"), spark_output_path=os.path.join(tmp, "spark"),
+def run_prepare(tmp: str, *args: str, raw: str = "", **env: str) -> subprocess.CompletedProcess:
+    """prepare_dataset.sh with every path under `tmp` (raw input in `tmp/raw` unless `raw`)."""
+    paths = dict(download_dir=raw or os.path.join(tmp, "raw"), spark_output_path=os.path.join(tmp, "spark"),
                  conversion_intermediate_dir=os.path.join(tmp, "intermediate"),
                  final_output_dir=os.path.join(tmp, "final"), SPARK_LOCAL_DIRS=os.path.join(tmp, "spark_tmp"),
-                 NUM_DAYS=str(NUM_DAYS), SPARK_DRIVER_JAVA_OPTIONS=QUICK_JIT)
+                 NUM_DAYS=str(NUM_DAYS), SPARK_DRIVER_JAVA_OPTIONS=QUICK_JIT, PROGRESS_INTERVAL="0")
     paths.update(env)
     return subprocess.run(["bash", os.path.join(PREPROC, "prepare_dataset.sh"), *args], env=_environment(**paths),
                           capture_output=True, text=True, timeout=900)
@@ -114,18 +123,34 @@ def sorted_rows(matrix: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- end to end
+def engine_available(engine: str) -> None:
+    """Skip (fail under CI) when an engine's components are missing."""
+    if engine == "spark":
+        require(HAVE_SPARK, "needs java and pyspark")
+    else:
+        require(HAVE_DUCKDB, "needs duckdb")
+
+
+def dataset_digest(final: str) -> str:
+    """sha256 over every file of a dataset but the summary (which names the engine), in path order."""
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(final)):
+        dirs.sort()
+        for name in sorted(files):
+            if name == "preprocessing_summary.json":
+                continue
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, final).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
 @pytest.fixture(scope="module")
-def criteo_run(tmp_path_factory):
-    if not HAVE_SPARK:
-        pytest.skip("needs java and pyspark")
+def criteo_input(tmp_path_factory):
+    """The raw days (in `tmp/raw`) and the pandas expectations every engine is checked against."""
     tmp = str(tmp_path_factory.mktemp("criteo"))
     lines = criteo_synth.write_days(os.path.join(tmp, "raw"), NUM_DAYS, LINES_PER_DAY, seed=7, bad_lines=BAD_LINES)
-    start = time.monotonic()
-    result = run_prepare(tmp, "CPU", str(THRESHOLD))
-    elapsed = time.monotonic() - start
-    print(f"\nprepare_dataset.sh CPU {THRESHOLD} on {NUM_DAYS} x {LINES_PER_DAY} lines: {elapsed:.1f} s")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    final = os.path.join(tmp, "final")
     good = {day: parse_good_lines(day_lines, BAD_LINES.get(day, {})) for day, day_lines in lines.items()}
     dictionaries = expected_dictionaries(pd.concat(good.values(), ignore_index=True), THRESHOLD)
     half = LINES_PER_DAY // 2
@@ -133,12 +158,33 @@ def criteo_run(tmp_path_factory):
     bad_last = BAD_LINES.get(last, {})
     test_good = parse_good_lines(lines[last][:half], bad_last)
     validation_good = parse_good_lines(lines[last][half:], {i - half: k for i, k in bad_last.items() if i >= half})
-    return SimpleNamespace(tmp=tmp, final=final, lines=lines, good=good, dictionaries=dictionaries,
-                           test_good=test_good, validation_good=validation_good,
-                           spec=FeatureSpec.from_yaml(os.path.join(final, "feature_spec.yaml")))
+    return SimpleNamespace(tmp=tmp, raw=os.path.join(tmp, "raw"), lines=lines, good=good, dictionaries=dictionaries,
+                           test_good=test_good, validation_good=validation_good)
 
 
-@needs_spark
+_RUNS: Dict[str, SimpleNamespace] = {}
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def criteo_run(request, criteo_input):
+    """prepare_dataset.sh CPU THRESHOLD with one engine on the shared input (each engine runs once)."""
+    engine = request.param
+    engine_available(engine)
+    if engine not in _RUNS:
+        tmp = os.path.join(criteo_input.tmp, engine)
+        os.makedirs(tmp)
+        start = time.monotonic()
+        result = run_prepare(tmp, "--engine", engine, "CPU", str(THRESHOLD), raw=criteo_input.raw)
+        elapsed = time.monotonic() - start
+        print(f"\nprepare_dataset.sh --engine {engine} CPU {THRESHOLD} on {NUM_DAYS} x {LINES_PER_DAY} lines: "
+              f"{elapsed:.1f} s")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        final = os.path.join(tmp, "final")
+        _RUNS[engine] = SimpleNamespace(**{**vars(criteo_input), "tmp": tmp}, engine=engine, final=final,
+                                        output=result, spec=FeatureSpec.from_yaml(os.path.join(final, "feature_spec.yaml")))
+    return _RUNS[engine]
+
+
 def test_layout_and_feature_spec(criteo_run):
     final, spec = criteo_run.final, criteo_run.spec
     assert sorted(os.listdir(final)) == ["feature_spec.yaml", "preprocessing_summary.json", "test", "train",
@@ -153,11 +199,11 @@ def test_layout_and_feature_spec(criteo_run):
     for j, cardinality in enumerate(cardinalities):
         assert str(spec.dtype_of(f"cat_{j}.bin")) == get_categorical_feature_type(cardinality)
     assert counts["test"] == len(criteo_run.test_good)
-    assert not any(name.endswith(".partial") for name in os.listdir(criteo_run.tmp))
+    assert not any(name.endswith((".partial", ".halves")) for name in os.listdir(criteo_run.tmp))
     assert not os.path.exists(os.path.join(criteo_run.tmp, "intermediate"))
+    assert os.path.isdir(os.path.join(criteo_run.tmp, "spark")) == (criteo_run.engine == "spark")
 
 
-@needs_spark
 def test_row_counts_and_rejections_add_up(criteo_run):
     with open(os.path.join(criteo_run.final, "preprocessing_summary.json")) as f:
         summary = json.load(f)
@@ -175,11 +221,11 @@ def test_row_counts_and_rejections_add_up(criteo_run):
     for split in splits.values():
         assert split["rows"] + split["rejected_lines"] == split["input_lines"]
     assert summary["total"]["input_lines"] == NUM_DAYS * LINES_PER_DAY
+    assert summary["engine"] == criteo_run.engine
     counts = criteo_run.spec.check_files()
     assert counts["train"] == splits["train"]["rows"] and counts["test"] == splits["test"]["rows"]
 
 
-@needs_spark
 @pytest.mark.parametrize("split", ["test", "validation"])
 def test_last_day_halves_match_pandas_row_by_row(criteo_run, split):
     """Input order is kept, so every id and numerical matches the pandas/numpy computation exactly."""
@@ -191,7 +237,6 @@ def test_last_day_halves_match_pandas_row_by_row(criteo_run, split):
     np.testing.assert_array_equal(actual[:, 1:1 + NUM_INTEGER], expected[:, 1:1 + NUM_INTEGER])
 
 
-@needs_spark
 def test_train_is_a_shuffle_of_days_before_the_last(criteo_run):
     good = pd.concat([criteo_run.good[day] for day in range(NUM_DAYS - 1)], ignore_index=True)
     expected = expected_matrix(good, criteo_run.dictionaries)
@@ -201,7 +246,6 @@ def test_train_is_a_shuffle_of_days_before_the_last(criteo_run):
     np.testing.assert_array_equal(sorted_rows(actual), sorted_rows(expected))
 
 
-@needs_spark
 def test_numerical_transform_on_sampled_values(criteo_run):
     """Spot checks of the rule itself, including missing values and values at and below -2."""
     good, actual = criteo_run.test_good, read_split(criteo_run.final, "test", criteo_run.spec)
@@ -217,7 +261,6 @@ def test_numerical_transform_on_sampled_values(criteo_run):
     assert (raw <= -2).any() and np.isnan(raw).any()
 
 
-@needs_spark
 def test_rare_values_map_to_zero(criteo_run):
     """A value seen fewer than THRESHOLD times in all days gets id 0; every other value a non-zero id."""
     everything = pd.concat(criteo_run.good.values(), ignore_index=True)
@@ -233,19 +276,42 @@ def test_rare_values_map_to_zero(criteo_run):
         assert (actual[~seen, 1 + NUM_INTEGER + j] == 0).all()
 
 
-@needs_spark
 def test_rerun_reuses_finished_outputs(criteo_run):
-    result = run_prepare(criteo_run.tmp, "CPU", str(THRESHOLD))
+    result = run_prepare(criteo_run.tmp, "--engine", criteo_run.engine, "CPU", str(THRESHOLD), raw=criteo_run.raw)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Reusing the Spark output" in result.stdout
+    assert ("Reusing the Spark output" in result.stdout) == (criteo_run.engine == "spark")
     assert "Reusing the dataset" in result.stdout
 
 
-def test_main_trains_on_the_output(request):
+# The digest of the dataset built from the fixed input above (criteo_synth seed 7, BAD_LINES,
+# threshold 2, seed 12345): a change of the rules, ids, transforms or train order changes it.
+PINNED_DIGEST = "0426c2ee4d63c15000fb4d99fecbfb7678c13833f58c496b3b6ac5b5ab170fbc"
+
+
+def test_both_engines_write_the_same_bytes(criteo_run):
+    """The duckdb and Spark datasets are identical file for file, and equal to the pinned digest."""
+    digest = dataset_digest(criteo_run.final)
+    assert digest == PINNED_DIGEST, f"{criteo_run.engine}: {digest}"
+    other = _RUNS.get("duckdb" if criteo_run.engine == "spark" else "spark")
+    if other is not None:
+        for split in ("train", "test", "validation"):
+            for name in sorted(os.listdir(os.path.join(criteo_run.final, split))):
+                with open(os.path.join(criteo_run.final, split, name), "rb") as a, \
+                        open(os.path.join(other.final, split, name), "rb") as b:
+                    assert a.read() == b.read(), f"{split}/{name} differs between the engines"
+        with open(os.path.join(criteo_run.final, "preprocessing_summary.json")) as a, \
+                open(os.path.join(other.final, "preprocessing_summary.json")) as b:
+            mine, theirs = json.load(a), json.load(b)
+        for summary in (mine, theirs):
+            summary.pop("engine"), summary.pop("params", None)
+        assert mine == theirs
+
+
+@pytest.mark.parametrize("criteo_run", ["duckdb"], indirect=True)
+def test_main_trains_on_the_output(criteo_run):
     main = os.path.join(REPO, "main.py")
     if not os.path.isfile(main):
         pytest.skip("main.py not present yet")
-    criteo_run = request.getfixturevalue("criteo_run")
     python = os.path.join(REPO, ".venv", "bin", "python")
     result = subprocess.run([python if os.path.exists(python) else sys.executable, main, "--mode", "train",
                              "--dataset_path", criteo_run.final, "--cpu", "--dot_interaction", "tensorflow",
@@ -304,18 +370,27 @@ def test_gpu_pipeline_without_rapids_names_the_jar(small_raw):
         assert "rapids-4-spark" in result.stderr and "RAPIDS_JAR" in result.stderr
 
 
-@needs_spark
-def test_strict_mode_stops_at_the_first_bad_line(tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_strict_mode_stops_at_the_first_bad_line(tmp_path, engine):
+    engine_available(engine)
     criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, 300, seed=5,
                             bad_lines={1: {57: "non_integer_numerical", 200: "bad_label"},
                                        2: {3: "wrong_field_count"}})
-    result = run_prepare(str(tmp_path), "CPU", "2", STRICT="1")
+    result = run_prepare(str(tmp_path), "--engine", engine, "CPU", "2", STRICT="1")
     assert result.returncode != 0
     # spark-submit forwards the Python driver's stderr to its stdout.
     output = result.stdout + result.stderr
     assert f"{tmp_path}/raw/day_1: line 58: non_integer_numerical: column 5 value '3.5' is not an integer" \
         in output, output[-3000:]
     assert_nothing_written(tmp_path)
+
+
+def test_unknown_engine_is_one_clear_error(small_raw):
+    result = run_prepare(str(small_raw), "--engine", "pandas", "CPU", "2")
+    assert_one_error(result, "unknown engine 'pandas'")
+    result = run_prepare(str(small_raw), "--engine", "duckdb", "DGX2", "2")
+    assert_one_error(result, "the duckdb engine runs on CPUs only")
+    assert_nothing_written(small_raw)
 
 
 # ----------------------------------------------------------------------------- library pieces
@@ -336,9 +411,7 @@ def spark_utils():
 
 def test_parse_frequency_limit():
     sys.path.insert(0, PREPROC)
-    if importlib.util.find_spec("pyspark") is None:
-        pytest.skip("needs pyspark")
-    from spark_data_utils import InputError, parse_frequency_limit
+    from criteo_rules import InputError, parse_frequency_limit
     assert parse_frequency_limit("15") == (15, {})
     assert parse_frequency_limit("3,14:1, _c39:20") == (3, {"_c14": 1, "_c39": 20})
     assert parse_frequency_limit("") == (0, {})
@@ -349,20 +422,23 @@ def test_parse_frequency_limit():
 
 @needs_spark
 def test_per_column_frequency_limits_match_pandas(spark_utils, tmp_path):
+    """The Spark dictionary (one grouped count over all columns, ids by range-partitioned offsets)."""
     lines = criteo_synth.write_days(str(tmp_path), 2, 3000, seed=11)
     good = pd.concat([parse_good_lines(day_lines, {}) for day_lines in lines.values()], ignore_index=True)
     u = spark_utils.utils
-    parsed = u.parse_lines(u.read_day_files(spark_utils.spark, u.day_file_paths(str(tmp_path), [0, 1])))
-    dictionary = u.build_dictionary(parsed.where("_rejection_reason IS NULL"), 3, {"_c14": 1, "_c17": 10})
-    rows = dictionary.collect()
+    limits = [3] * NUM_CATEGORICAL
+    limits[0], limits[3] = 1, 10
+    counts = u.count_pass(u.parse_lines(u.read_day_files(spark_utils.spark, u.day_file_paths(str(tmp_path), [0, 1]))))
+    rows = u.assign_ids(spark_utils.spark, counts, limits, 3).collect()
     for j, threshold in ((0, 1), (3, 10), (5, 3), (9, 3)):
         want = expected_dictionaries(good, threshold)[j]
         got = {r["data"]: r["id"] for r in rows if r["column"] == f"_c{14 + j}"}
         assert got == want, f"column _c{14 + j}"
+    assert u.line_counts(counts) == {(0, "lines"): 3000, (1, "lines"): 3000}
 
 
-@needs_spark
-def test_line_validation_rules(spark_utils, tmp_path):
+def validation_cases() -> List[tuple]:
+    """(raw line, expected rejection reason or None) covering each rule and its edges."""
     good = criteo_synth.good_lines(1, day=0)[0].split("\t")
 
     def line(**changes: str) -> str:
@@ -371,48 +447,78 @@ def test_line_validation_rules(spark_utils, tmp_path):
             fields[int(index[1:])] = value
         return "\t".join(fields)
 
-    cases = [
+    return [
         (line(f0="1", f1="-0", f14="ABCDEF12", f15="ffffffffffffffff", f16="0"), None),
         (line(f1="", f13="", f14="", f39=""), None),
         (line(f0=""), "bad_label"),
         (line(f0="1.0"), "bad_label"),
         (line(f2="+5"), "non_integer_numerical"),
         (line(f2="1e3"), "non_integer_numerical"),
+        (line(f2=" 5"), "non_integer_numerical"),
         (line(f20="12345678901234567"), "non_hex_categorical"),
         (line(f20="0x12"), "non_hex_categorical"),
+        (line(f20="ab\x01cd"), "non_hex_categorical"),
+        ("", "wrong_field_count"),  # a blank line
         (line() + "\t", "wrong_field_count"),
-        ("", "wrong_field_count"),
     ]
-    (tmp_path / "day_0").write_text("\n".join(text for text, _ in cases) + "\n")
-    u = spark_utils.utils
-    parsed = u.parse_lines(u.read_day_files(spark_utils.spark, [str(tmp_path / "day_0")]))
-    got = parsed.orderBy(u.POSITION).collect()
-    assert [r[u.REASON] for r in got] == [reason for _, reason in cases]
-    assert got[0]["_c14"] == 0xABCDEF12 and got[0]["_c15"] == -1 and got[0]["_c1"] == 0.0
-    assert got[1]["_c1"] is None and got[1]["_c14"] is None
-    first = u.first_rejected_line(parsed)
-    assert first["line"] == 3 and first["reason"] == "bad_label" and first["file"].endswith("day_0")
 
 
 @needs_spark
-def test_total_random_order_is_seeded(spark_utils, tmp_path):
-    """The same seed writes the same rows in the same order; the order is not the input order."""
-    lines = criteo_synth.write_days(str(tmp_path / "raw"), 2, 500, seed=13)
-    u, spark = spark_utils.utils, spark_utils.spark
-    paths = u.day_file_paths(str(tmp_path / "raw"), [0, 1])
-    u.generate_models(spark, paths, [0, 1], str(tmp_path / "models"), "2", "overwrite", strict=False)
+def test_line_validation_rules(spark_utils, tmp_path):
+    cases = validation_cases()
+    (tmp_path / "day_0").write_text("\n".join(text for text, _ in cases) + "\n")
+    u = spark_utils.utils
+    parsed = u.parse_lines(u.read_day_files(spark_utils.spark, [str(tmp_path / "day_0")]))
+    got = parsed.orderBy(u.BLOCK_START, u.POSITION).collect()
+    assert [r[u.REASON] and u.REJECTION_REASONS[r[u.REASON] - 1] for r in got] == [reason for _, reason in cases]
+    assert got[0]["_c14"] == bytes.fromhex("00000000abcdef12") and got[0]["_c15"] == b"\xff" * 8
+    assert got[0]["_c1"] == np.float32(np.log(3.0))
+    assert got[1]["_c1"] == 0.0 and got[1]["_c14"] is None
+    first = u.first_rejected_line(parsed)
+    assert first["line"] == 3 and first["text"] == cases[2][0] and first["file"].endswith("day_0")
 
-    def rows_in_written_order(run: int) -> np.ndarray:
-        out = str(tmp_path / f"train_{run}")
-        u.transform(spark, paths, [0, 1], str(tmp_path / "models"), out, "total_random", True, 99,
-                    1_000_000, "overwrite", strict=False)
-        parts = sorted(f for f in os.listdir(out) if f.endswith(".parquet"))
-        return np.concatenate([pd.read_parquet(os.path.join(out, f)).to_numpy() for f in parts])
 
-    first, again = rows_in_written_order(1), rows_in_written_order(2)
+@pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")
+def test_line_validation_rules_duckdb(tmp_path):
+    """The embedded engine judges every case as the rules (and Spark, above) do."""
+    sys.path.insert(0, PREPROC)
+    import duckdb_pipeline as d
+    from criteo_rules import REJECTION_REASONS, describe_bad_line
+    cases = validation_cases()
+    (tmp_path / "day_0").write_text("\n".join(text for text, _ in cases) + "\n")
+    con = d.connect(str(tmp_path / "work.duckdb"), str(tmp_path / "spill"), 1, None)
+    rows = con.execute(f"SELECT line, text, CASE WHEN NOT good THEN {d.reason_code_sql()} END FROM "
+                       f"(SELECT line, text, string_split(text, E'\\t') AS fields, {d.good_sql()} AS good "
+                       f"FROM ({d.scan_sql(str(tmp_path / 'day_0'), 0, numbered=True)})) ORDER BY line").fetchall()
+    con.close()
+    assert [text for _, text, _ in rows] == [text for text, _ in cases]
+    assert [code and REJECTION_REASONS[code - 1] for _, _, code in rows] == [reason for _, reason in cases]
+    assert [(describe_bad_line(text) or (None,))[0] for text, _ in cases] == [reason for _, reason in cases]
+
+
+@pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")
+def test_train_order_is_seeded(tmp_path):
+    """The same seed writes the same train bytes; another seed another order of the same rows; the
+    order is that of the md5 key the rules define."""
+    sys.path.insert(0, PREPROC)
+    import duckdb_pipeline as d
+    lines = criteo_synth.write_days(str(tmp_path / "raw"), 3, 400, seed=13)
+
+    def train(seed: int, run: str) -> np.ndarray:
+        out = str(tmp_path / run)
+        d.prepare(str(tmp_path / "raw"), 3, "2", out, str(tmp_path / f"scratch_{run}"), seed, threads=1,
+                  progress_interval=0)
+        return np.fromfile(os.path.join(out, "train", "numerical.bin"), dtype="<f2").reshape(-1, NUM_INTEGER)
+
+    first, again, other = train(99, "a"), train(99, "b"), train(7, "c")
     np.testing.assert_array_equal(first, again)
-    input_labels = [int(line.split("\t")[0]) for day in (0, 1) for line in lines[day]]
-    assert len(first) == len(input_labels) and list(first[:, 0]) != input_labels
+    assert not np.array_equal(first, other)
+    np.testing.assert_array_equal(sorted_rows(first.astype(np.float64)), sorted_rows(other.astype(np.float64)))
+    keys = sorted((hashlib.md5(f"99\t{day}\t{text}".encode()).hexdigest(), day, text)
+                  for day in (0, 1) for text in lines[day])
+    want = expected_numerical(np.array([[float(v) if v else np.nan for v in text.split("\t")[1:14]]
+                                        for _, _, text in keys]))
+    np.testing.assert_array_equal(first, want)
 
 
 # ----------------------------------------------------------------------------- safe outputs (issue 12)
@@ -543,12 +649,84 @@ def test_spark_outputs_are_written_whole_or_not_at_all(spark_utils, tmp_path, ca
     raw = tmp_path / "raw"
     raw.mkdir()
     for args, message in (
-            (["--mode", "transform", "--output_folder", str(final)], f"--output_folder {final} already exists"),
-            (["--mode", "transform", "--output_folder", str(raw / "out"), "--write_mode", "overwrite"],
-             "lies inside --input_folder"),
-            (["--mode", "generate_models", "--model_folder", str(tmp_path)], "contains --input_folder")):
-        arguments = ["--days", "0-1", "--input_folder", str(raw), "--model_folder", str(tmp_path / "m"), *args]
+            (["--output_folder", str(final)], f"--output_folder {final} already holds files"),
+            (["--output_folder", str(raw / "out"), "--write_mode", "overwrite"], "lies inside --input_folder"),
+            (["--output_folder", str(tmp_path)], "contains --input_folder")):
+        arguments = ["--num_days", "2", "--input_folder", str(raw), "--halves_folder", str(raw), *args]
         assert u.main(arguments) == 1  # refused before Spark is asked to do anything
         errors = capsys.readouterr().err.strip().splitlines()
         assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0], errors
     assert sorted(os.listdir(tmp_path)) == ["out", "raw"]
+
+
+# ----------------------------------------------------------------------------- engines at scale
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the {what} exited with {process.returncode}"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the {what} did not listen on port {port} within {timeout} s")
+
+
+@needs_spark
+def test_spark_runs_on_a_standalone_cluster(tmp_path):
+    """SPARK_MASTER=spark://...: a master and a worker started here (spark-class), the Spark engine
+    run against them, and its dataset equal to the embedded engine's on the same input."""
+    engine_available("duckdb")
+    import pyspark
+    spark_class = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, 1500, seed=21, bad_lines={2: {5: "bad_label"}})
+    master_port, worker_port = _free_port(), _free_port()
+    env = _environment(SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path / "logs"),
+                       SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_DIRS=str(tmp_path / "spark_tmp"))
+    master_url = f"spark://127.0.0.1:{master_port}"
+    logs = open(tmp_path / "cluster.log", "w")
+    daemons = []
+    try:
+        daemons.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                         "--port", str(master_port), "--webui-port", str(_free_port())],
+                                        env=env, stdout=logs, stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_for_port(master_port, daemons[0], "master")
+        daemons.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                                         "--port", str(worker_port), "--webui-port", str(_free_port()),
+                                         "--cores", "2", "--memory", "2g", master_url],
+                                        env=env, stdout=logs, stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_for_port(worker_port, daemons[1], "worker")
+        cluster = run_prepare(str(tmp_path / "cluster"), "CPU", "2", raw=str(tmp_path / "raw"), SPARK_MASTER=master_url,
+                              SPARK_LOCAL_IP="127.0.0.1", NUM_EXECUTORS="1", EXECUTOR_CORES="2",
+                              EXECUTOR_MEMORY="1g", DRIVER_MEMORY="1g")
+    finally:
+        for daemon in reversed(daemons):
+            os.killpg(daemon.pid, signal.SIGTERM)
+            daemon.wait(timeout=60)
+        logs.close()
+    assert cluster.returncode == 0, cluster.stdout[-3000:] + cluster.stderr[-3000:]
+    assert f"--master {master_url}" in cluster.stderr or "spark-submit" in cluster.stderr
+    with open(tmp_path / "cluster" / "final" / "preprocessing_summary.json") as f:
+        assert json.load(f)["engine"] == "spark"
+    embedded = run_prepare(str(tmp_path / "embedded"), "--engine", "duckdb", "CPU", "2", raw=str(tmp_path / "raw"))
+    assert embedded.returncode == 0, embedded.stderr[-3000:]
+    assert dataset_digest(str(tmp_path / "cluster" / "final")) == dataset_digest(str(tmp_path / "embedded" / "final"))
+
+
+@pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")
+def test_duckdb_engine_spills_under_a_small_memory_limit(tmp_path):
+    """DUCKDB_MEMORY_LIMIT well below the input size: the same dataset as without a limit."""
+    criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, MEMORY_TEST_LINES_PER_DAY, seed=17)
+    input_bytes = sum(os.path.getsize(tmp_path / "raw" / f"day_{day}") for day in range(NUM_DAYS))
+    limited = run_prepare(str(tmp_path / "limited"), "--engine", "duckdb", "CPU", "3", raw=str(tmp_path / "raw"),
+                          DUCKDB_MEMORY_LIMIT=f"{MEMORY_TEST_LIMIT_MB}MB", TOTAL_CORES="1")
+    assert limited.returncode == 0, limited.stderr[-3000:]
+    assert input_bytes >= 2 * MEMORY_TEST_LIMIT_MB * 10**6
+    free = run_prepare(str(tmp_path / "free"), "--engine", "duckdb", "CPU", "3", raw=str(tmp_path / "raw"))
+    assert free.returncode == 0, free.stderr[-3000:]
+    assert dataset_digest(str(tmp_path / "limited" / "final")) == dataset_digest(str(tmp_path / "free" / "final"))
