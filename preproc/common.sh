@@ -24,10 +24,10 @@ require_num_days() {
         || die "NUM_DAYS must be an integer >= 2 (days 0..N-2 train, day N-1 test/validation), got '$NUM_DAYS'"
 }
 
-# One line that identifies a Spark run: a finished output with the same line can be reused.
+# One line that identifies a run (input, NUM_DAYS, threshold, seed): a finished output with the same line can be reused.
 spark_params_stamp() {
     local input_path="$1" frequency_limit="$2"
-    echo "input=$(cd "$input_path" && pwd) num_days=$NUM_DAYS frequency_limit=$frequency_limit"
+    echo "input=$(cd "$input_path" && pwd) num_days=$NUM_DAYS frequency_limit=$frequency_limit seed=$RANDOM_SEED"
 }
 
 spark_output_complete() {

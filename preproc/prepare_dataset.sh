@@ -10,7 +10,7 @@
 #   spark   clusters and GPUs (default for DGX2 or when SPARK_MASTER is set):
 #   1. verify_criteo_downloaded.sh: day_0 .. day_{NUM_DAYS-1} exist and are not empty
 #   2. run_spark.sh: dictionaries + transform (skipped when spark_output_path already holds a
-#      finished run with the same input, NUM_DAYS and threshold)
+#      finished run with the same input, NUM_DAYS, threshold and seed)
 #   3. parquet_to_binary.py + split_dataset.py into final_output_dir (skipped when it is newer
 #      than the Spark output it was built from)
 # The four folders below must not overlap, and the Spark output and final folders may only hold
@@ -100,7 +100,7 @@ if [[ "$ENGINE" == duckdb ]]; then
     duckdb_args=(--input_folder "$download_dir" --num_days "$NUM_DAYS" --frequency_limit "$FREQUENCY_THRESHOLD"
                  --output "$final_output_dir" --scratch_dir "$scratch/duckdb" --random_seed "$RANDOM_SEED"
                  --threads "${TOTAL_CORES:-$(nproc)}" --progress_interval "${PROGRESS_INTERVAL:-10}" --overwrite
-                 --reuse --params "engine=duckdb seed=$RANDOM_SEED $(spark_params_stamp "$download_dir" "$FREQUENCY_THRESHOLD")")
+                 --reuse --params "engine=duckdb $(spark_params_stamp "$download_dir" "$FREQUENCY_THRESHOLD")")
     [[ "$STRICT" == 1 ]] && duckdb_args+=(--strict)
     [[ -n "${DUCKDB_MEMORY_LIMIT:-}" ]] && duckdb_args+=(--memory_limit "$DUCKDB_MEMORY_LIMIT")
     "$PYTHON" "$HERE/duckdb_pipeline.py" "${duckdb_args[@]}"
@@ -109,7 +109,7 @@ if [[ "$ENGINE" == duckdb ]]; then
 fi
 
 if spark_output_complete "$spark_output_path" "$(spark_params_stamp "$download_dir" "$FREQUENCY_THRESHOLD")"; then
-    echo "Reusing the Spark output in $spark_output_path (same input, NUM_DAYS and threshold)"
+    echo "Reusing the Spark output in $spark_output_path (same input, NUM_DAYS, threshold and seed)"
 else
     "$HERE/run_spark.sh" "$PLATFORM" "$download_dir" "$spark_output_path" "$FREQUENCY_THRESHOLD"
 fi
