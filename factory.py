@@ -72,11 +72,14 @@ def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmCo
 def build_model(plan: ShardingPlan, rank: int, reads: TableReads, options: ModelOptions,
                 name: str = "hybrid_embedding") -> Dlrm:
     """The DLRM with its variables created: the plain tables on one process, the hybrid-parallel
-    layer (`name`, float32 tables) on several. Every rank starts from the same data-parallel weights."""
+    layer (`name`, float32 tables) on several. Every rank starts from the same data-parallel weights.
+    The all-to-all moves vectors in the compute dtype, except bfloat16, which Horovod's collectives
+    do not all take: those move in float32 and the model casts them."""
     config = model_config(plan, rank, options)
     embedding_layer = None
     if plan.world_size > 1:
-        embedding_layer = HybridEmbedding(plan, rank, reads, output_dtype=options.compute_dtype,
+        exchange_dtype = tf.float32 if options.compute_dtype == tf.bfloat16 else options.compute_dtype
+        embedding_layer = HybridEmbedding(plan, rank, reads, output_dtype=exchange_dtype,
                                           trainable=options.embedding_trainable,
                                           seed=None if options.embedding_zeros_initializer else options.seed,
                                           name=name)

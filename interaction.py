@@ -196,7 +196,9 @@ def make_interaction(name: str) -> Interaction:
     def interaction(inputs: tf.Tensor) -> tf.Tensor:
         _static_shape(inputs)
         with tf.device(f"/{device}:0"):
-            return _op.dot_based_interact(inputs)
+            if inputs.dtype in (tf.float32, tf.float16):
+                return _op.dot_based_interact(inputs)
+            return tf.cast(_op.dot_based_interact(tf.cast(inputs, tf.float32)), inputs.dtype)  # bfloat16
 
     interaction.__name__ = f"{name}_interaction"
     return interaction

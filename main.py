@@ -67,7 +67,8 @@ flags.DEFINE_enum("gpu_embedding_type", "fused", ["multitable", "fused"],
                   "Implementation of the tables that fit the device memory budget")
 flags.DEFINE_enum("cpu_embedding_type", "multitable", ["multitable", "fused"],
                   "Implementation of the tables offloaded to CPU memory")
-flags.DEFINE_bool("amp", False, "Mixed precision (float16 compute, float32 weights) with static loss scaling")
+flags.DEFINE_bool("amp", False, "Mixed precision with float32 weights: float16 compute with static loss scaling "
+                                "on a GPU, bfloat16 compute on the CPU")
 flags.DEFINE_bool("fp16", False, "Pure float16 policy, for inference and export only")
 flags.DEFINE_bool("xla", False, "Enable XLA auto-clustering (TF_XLA_FLAGS=--tf_xla_auto_jit=fusible)")
 flags.DEFINE_integer("loss_scale", 1024, "Static loss scale used with --amp")
@@ -324,6 +325,19 @@ def _ints(values) -> list:
     return [int(v) for v in values]
 
 
+def compute_dtype():
+    """The dtype the layers compute in: float32; with --amp float16 on a GPU (the reference's AMP)
+    and bfloat16 on the CPU (its bf16 units; TensorFlow has no fast float16 CPU kernels); float16
+    with --fp16. Valid once configure_tensorflow has chosen the devices."""
+    import tensorflow as tf
+
+    if FLAGS.fp16:
+        return tf.float16
+    if FLAGS.amp:
+        return tf.float16 if tf.config.list_logical_devices("GPU") else tf.bfloat16
+    return tf.float32
+
+
 def configure_tensorflow(local_rank: int) -> None:
     """Devices, threads, precision policy, eager mode and determinism, before any op runs."""
     import tensorflow as tf
@@ -340,7 +354,7 @@ def configure_tensorflow(local_rank: int) -> None:
     if FLAGS.intra_op_parallelism:
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_parallelism)
     if FLAGS.amp:
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        tf.keras.mixed_precision.set_global_policy(f"mixed_{compute_dtype().name}")
     elif FLAGS.fp16:
         tf.keras.mixed_precision.set_global_policy("float16")
     tf.config.run_functions_eagerly(FLAGS.run_eagerly)
@@ -410,6 +424,9 @@ def sharding_plan(spec, rank: int, world_size: int):
 
 
 def model_options(spec, interaction_name: str, compute_dtype):
+    """The stack's options from the flags; bfloat16 needs no loss scaling (float32's exponent range)."""
+    import tensorflow as tf
+
     from factory import ModelOptions
 
     return ModelOptions(
@@ -422,7 +439,7 @@ def model_options(spec, interaction_name: str, compute_dtype):
         optimizer=FLAGS.optimizer, beta_1=FLAGS.beta1, beta_2=FLAGS.beta2,
         learning_rate=FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
         decay_start_step=FLAGS.decay_start_step, decay_steps=FLAGS.decay_steps,
-        loss_scale=float(FLAGS.loss_scale) if FLAGS.amp else None)
+        loss_scale=float(FLAGS.loss_scale) if compute_dtype == tf.float16 and FLAGS.amp else None)
 
 
 def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
@@ -499,21 +516,25 @@ def prepare_job(rank: int, world_size: int, logger) -> Job:
     from trainer import Evaluator
     from utils import print_rank0
 
-    compute_dtype = tf.float16 if (FLAGS.amp or FLAGS.fp16) else tf.float32
+    dtype = compute_dtype()
+    if FLAGS.amp:
+        print_rank0(f"--amp: {dtype.name} compute, float32 weights"
+                    + (f", loss scale {FLAGS.loss_scale}" if dtype == tf.float16 else " (the CPU's bf16 units)"),
+                    rank=rank)
     spec = load_feature_spec()
     if FLAGS.saved_model_input_path:
-        pipelines = build_pipelines(spec, rank, world_size, None, compute_dtype)
+        pipelines = build_pipelines(spec, rank, world_size, None, dtype)
         return Job(rank, logger, pipelines, inference_batches=_inference_batches(pipelines),
                    evaluator=Evaluator(saved_model.load_predict_fn(FLAGS.saved_model_input_path),
                                        FLAGS.auc_thresholds))
     interaction_name = chosen_interaction(rank)
     plan = sharding_plan(spec, rank, world_size)
     reads = plan.reads(rank, FLAGS.data_parallel_input)
-    pipelines = build_pipelines(spec, rank, world_size, reads, compute_dtype)
+    pipelines = build_pipelines(spec, rank, world_size, reads, dtype)
     if pipelines.teacher_auc is not None:
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
     batches = _inference_batches(pipelines)
-    trainer = build_trainer(plan, rank, reads, model_options(spec, interaction_name, compute_dtype))
+    trainer = build_trainer(plan, rank, reads, model_options(spec, interaction_name, dtype))
     placement = trainer.model.embedding.placement()
     counts = ", ".join(f"{placement.count(kind)} {kind}" for kind in ("device", "cpu", "replicated", "remote")
                        if placement.count(kind))

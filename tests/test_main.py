@@ -218,8 +218,10 @@ def test_two_process_training_matches_one_process_and_checkpoints_move_between_w
 
 def test_amp_training_then_fp16_inference_and_export(tmp_path):
     ckpt, exported = tmp_path / "ckpt", tmp_path / "fp16_model"
-    assert_ok(main_py(SMALL + ["--amp", "--loss_scale", "512", "--save_checkpoint_path", str(ckpt),
-                               "--log_path", str(tmp_path / "t.json")]))
+    trained = main_py(SMALL + ["--amp", "--loss_scale", "512", "--save_checkpoint_path", str(ckpt),
+                               "--log_path", str(tmp_path / "t.json")])
+    assert_ok(trained)
+    assert "--amp: bfloat16 compute, float32 weights (the CPU's bf16 units)" in trained.stdout  # no GPU here
     assert 0.0 < final_record(tmp_path / "t.json")["auc"] < 1.0
     assert_ok(main_py(SMALL + ["--fp16", "--mode", "eval", "--restore_checkpoint_path", str(ckpt),
                                "--log_path", str(tmp_path / "e.json")]))
