@@ -46,6 +46,17 @@ def test_cross_network_is_x0_times_w_x_plus_b_plus_x(projection_dim):
             assert np.abs(weight.numpy()).max() <= 0.1 + 1e-6, name
 
 
+def test_embedding_dim_takes_an_integer_a_list_or_a_json_file(tmp_path):
+    import main
+
+    widths = tmp_path / "dims.json"
+    widths.write_text("[8, 4, 4, 16]")
+    assert [main.embedding_dims(v) for v in ("128", "8,4,4,16", str(widths))] == [128, WIDTHS, WIDTHS]
+    widths.write_text('{"dims": 8}')
+    with pytest.raises(main.UsageError, match="dims.json: the file must hold a JSON list of integers"):
+        main.embedding_dims(str(widths))
+
+
 def test_mixed_widths_flow_through_every_embedding_layout():
     """Offloaded, fused and multitable groups of several widths give the same vectors, in feature order."""
     def model(**overrides):
@@ -152,11 +163,23 @@ def test_dcnv2_learns_to_the_teacher(tmp_path):
     assert data["teacher_auc"] - data["auc"] < 0.02, data
 
 
-def test_dlrm_py_runs_dot_and_explains_a_missing_gpu(tmp_path):
+def test_dlrm_py_runs_dot_and_honours_the_v5_flags(tmp_path):
+    """dlrm.py's dot_custom_cuda default on a machine without GPU; --cpu_offloading_threshold_gb as
+    the device budget; --embedding_zeros_initializer; --tfdata_debug; --beta1/--beta2."""
     result = run_python(["dlrm.py", "--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
-                         *SMALL_DATA, "--max_steps", "2", "--log_path", str(tmp_path / "l")])
+                         *SMALL_DATA, "--max_steps", "0", "--save_checkpoint_path", str(tmp_path / "c"),
+                         "--cpu_offloading_threshold_gb", "0", "--print_sharding_plan", "--embedding_zeros_initializer",
+                         "--tfdata_debug", "--log_path", str(tmp_path / "l")])
     assert_ok(result)
     assert "(--interaction dot_custom_cuda needs a GPU and none is visible)" in result.stdout
+    assert "device budget 0.00 GiB per rank" in result.stdout and "embedding tables on rank 0: 4 cpu" in result.stdout
+    tables = {name: array for name, array in checkpoint_arrays(tmp_path / "c").items() if name.startswith("embeddings/")}
+    assert len(tables) == 4 and all(not array.any() for array in tables.values())
+
+    from optimizers import make_optimizers
+
+    dense, embedding = make_optimizers("adam", beta_1=0.5, beta_2=0.75)
+    assert (dense.beta_1, dense.beta_2, embedding.beta_1, embedding.beta_2) == (0.5, 0.75, 0.5, 0.75)
 
 
 def test_the_v3_slurm_example_flags_still_launch(tmp_path):

@@ -15,7 +15,9 @@ def _section(text: str, heading: str) -> str:
 
 
 def _named_modules(text: str) -> set:
-    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*\.py)`", text))
+    """The top-level modules a map's rows name in their first column (the file column)."""
+    first_cells = [line.split("|")[1] for line in text.splitlines() if line.startswith("|")]
+    return {name for cell in first_cells for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_]*\.py)`", cell)}
 
 
 @pytest.mark.parametrize("document, heading", [("README.md", "## Layout"),
