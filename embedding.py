@@ -201,6 +201,11 @@ class FusedEmbedding(_TableGroup):
                 for i in range(len(self.cardinalities))]
 
 
+def tier_device(on_host: bool):
+    """The device scope of a memory tier: host memory (/CPU:0), or wherever the ops run."""
+    return tf.device("/CPU:0" if on_host else None)
+
+
 def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Sequence[int], dim: int,
                 table_dtype: tf.DType, trainable: bool, output_dtype: tf.DType, name: str,
                 seed: Optional[int]) -> tf.keras.layers.Layer:
@@ -238,7 +243,7 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
             tier_tables = [t for t in range(len(self.cardinalities)) if (t in self.host_tables) == on_host]
             for width in sorted({self.dims[t] for t in tier_tables}):
                 tables = [t for t in tier_tables if self.dims[t] == width]
-                with tf.device("/CPU:0" if on_host else None):
+                with tier_device(on_host):
                     layer = _make_group(embedding_type, self.cardinalities, tables, width, dtype, trainable,
                                         output_dtype, tier if single_width else f"{tier}_dim_{width}", seed)
                 self.groups.append((tables, on_host, layer))
@@ -250,14 +255,14 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
 
     def build(self, input_shape=None) -> None:
         for _, on_host, layer in self.groups:
-            with tf.device("/CPU:0" if on_host else None):
+            with tier_device(on_host):
                 layer.build(None)
         super().build(input_shape)
 
     def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
         parts = []
         for tables, on_host, layer in self.groups:
-            with tf.device("/CPU:0" if on_host else None):
+            with tier_device(on_host):
                 parts.append(layer([ids[t] for t in tables]))
         vectors = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
         return vectors if self._feature_columns is None else tf.gather(vectors, self._feature_columns, axis=1)

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 import distributed as dist
 from batch import TableReads, local_sizes, rank_start
-from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform
+from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, tier_device
 from sharding import Piece, ShardingPlan
 
 
@@ -100,7 +100,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
     def _table_variable(self, name: str, piece: Piece) -> tf.Variable:
         """A piece's variable in the memory tier the plan chose, initialised."""
         on_host = self.plan.on_host(self.rank, piece.table, piece.col_start)
-        with tf.device("/CPU:0" if on_host else None):
+        with tier_device(on_host):
             variable = self.add_weight(name=name, shape=[piece.rows, piece.width],
                                        dtype=self.dtype,
                                        trainable=self.trainable, initializer="zeros")

@@ -61,12 +61,16 @@ class InteractionUnavailableError(RuntimeError):
     """The requested interaction cannot run here (op not built, or no GPU kernel/device)."""
 
 
+def aligned_width(width: int) -> int:
+    """`width` rounded up to a multiple of OUTPUT_ALIGNMENT (what the top MLP is fed)."""
+    return -(-width // OUTPUT_ALIGNMENT) * OUTPUT_ALIGNMENT
+
+
 def interaction_output_width(num_vectors: int, dim: int) -> int:
     """Width of an interaction output row: D + F(F-1)/2, rounded up to a multiple of 8."""
     if num_vectors < 1 or dim < 1:
         raise ValueError(f"need num_vectors >= 1 and dim >= 1, got {num_vectors} and {dim}")
-    unpadded = dim + num_vectors * (num_vectors - 1) // 2
-    return -(-unpadded // OUTPUT_ALIGNMENT) * OUTPUT_ALIGNMENT
+    return aligned_width(dim + num_vectors * (num_vectors - 1) // 2)
 
 
 def _lower_triangle_indices(num_vectors: int) -> np.ndarray:
@@ -254,4 +258,4 @@ class CrossNetwork(tf.keras.layers.Layer):
 
 def cross_output_width(input_width: int) -> int:
     """Width of the cross network's output: its input width rounded up to a multiple of 8."""
-    return -(-input_width // OUTPUT_ALIGNMENT) * OUTPUT_ALIGNMENT
+    return aligned_width(input_width)

@@ -396,11 +396,12 @@ def memory_budget(local_rank: int):
     from sharding import MemoryBudget, table_budget_from_device
 
     gpus = tf.config.list_physical_devices("GPU")
+    limit_gb = next((v for v in (FLAGS.tf_gpu_memory_limit_gb, FLAGS.cpu_offloading_threshold_gb) if v is not None),
+                    None)  # validate_flags allows at most one of the two
     if FLAGS.cpu:
         device_bytes = 0
-    elif FLAGS.tf_gpu_memory_limit_gb is not None or FLAGS.cpu_offloading_threshold_gb is not None:
-        device_bytes = (FLAGS.tf_gpu_memory_limit_gb if FLAGS.tf_gpu_memory_limit_gb is not None
-                        else FLAGS.cpu_offloading_threshold_gb) << 30
+    elif limit_gb is not None:
+        device_bytes = limit_gb << 30
     else:  # the GPU configure_tensorflow gave this rank; no GPU: tables stay where the ops run
         total = gpu_total_memory_bytes(local_rank % len(gpus)) if gpus else None
         device_bytes = None if total is None else table_budget_from_device(total)

@@ -17,7 +17,7 @@ import tensorflow as tf
 import embedding
 import interaction
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from sharding import table_dims
+from sharding import describe_dims, table_dims
 
 
 @dataclass
@@ -61,7 +61,7 @@ class DlrmConfig:
         if not self.cross and (len(set(dims)) != 1 or self.bottom_mlp_dims[-1] != dims[0]):
             raise ValueError(f"the dot interaction needs every table of one width equal to the last "
                              f"--bottom_mlp_dims entry ({self.bottom_mlp_dims[-1]}), got --embedding_dim "
-                             f"{_describe(self.embedding_dim)}; use --interaction cross for mixed widths")
+                             f"{describe_dims(dims)}; use --interaction cross for mixed widths")
         if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
             raise ValueError(f"the last --top_mlp_dims entry must be 1 (one logit), got {self.top_mlp_dims}")
         if any(d < 1 for d in self.bottom_mlp_dims + self.top_mlp_dims + dims):
@@ -84,10 +84,6 @@ class DlrmConfig:
 
 
 CROSS = "cross"
-
-
-def _describe(embedding_dim: Union[int, List[int]]) -> str:
-    return str(embedding_dim) if isinstance(embedding_dim, int) else ",".join(map(str, embedding_dim))
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -156,7 +156,7 @@ class ShardingPlan:
         budget = ("no device limit" if self.budget.device_bytes is None
                   else f"device budget {self.budget.device_bytes / 2**30:.2f} GiB per rank")
         lines = [f"sharding plan: strategy {self.strategy}, {self.world_size} rank(s), "
-                 f"{len(self.cardinalities)} tables of dim {_describe_dims(self.dims)}, {budget}, "
+                 f"{len(self.cardinalities)} tables of dim {describe_dims(self.dims)}, {budget}, "
                  f"{self.budget.optimizer_slots} optimizer slot(s) per table"]
         if self.replicated:
             lines.append(f"  replicated on every rank: tables {self.replicated}")
@@ -177,7 +177,8 @@ def _largest_power_of_two_at_most(value: int) -> int:
     return power
 
 
-def _describe_dims(dims: Sequence[int]) -> str:
+def describe_dims(dims: Sequence[int]) -> str:
+    """The widths as a user writes them: one number when all are equal, else a comma list."""
     return str(dims[0]) if len(set(dims)) == 1 else ",".join(map(str, dims))
 
 
