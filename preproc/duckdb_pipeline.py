@@ -8,7 +8,8 @@ split-binary dataset that `prepare_dataset.sh` builds with Spark, with the same 
      then per column the values seen at least `limit` times get ids 1, 2, ... by descending count
      (ties: ascending 64-bit value);
   2. train (days 0..N-2): valid lines transformed, ordered by the seeded md5 key of
-     criteo_rules.py and written to `train/`;
+     criteo_rules.py and written to `train/` (under a small memory limit the sort runs over
+     consecutive ranges of the key, one after another: the same order in less memory);
   3. the last day, numbered line by line: its first floor(lines/2) lines -> `test/`, the rest ->
      `validation/`, in input order.
 
@@ -44,8 +45,10 @@ from safe_io import OutputPathError, atomic_directory, check_replaceable, refuse
 from split_dataset import SUMMARY_NAME, build_summary, output_entries, write_split  # noqa: E402
 
 BATCH_ROWS = 1 << 17
-# Read buffer of the CSV scanner (DuckDB: 32 MiB per scan); smaller keeps low memory limits workable.
+# Read buffer of the CSV scanner (DuckDB: 32 MiB per scan): 4 MiB, or down to 1 MiB under a small
+# memory limit (a sixteenth of it); 1 MiB costs about 6% of the end-to-end rate.
 CSV_BUFFER_BYTES = 4 << 20
+MIN_CSV_BUFFER_BYTES = 1 << 20
 # The field delimiter given to DuckDB's CSV reader, so that a whole line is one field (blank lines
 # included, which a multi-column read would skip).
 LINE_DELIMITER = "\\x01\\x02\\x03\\x04"
@@ -54,6 +57,8 @@ ROW_GROUP_ROWS = 16384
 # The reason codes stored in the dictionary pass: 0 = valid line, k = REJECTION_REASONS[k - 1].
 REASON_CODES = 1 + len(REJECTION_REASONS)
 SIGN_BIT = "9223372036854775808::UBIGINT"
+# The train shuffle key k1 takes 15 hex digits of the md5: 0 <= k1 < 2**60.
+KEY_RANGE = 1 << 60
 
 
 # ----------------------------------------------------------------------------- SQL pieces
@@ -61,7 +66,12 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def scan_sql(path: str, day: int, numbered: bool = False) -> str:
+def csv_buffer_bytes(memory_limit: Optional[str]) -> int:
+    """The CSV scanner's buffer under `memory_limit`."""
+    return int(min(CSV_BUFFER_BYTES, max(MIN_CSV_BUFFER_BYTES, memory_bytes(memory_limit) // 16)))
+
+
+def scan_sql(path: str, day: int, buffer_bytes: int, numbered: bool = False) -> str:
     """The lines of one day file: day, the line text ('' for a blank line) and, if `numbered`, the
     1-based line number (needs preserve_insertion_order). Each line is one field: the delimiter is
     the 4-byte sequence LINE_DELIMITER, which no Criteo line holds (a line that did would be cut
@@ -70,7 +80,7 @@ def scan_sql(path: str, day: int, numbered: bool = False) -> str:
     return (f"SELECT {int(day)}::SMALLINT AS day, coalesce(text, '') AS text{number} "
             f"FROM read_csv({_quote(path)}, columns={{'text': 'VARCHAR'}}, delim=E'{LINE_DELIMITER}', "
             f"quote='', escape='', header=false, auto_detect=false, strict_mode=false, "
-            f"buffer_size={CSV_BUFFER_BYTES})")
+            f"buffer_size={int(buffer_bytes)})")
 
 
 def _field(i: int) -> str:
@@ -130,7 +140,7 @@ def connect(database: str, temp_directory: str, threads: int, memory_limit: Opti
 
 
 def parse_pass(con: duckdb.DuckDBPyConnection, paths: Sequence[str], days: Sequence[int], seed: int,
-               take_log: bool, in_memory: bool) -> None:
+               take_log: bool, in_memory: bool, buffer_bytes: int) -> None:
     """One scan of every day file into table `typed`: day, line (last day only), reason code (null
     for a valid line), the train shuffle key (k1, k2: the first 30 hex digits of the md5 of
     criteo_rules.py, train days only), label, transformed numericals and the categorical values
@@ -148,13 +158,13 @@ def parse_pass(con: duckdb.DuckDBPyConnection, paths: Sequence[str], days: Seque
               f"FROM (SELECT day, line, fields, good, CASE WHEN good AND day < {last} THEN {hex_key} END AS hex_key "
               f"FROM (SELECT day, line, text, string_split(text, E'\\t') AS fields, {good_sql()} AS good "
               f"FROM (@SCANS@)))")
-    train = " UNION ALL ".join(f"SELECT *, NULL::BIGINT AS line FROM ({scan_sql(path, day)})"
+    train = " UNION ALL ".join(f"SELECT *, NULL::BIGINT AS line FROM ({scan_sql(path, day, buffer_bytes)})"
                                for path, day in zip(paths[:-1], days[:-1]))
     kind = "TEMP TABLE" if in_memory else "TABLE"
     con.execute(f"CREATE OR REPLACE {kind} typed AS {select.replace('@SCANS@', train)}")
     con.execute("SET preserve_insertion_order = true")  # row_number() OVER () numbers the lines in file order
     try:
-        con.execute(f"INSERT INTO typed {select.replace('@SCANS@', scan_sql(paths[-1], last, numbered=True))}")
+        con.execute(f"INSERT INTO typed {select.replace('@SCANS@', scan_sql(paths[-1], last, buffer_bytes, numbered=True))}")
     finally:
         con.execute("SET preserve_insertion_order = false")
     if not in_memory:
@@ -225,26 +235,52 @@ def packed_batches(reader, dictionaries: Sequence[Dictionary], on_rows: Callable
         yield packed
 
 
-def write_query(con: duckdb.DuckDBPyConnection, query: str, dictionaries: Sequence[Dictionary], output_dir: str,
-                progress: Progress, stage: str, rows: int) -> int:
-    """Run `query` and write its rows in order as one split folder; returns the row count."""
-    written = [0]
-    cardinalities = [len(d.ids) + 1 for d in dictionaries]
-    with progress.stage(stage, rows, lambda: 0.5 * query_fraction(con)() + 0.5 * written[0] / max(rows, 1),
-                        " (query and rows written)"):
-        reader = con.sql(query).to_arrow_reader(BATCH_ROWS)
+def train_queries(last: int, num_parts: int) -> List[str]:
+    """The train rows in shuffle-key order as `num_parts` queries over consecutive ranges of k1 (a
+    60-bit hash, so the ranges hold about equal shares): each sorts only its share, which bounds the
+    sort's memory, and their outputs in sequence are the one ordering by (k1, k2)."""
+    bounds = [part * KEY_RANGE // num_parts for part in range(num_parts + 1)]
+    return [rows_sql(f"day < {last} AND k1 >= {low} AND k1 < {high}", "k1, k2")
+            for low, high in zip(bounds[:-1], bounds[1:])]
 
-        def count(n: int) -> None:
-            written[0] += n
-        return write_split(packed_batches(reader, dictionaries, count), output_dir, f"{stage} rows",
+
+def sort_parts(rows: int, memory_limit: Optional[str]) -> int:
+    """How many key ranges the train sort needs so that one range's rows take at most a quarter of
+    the memory limit (1 unless the limit is small against the data)."""
+    per_part = max(memory_bytes(memory_limit) // 4, 1)
+    return max(1, -(-rows * PARSED_BYTES_PER_LINE // per_part))
+
+
+def write_query(con: duckdb.DuckDBPyConnection, queries: Sequence[str], dictionaries: Sequence[Dictionary],
+                output_dir: str, progress: Progress, stage: str, rows: int) -> int:
+    """Run `queries` one after another and write their rows in order as one split folder; returns
+    the row count."""
+    written = [0]
+    finished = [0]
+    cardinalities = [len(d.ids) + 1 for d in dictionaries]
+    query_done = query_fraction(con)
+
+    def fraction() -> float:
+        return 0.5 * (finished[0] + query_done()) / len(queries) + 0.5 * written[0] / max(rows, 1)
+
+    def record_batches() -> Iterator[pa.RecordBatch]:
+        for query in queries:
+            yield from con.sql(query).to_arrow_reader(BATCH_ROWS)
+            finished[0] += 1
+
+    def count(n: int) -> None:
+        written[0] += n
+
+    with progress.stage(stage, rows, fraction, " (queries and rows written)"):
+        return write_split(packed_batches(record_batches(), dictionaries, count), output_dir, f"{stage} rows",
                            FIRST_CATEGORICAL_INDEX - 1, cardinalities)
 
 
-def first_bad_line(con: duckdb.DuckDBPyConnection, path: str, day: int) -> Tuple[int, str]:
+def first_bad_line(con: duckdb.DuckDBPyConnection, path: str, day: int, buffer_bytes: int) -> Tuple[int, str]:
     """(1-based line number, text) of the first line of a day file that breaks the rules."""
     con.execute("SET preserve_insertion_order = true")
     try:
-        return con.execute(f"SELECT line, text FROM ({scan_sql(path, day, numbered=True)}) "
+        return con.execute(f"SELECT line, text FROM ({scan_sql(path, day, buffer_bytes, numbered=True)}) "
                            f"WHERE NOT {good_sql()} ORDER BY line LIMIT 1").fetchone()
     finally:
         con.execute("SET preserve_insertion_order = false")
@@ -313,12 +349,12 @@ def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: 
         # The parsed table stays in memory when it takes under a third of the budget, else it spills.
         in_memory = estimated_lines * PARSED_BYTES_PER_LINE < memory_bytes(memory_limit) // 3
         with progress.stage("parse", estimated_lines, query_fraction(con)):
-            parse_pass(con, paths, days, seed, take_log, in_memory)
+            parse_pass(con, paths, days, seed, take_log, in_memory, csv_buffer_bytes(memory_limit))
         counts = line_counts(con)
         if strict:
             first = next((day for day in days if any(counts.get((day, r)) for r in REJECTION_REASONS)), None)
             if first is not None:
-                line, text = first_bad_line(con, paths[first], first)
+                line, text = first_bad_line(con, paths[first], first, csv_buffer_bytes(memory_limit))
                 raise strict_error(paths[first], line, text)
         last, train_days = days[-1], days[:-1]
         last_lines = counts.get((last, "lines"), 0)
@@ -334,8 +370,9 @@ def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: 
         split_counts = {"train": rejection_summary(counts, train_days),
                         **{split: rejection_summary(line_counts(con, condition), [last])
                            for split, condition in halves.items()}}
-        queries = {"train": rows_sql(f"day < {last}", "k1, k2"),
-                   **{split: rows_sql(condition, "line") for split, condition in halves.items()}}
+        train_rows = sum(n for (day, kind), n in counts.items() if kind == "lines" and day < last)
+        queries = {"train": train_queries(last, sort_parts(train_rows, memory_limit)),
+                   **{split: [rows_sql(condition, "line")] for split, condition in halves.items()}}
         with atomic_directory(output_dir, replace) as staging:
             rows = {split: write_query(con, queries[split], dictionaries, os.path.join(staging, split), progress,
                                        split, split_counts[split]["input_lines"])

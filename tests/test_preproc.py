@@ -42,7 +42,7 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 NUM_INTEGER, NUM_CATEGORICAL = 13, 26
 # The bounded-memory run: 4 x 90,000 lines are about 93 MB of raw input, against a 40 MB limit.
 MEMORY_TEST_LINES_PER_DAY = 90_000
-MEMORY_TEST_LIMIT_MB = 40
+MEMORY_TEST_LIMIT_MB = 16
 # day -> {line index: kind}; day 3 has one bad line in each half (test, validation).
 BAD_LINES = {1: {10: "wrong_field_count", 500: "bad_label", 999: "non_integer_numerical",
                  7_500: "non_hex_categorical"},
@@ -489,7 +489,7 @@ def test_line_validation_rules_duckdb(tmp_path):
     con = d.connect(str(tmp_path / "work.duckdb"), str(tmp_path / "spill"), 1, None)
     rows = con.execute(f"SELECT line, text, CASE WHEN NOT good THEN {d.reason_code_sql()} END FROM "
                        f"(SELECT line, text, string_split(text, E'\\t') AS fields, {d.good_sql()} AS good "
-                       f"FROM ({d.scan_sql(str(tmp_path / 'day_0'), 0, numbered=True)})) ORDER BY line").fetchall()
+                       f"FROM ({d.scan_sql(str(tmp_path / 'day_0'), 0, d.CSV_BUFFER_BYTES, numbered=True)})) ORDER BY line").fetchall()
     con.close()
     assert [text for _, text, _ in rows] == [text for text, _ in cases]
     assert [code and REJECTION_REASONS[code - 1] for _, _, code in rows] == [reason for _, reason in cases]
@@ -720,13 +720,18 @@ def test_spark_runs_on_a_standalone_cluster(tmp_path):
 
 @pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")
 def test_duckdb_engine_spills_under_a_small_memory_limit(tmp_path):
-    """DUCKDB_MEMORY_LIMIT well below the input size: the same dataset as without a limit."""
+    """DUCKDB_MEMORY_LIMIT over 5 times below the input size: the train sort runs in key ranges
+    (several at this limit) and the dataset is the same as without a limit (one range)."""
+    sys.path.insert(0, PREPROC)
+    import duckdb_pipeline as d
     criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, MEMORY_TEST_LINES_PER_DAY, seed=17)
     input_bytes = sum(os.path.getsize(tmp_path / "raw" / f"day_{day}") for day in range(NUM_DAYS))
     limited = run_prepare(str(tmp_path / "limited"), "--engine", "duckdb", "CPU", "3", raw=str(tmp_path / "raw"),
                           DUCKDB_MEMORY_LIMIT=f"{MEMORY_TEST_LIMIT_MB}MB", TOTAL_CORES="1")
     assert limited.returncode == 0, limited.stderr[-3000:]
-    assert input_bytes >= 2 * MEMORY_TEST_LIMIT_MB * 10**6
+    assert input_bytes >= 5 * MEMORY_TEST_LIMIT_MB * 10**6
+    assert d.sort_parts(3 * MEMORY_TEST_LINES_PER_DAY, f"{MEMORY_TEST_LIMIT_MB}MB") > 1
+    assert d.sort_parts(3 * MEMORY_TEST_LINES_PER_DAY, None) == 1
     free = run_prepare(str(tmp_path / "free"), "--engine", "duckdb", "CPU", "3", raw=str(tmp_path / "raw"))
     assert free.returncode == 0, free.stderr[-3000:]
     assert dataset_digest(str(tmp_path / "limited" / "final")) == dataset_digest(str(tmp_path / "free" / "final"))

@@ -279,6 +279,25 @@ def test_spark_images_copy_every_module_preprocessing_imports(dockerfile: str) -
     assert needed <= copied, f"{dockerfile} does not copy {sorted(needed - copied)}"
 
 
+def test_spark_image_installs_every_package_preprocessing_imports() -> None:
+    """Dockerfile_spark installs the requirements.txt pins its `grep -E` selects: they must cover the
+    third-party packages preproc/ imports (duckdb included: the default engine on one machine)."""
+    pattern = re.search(r"grep -E '([^']+)' /tmp/requirements.txt", (REPO / "Dockerfile_spark").read_text()).group(1)
+    pinned = {line.split("==")[0] for line in (REPO / "requirements.txt").read_text().splitlines()
+              if re.match(pattern, line)}
+    distribution = {"yaml": "pyyaml"}
+    imported = set()
+    for path in (REPO / "preproc").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            imported.update(name.split(".")[0] for name in names)
+    third_party = {distribution.get(name, name) for name in imported
+                   if name not in sys.stdlib_module_names and not (REPO / f"{name}.py").exists()
+                   and not (REPO / "preproc" / f"{name}.py").exists()}
+    assert third_party <= pinned, f"Dockerfile_spark does not install {sorted(third_party - pinned)}"
+
+
 def test_training_image_version_line_runs() -> None:
     """The Dockerfile's `python -c` version line uses attributes that exist (horovod.__version__;
     horovod.tensorflow has none): run it here against the same TensorFlow and Horovod."""
