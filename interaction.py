@@ -23,37 +23,21 @@ name checked against :func:`unavailable_reason`); :func:`make_interaction` takes
 """
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from custom_ops import op_package as _op
+
 CUSTOM_NAMES = ("custom_cuda", "custom_cpu")
 IMPLEMENTATIONS = ("tensorflow", "dummy") + CUSTOM_NAMES
 INTERACTION_NAMES = IMPLEMENTATIONS + ("auto",)
 OUTPUT_ALIGNMENT = 8
-OP_PACKAGE_DIR = Path(__file__).resolve().parent / "tensorflow-dot-based-interact"
 
 Interaction = Callable[[tf.Tensor], tf.Tensor]
 logger = logging.getLogger(__name__)
-
-
-def _import_op_package() -> ModuleType:
-    """The op's Python package (it loads the library only when used): installed wheel first, else
-    the in-repo source tree."""
-    try:
-        return importlib.import_module("tensorflow_dot_based_interact")
-    except ImportError:
-        sys.path.insert(0, str(OP_PACKAGE_DIR))
-        return importlib.import_module("tensorflow_dot_based_interact")
-
-
-_op = _import_op_package()
 BUILD_HINT = _op.BUILD_HINT
 
 

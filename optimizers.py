@@ -4,12 +4,19 @@ Slots are plain variables with the shape of their parameter, so a checkpoint sto
 same (global) layout as the tables and a resumed run continues exactly. Lazy Adam (the role of
 tensorflow_addons.LazyAdam, a retired package) updates only the rows an IndexedSlices gradient
 touches: moments and parameters of untouched embedding rows stay as they are.
+
+Sparse gradients of float32 tables in host memory go to one fused op per step (the compiled
+package's `EmbeddingSparseSgd` / `EmbeddingSparseAdam`: all tables at once, over the intra-op
+threads) instead of TensorFlow's single-threaded scatter per table; tables elsewhere (a GPU), or
+without the compiled package, take the TensorFlow ops. Both give the same values to float rounding.
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import tensorflow as tf
+
+from custom_ops import op_package
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices]
 
@@ -29,10 +36,11 @@ class Optimizer(tf.Module):
 
     slot_names: Tuple[str, ...] = ()
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, fused_sparse_updates: bool = True) -> None:
         super().__init__(name=name)
         self.slots: Dict[str, Dict[str, tf.Variable]] = {}
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_iterations")
+        self.fused_sparse_updates = fused_sparse_updates and op_package.is_built()
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
         """Create zero slots for every variable (idempotent), on the variable's device."""
@@ -50,13 +58,24 @@ class Optimizer(tf.Module):
 
     def apply(self, grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]], learning_rate: tf.Tensor) -> None:
         self.iterations.assign_add(1)
+        fused: List[Tuple[tf.IndexedSlices, tf.Variable]] = []
         for grad, variable in grads_and_vars:
             if grad is None:
                 continue
             if isinstance(grad, tf.IndexedSlices):
-                self._apply_sparse(grad, variable, learning_rate)
+                if self._fuses(variable):
+                    fused.append((grad, variable))
+                else:
+                    self._apply_sparse(grad, variable, learning_rate)
             else:
                 self._apply_dense(grad, variable, learning_rate)
+        if fused:
+            self._apply_sparse_fused([grad for grad, _ in fused], [variable for _, variable in fused], learning_rate)
+
+    def _fuses(self, variable: tf.Variable) -> bool:
+        """Whether the fused op updates `variable`: a float32 table in host memory."""
+        return (self.fused_sparse_updates and variable.dtype == tf.float32
+                and tf.DeviceSpec.from_string(variable.device).device_type == "CPU")
 
     def _apply_dense(self, grad: tf.Tensor, variable: tf.Variable, learning_rate: tf.Tensor) -> None:
         raise NotImplementedError
@@ -64,12 +83,16 @@ class Optimizer(tf.Module):
     def _apply_sparse(self, grad: tf.IndexedSlices, variable: tf.Variable, learning_rate: tf.Tensor) -> None:
         raise NotImplementedError
 
+    def _apply_sparse_fused(self, grads: List[tf.IndexedSlices], variables: List[tf.Variable],
+                            learning_rate: tf.Tensor) -> None:
+        raise NotImplementedError
+
 
 class SGD(Optimizer):
     """Plain SGD (momentum 0), as the reference's default optimizer."""
 
-    def __init__(self, name: str = "sgd") -> None:
-        super().__init__(name)
+    def __init__(self, name: str = "sgd", fused_sparse_updates: bool = True) -> None:
+        super().__init__(name, fused_sparse_updates)
 
     def _apply_dense(self, grad, variable, learning_rate):
         variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)
@@ -78,6 +101,9 @@ class SGD(Optimizer):
         variable.scatter_sub(tf.IndexedSlices(tf.cast(learning_rate, variable.dtype) * grad.values,
                                               grad.indices, grad.dense_shape))
 
+    def _apply_sparse_fused(self, grads, variables, learning_rate):
+        op_package.sparse_sgd_update(variables, [g.indices for g in grads], _float32_values(grads), learning_rate)
+
 
 class Adam(Optimizer):
     """Adam with bias correction; sparse gradients are applied lazily (touched rows only)."""
@@ -85,8 +111,8 @@ class Adam(Optimizer):
     slot_names = ("m", "v")
 
     def __init__(self, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
-                 name: str = "adam") -> None:
-        super().__init__(name)
+                 name: str = "adam", fused_sparse_updates: bool = True) -> None:
+        super().__init__(name, fused_sparse_updates)
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
 
     def _corrected_rate(self, variable: tf.Variable, learning_rate: tf.Tensor) -> tf.Tensor:
@@ -109,6 +135,17 @@ class Adam(Optimizer):
         slots["v"].scatter_update(tf.IndexedSlices(v_rows, indices))
         step = self._corrected_rate(variable, learning_rate) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
         variable.scatter_sub(tf.IndexedSlices(step, indices))
+
+    def _apply_sparse_fused(self, grads, variables, learning_rate):
+        slots = [self.slots[_slot_key(variable)] for variable in variables]
+        op_package.sparse_adam_update(variables, [s["m"] for s in slots], [s["v"] for s in slots],
+                                      [g.indices for g in grads], _float32_values(grads),
+                                      self._corrected_rate(variables[0], learning_rate),
+                                      self.beta_1, self.beta_2, self.epsilon)
+
+
+def _float32_values(grads: Sequence[tf.IndexedSlices]) -> List[tf.Tensor]:
+    return [tf.cast(grad.values, tf.float32) for grad in grads]
 
 
 def _merge_duplicates(grad: tf.IndexedSlices) -> Tuple[tf.Tensor, tf.Tensor]:

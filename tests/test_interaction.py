@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import custom_ops
 import interaction
 from multiproc import require
 
@@ -190,7 +191,7 @@ def test_op_compute_gradient(shape: tuple[int, int, int]) -> None:
 
 @requires_op
 def test_op_second_input_gradient_is_pass_through() -> None:
-    package = interaction._import_op_package()
+    package = custom_ops.import_op_package()
     inputs = random_inputs((3, 4, 8))
     bottom = random_inputs((3, 8), seed=5)
     upstream = random_inputs((3, 16, 1), seed=6)[:, :, 0]
@@ -235,7 +236,7 @@ def test_op_is_deterministic() -> None:
     ([4, 3, 0], "dim must be positive"),
 ])
 def test_op_rejects_bad_input(input_shape: list[int], message: str) -> None:
-    package = interaction._import_op_package()
+    package = custom_ops.import_op_package()
     bottom = tf.zeros([input_shape[0], input_shape[-1]])
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         package.dot_based_interact(tf.zeros(input_shape), bottom)
@@ -243,13 +244,13 @@ def test_op_rejects_bad_input(input_shape: list[int], message: str) -> None:
 
 @requires_op
 def test_op_rejects_mismatched_dtypes() -> None:
-    package = interaction._import_op_package()
+    package = custom_ops.import_op_package()
     with pytest.raises(tf.errors.InvalidArgumentError, match="same dtype"):
         package.dot_based_interact(tf.zeros([2, 3, 8]), tf.zeros([2, 8], tf.float16))
 
 
 @requires_op
 def test_op_rejects_mismatched_bottom_shape() -> None:
-    package = interaction._import_op_package()
+    package = custom_ops.import_op_package()
     with pytest.raises(tf.errors.InvalidArgumentError, match="bottom_mlp_output"):
         package.dot_based_interact(tf.zeros([2, 3, 8]), tf.zeros([2, 7]))

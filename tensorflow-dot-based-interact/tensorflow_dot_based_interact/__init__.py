@@ -1,4 +1,5 @@
-"""DLRM dot-interaction op (`DotBasedInteract`) with CPU and CUDA kernels, and its gradient."""
+"""DLRM dot-interaction op (`DotBasedInteract`) with CPU and CUDA kernels, and its gradient; the fused
+sparse embedding updates (CPU)."""
 from tensorflow_dot_based_interact.dot_based_interact_ops import (
     BUILD_HINT,
     GPU_BUILD_HINT,
@@ -10,6 +11,7 @@ from tensorflow_dot_based_interact.dot_based_interact_ops import (
     load_op_library,
     missing_cuda_code,
 )
+from tensorflow_dot_based_interact.embedding_update_ops import sparse_adam_update, sparse_sgd_update
 
 __all__ = ["BUILD_HINT", "GPU_BUILD_HINT", "OpNotBuiltError", "built_cuda_code", "dot_based_interact", "has_gpu_kernels", "is_built",
-           "load_op_library", "missing_cuda_code"]
+           "load_op_library", "missing_cuda_code", "sparse_adam_update", "sparse_sgd_update"]

@@ -1,0 +1,116 @@
+"""The fused sparse embedding updates (the compiled EmbeddingSparseSgd / EmbeddingSparseAdam)
+against TensorFlow's per-table ops: same values to float rounding, repeated ids included, lazy
+Adam touching only the given rows, bad indices refused before anything is written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import custom_ops
+from multiproc import require
+from optimizers import SGD, Adam
+
+SHAPES = [(50, 16), (7, 128), (1000, 8), (3, 4)]  # (rows, dim) of each table
+
+
+@pytest.fixture(autouse=True)
+def _op_built():
+    require(custom_ops.op_package.is_built(), f"the custom op library is not built ({custom_ops.op_package.BUILD_HINT})")
+
+
+def make_tables(seed: int):
+    rng = np.random.default_rng(seed)
+    return [tf.Variable(rng.standard_normal(shape).astype(np.float32)) for shape in SHAPES]
+
+
+def gradients(step: int, index_dtype):
+    """One IndexedSlices per table: many repeated ids (also within a step), some rows untouched."""
+    rng = np.random.default_rng(100 + step)
+    grads = []
+    for rows, dim in SHAPES:
+        count = 3 * rows if rows < 10 else rows // 2
+        ids = rng.integers(0, max(1, rows // 2) if rows >= 10 else rows, count)
+        grads.append(tf.IndexedSlices(tf.constant(rng.standard_normal((count, dim)).astype(np.float32)),
+                                      tf.constant(ids.astype(index_dtype)), tf.constant([rows, dim])))
+    return grads
+
+
+def run(optimizer_factory, fused: bool, steps: int, index_dtype=np.int64):
+    tables = make_tables(0)
+    optimizer = optimizer_factory(fused)
+    optimizer.build(tables)
+    apply = tf.function(lambda grads, rate: optimizer.apply(list(zip(grads, tables)), rate))
+    for step in range(steps):
+        apply(gradients(step, index_dtype), tf.constant(0.05 * (step + 1)))
+    return tables, optimizer
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_fused_sgd_equals_the_tensorflow_scatter(index_dtype):
+    fused, optimizer = run(lambda f: SGD(fused_sparse_updates=f), True, 3, index_dtype)
+    assert optimizer.fused_sparse_updates
+    reference, _ = run(lambda f: SGD(fused_sparse_updates=f), False, 3, index_dtype)
+    for a, b in zip(fused, reference):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_fused_lazy_adam_equals_the_tensorflow_ops_and_leaves_untouched_rows():
+    factory = lambda f: Adam(0.8, 0.9, fused_sparse_updates=f)  # noqa: E731
+    fused, fused_opt = run(factory, True, 4)
+    reference, reference_opt = run(factory, False, 4)
+    start = make_tables(0)
+    for table, ref, initial, (rows, _) in zip(fused, reference, start, SHAPES):
+        np.testing.assert_allclose(table.numpy(), ref.numpy(), rtol=2e-5, atol=2e-6)
+        for slot in ("m", "v"):
+            np.testing.assert_allclose(fused_opt.slot_variables(table)[slot].numpy(),
+                                       reference_opt.slot_variables(ref)[slot].numpy(), rtol=2e-5, atol=1e-7)
+        if rows >= 10:  # only ids below rows // 2 were ever given
+            np.testing.assert_array_equal(table.numpy()[rows // 2:], initial.numpy()[rows // 2:])
+            assert not np.array_equal(table.numpy()[:rows // 2], initial.numpy()[:rows // 2])
+
+
+def test_a_large_table_split_over_threads_equals_the_serial_update():
+    """Enough rows per table that the op cuts each into parts updated by several threads."""
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal((20000, 64)).astype(np.float32)
+    ids = tf.constant(rng.integers(0, 20000, 8192))
+    grad = tf.IndexedSlices(tf.constant(rng.standard_normal((8192, 64)).astype(np.float32)), ids)
+    results = []
+    for fused in (True, False):
+        table = tf.Variable(values)
+        optimizer = Adam(fused_sparse_updates=fused)
+        optimizer.build([table])
+        optimizer.apply([(grad, table)], tf.constant(0.01))
+        results.append(table.numpy())
+    np.testing.assert_allclose(results[0], results[1], rtol=2e-5, atol=2e-6)
+
+
+def test_an_index_out_of_range_is_refused_before_any_table_is_written():
+    tables = make_tables(0)
+    before = [t.numpy() for t in tables]
+    grads = gradients(0, np.int64)
+    bad = grads[2]
+    grads[2] = tf.IndexedSlices(bad.values, tf.tensor_scatter_nd_update(bad.indices, [[1]], [1000]), bad.dense_shape)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index 1000 \(position 1\) of table 2 is outside \[0, 1000\)"):
+        custom_ops.op_package.sparse_sgd_update(tables, [g.indices for g in grads], [g.values for g in grads], 0.1)
+    for table, initial in zip(tables, before):
+        np.testing.assert_array_equal(table.numpy(), initial)
+
+
+def test_mismatched_gradients_and_shared_variables_are_refused():
+    tables = make_tables(0)
+    ids = tf.constant([0, 1], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 0 .* do not match"):
+        custom_ops.op_package.sparse_sgd_update(tables[:1], [ids], [tf.zeros([2, 3])], 0.1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the same variable is passed twice"):
+        custom_ops.op_package.sparse_sgd_update([tables[0], tables[0]], [ids, ids], [tf.zeros([2, 16])] * 2, 0.1)
+
+
+def test_tables_the_op_does_not_take_use_the_tensorflow_ops():
+    """A bfloat16 table is not the op's (float32 only): the optimizer updates it with TF's scatter."""
+    table = tf.Variable(tf.ones([4, 8], tf.bfloat16))
+    optimizer = SGD()
+    assert not optimizer._fuses(table)
+    optimizer.apply([(tf.IndexedSlices(tf.ones([2, 8], tf.bfloat16), tf.constant([1, 1])), table)], tf.constant(0.5))
+    np.testing.assert_array_equal(table.numpy().astype(np.float32)[:, 0], [1, 0, 1, 1])
