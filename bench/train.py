@@ -9,9 +9,10 @@ interaction, x3 for forward and backward) times samples/s, divided by the matmul
 measurement).
 With --dlrm_repo (a clone of facebookresearch/dlrm; see bench/reference/pytorch_dlrm.py) the PyTorch
 reference DLRM trains the same config in the same run, and each row shows its speed against it.
-Also inference latency at batch 2048 and the peak RSS against the bytes of parameters +
-optimizer state + two batches, with where it goes: the RSS of the TensorFlow runtime before the
-model exists, the RSS once the tables are built, and the peak while training.
+Also inference latency at batch 2048 and the host-memory ratio (training peak RSS - RSS of the
+runtime before the model exists) / (parameters + optimizer state + two batches), with where it
+goes: the RSS of the TensorFlow runtime before the model exists, the RSS once the tables are
+built, and the peak while training.
 
 TensorFlow's CPU allocator keeps every page it has touched (a best-fit pool), so the peak is the
 live memory plus what the pool retains. The "low-memory" rows run the same training with the
@@ -136,7 +137,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
             "inference_samples_per_s": 2048 / stats["mean"],
             "runtime_rss_bytes": runtime_rss, "built_rss_bytes": built_rss,
             "peak_rss_bytes": training_peak_rss, "model_state_bytes": state_bytes,
-            "rss_ratio": training_peak_rss / state_bytes}
+            "rss_ratio": (training_peak_rss - runtime_rss) / state_bytes}
 
 
 # (batch size, XLA, low-memory allocator, precision)
@@ -210,7 +211,7 @@ def main() -> None:
     gib = float(1 << 30)
     print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'alloc':>7} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} "
           f"{'peak':>7} {'MFU':>6} {'vs torch':>8} {'inf p99 ms':>10} {'inf samples/s':>13} {'runtime':>8} "
-          f"{'built':>6} {'peak':>6} {'RSS/state':>9}")
+          f"{'built':>6} {'peak':>6} {'mem ratio':>9}")
     for r in runs:
         versus = f"{r['speedup_vs_pytorch_fp32']:>7.2f}x" if "speedup_vs_pytorch_fp32" in r else f"{'-':>8}"
         print(f"{r['batch_size']:>6} {r['precision']:>5} {str(r['xla']):>5} "
