@@ -50,8 +50,9 @@ flags.DEFINE_bool("run_eagerly", False, "Disable all tf.function graph compilati
 flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "Top MLP layer widths")
 flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"],
                   "Bottom MLP layer widths (with the dot interaction the last equals --embedding_dim)")
-flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"],
-                  "sgd for everything, or Adam for the MLPs with lazy Adam for the embeddings")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam", "adagrad"],
+                  "sgd for everything, Adam for the MLPs with lazy Adam for the embeddings, or Adagrad for "
+                  "both (an extension: the MLPerf DLRM-DCNv2 recipe's optimizer)")
 flags.DEFINE_string("save_checkpoint_path", None,
                     "Directory to save checkpoints to (step_<N> subdirectories; the newest K are kept)")
 flags.DEFINE_string("restore_checkpoint_path", None,

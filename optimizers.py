@@ -1,4 +1,4 @@
-"""SGD, Adam and lazy Adam with explicit slot variables.
+"""SGD, Adam and lazy Adam, and Adagrad, with explicit slot variables.
 
 Slots are plain variables with the shape of their parameter, so a checkpoint stores them in the
 same (global) layout as the tables and a resumed run continues exactly. Lazy Adam (the role of
@@ -6,7 +6,7 @@ tensorflow_addons.LazyAdam, a retired package) updates only the rows an IndexedS
 touches: moments and parameters of untouched embedding rows stay as they are.
 
 Sparse gradients of float32 tables in host memory go to one fused op per step (the compiled
-package's `EmbeddingSparseSgd` / `EmbeddingSparseAdam`: all tables at once, over the intra-op
+package's `EmbeddingSparseSgd` / `Adam` / `Adagrad`: all tables at once, over the intra-op
 threads) instead of TensorFlow's single-threaded scatter per table; tables elsewhere (a GPU), or
 without the compiled package, take the TensorFlow ops. Both give the same values to float rounding.
 """
@@ -35,6 +35,7 @@ class Optimizer(tf.Module):
     """Applies gradients with a learning rate given per call (the schedule is owned elsewhere)."""
 
     slot_names: Tuple[str, ...] = ()
+    slot_initial_value = 0.0
 
     def __init__(self, name: str, fused_sparse_updates: bool = True) -> None:
         super().__init__(name=name)
@@ -43,14 +44,15 @@ class Optimizer(tf.Module):
         self.fused_sparse_updates = fused_sparse_updates and op_package.is_built()
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
-        """Create zero slots for every variable (idempotent), on the variable's device."""
+        """Create the slots of every variable (idempotent), on the variable's device, filled with
+        `slot_initial_value` (the fill becomes the slot's buffer: no full-size temporary)."""
         for variable in variables:
             if _slot_key(variable) in self.slots:
                 continue
             with tf.init_scope(), tf.device(variable.device):
                 self.slots[_slot_key(variable)] = {
-                    slot: tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
-                                      name=_slot_name(variable, slot))
+                    slot: tf.Variable(tf.fill(variable.shape, tf.constant(self.slot_initial_value, variable.dtype)),
+                                      trainable=False, name=_slot_name(variable, slot))
                     for slot in self.slot_names}
 
     def slot_variables(self, variable: tf.Variable) -> Dict[str, tf.Variable]:
@@ -144,6 +146,37 @@ class Adam(Optimizer):
                                       self.beta_1, self.beta_2, self.epsilon)
 
 
+class Adagrad(Optimizer):
+    """Adagrad as Keras defines it (accumulators start at 0.1, epsilon 1e-7): accumulator += g^2,
+    w -= lr g / (sqrt(accumulator) + epsilon); sparse gradients update the touched rows only, each
+    once with the sum of its gradients. The MLPerf DLRM-DCNv2 recipe's optimizer."""
+
+    slot_names = ("accumulator",)
+
+    def __init__(self, initial_accumulator_value: float = 0.1, epsilon: float = 1e-7, name: str = "adagrad",
+                 fused_sparse_updates: bool = True) -> None:
+        super().__init__(name, fused_sparse_updates)
+        self.slot_initial_value = initial_accumulator_value
+        self.epsilon = epsilon
+
+    def _apply_dense(self, grad, variable, learning_rate):
+        accumulator = self.slots[_slot_key(variable)]["accumulator"].assign_add(tf.square(grad))
+        variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad / (tf.sqrt(accumulator) + self.epsilon))
+
+    def _apply_sparse(self, grad, variable, learning_rate):
+        accumulator = self.slots[_slot_key(variable)]["accumulator"]
+        values, indices = _merge_duplicates(grad)
+        rows = tf.gather(accumulator, indices) + tf.square(values)
+        accumulator.scatter_update(tf.IndexedSlices(rows, indices))
+        step = tf.cast(learning_rate, variable.dtype) * values / (tf.sqrt(rows) + self.epsilon)
+        variable.scatter_sub(tf.IndexedSlices(step, indices))
+
+    def _apply_sparse_fused(self, grads, variables, learning_rate):
+        op_package.sparse_adagrad_update(variables, [self.slots[_slot_key(v)]["accumulator"] for v in variables],
+                                         [g.indices for g in grads], _float32_values(grads), learning_rate,
+                                         self.epsilon)
+
+
 def _float32_values(grads: Sequence[tf.IndexedSlices]) -> List[tf.Tensor]:
     return [tf.cast(grad.values, tf.float32) for grad in grads]
 
@@ -155,7 +188,7 @@ def _merge_duplicates(grad: tf.IndexedSlices) -> Tuple[tf.Tensor, tf.Tensor]:
     return summed, unique
 
 
-EMBEDDING_OPTIMIZERS = {"sgd": SGD, "adam": Adam}  # --optimizer -> what updates the tables
+EMBEDDING_OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adagrad": Adagrad}  # --optimizer -> what updates the tables
 
 
 def embedding_slot_count(name: str) -> int:
@@ -164,12 +197,14 @@ def embedding_slot_count(name: str) -> int:
 
 
 def make_optimizers(name: str, beta_1: float = 0.9, beta_2: float = 0.999) -> Tuple[Optimizer, Optimizer]:
-    """(dense optimizer, embedding optimizer): one shared SGD, or Adam + lazy Adam (V5 `--beta1`,
-    `--beta2`)."""
+    """(dense optimizer, embedding optimizer): one shared SGD, Adam + lazy Adam (V5 `--beta1`,
+    `--beta2`), or Adagrad for both (an extension: the MLPerf DLRM-DCNv2 recipe's)."""
     if name == "sgd":
         shared = SGD()
         return shared, shared
     if name == "adam":
         return (Adam(beta_1, beta_2, name="adam_dense"), Adam(beta_1, beta_2, name="lazy_adam_embedding"))
-    raise ValueError(f"--optimizer must be 'sgd' or 'adam', got {name!r}")
+    if name == "adagrad":
+        return Adagrad(name="adagrad_dense"), Adagrad(name="adagrad_embedding")
+    raise ValueError(f"--optimizer must be one of {sorted(EMBEDDING_OPTIMIZERS)}, got {name!r}")
 

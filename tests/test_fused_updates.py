@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import custom_ops
 from multiproc import require
-from optimizers import SGD, Adam
+from optimizers import SGD, Adagrad, Adam
 
 SHAPES = [(50, 16), (7, 128), (1000, 8), (3, 4)]  # (rows, dim) of each table
 
@@ -68,6 +68,32 @@ def test_fused_lazy_adam_equals_the_tensorflow_ops_and_leaves_untouched_rows():
         if rows >= 10:  # only ids below rows // 2 were ever given
             np.testing.assert_array_equal(table.numpy()[rows // 2:], initial.numpy()[rows // 2:])
             assert not np.array_equal(table.numpy()[:rows // 2], initial.numpy()[:rows // 2])
+
+
+def test_fused_adagrad_equals_the_tensorflow_ops_and_leaves_untouched_rows():
+    factory = lambda f: Adagrad(fused_sparse_updates=f)  # noqa: E731
+    fused, fused_opt = run(factory, True, 4)
+    reference, reference_opt = run(factory, False, 4)
+    for table, ref, initial, (rows, _) in zip(fused, reference, make_tables(0), SHAPES):
+        np.testing.assert_allclose(table.numpy(), ref.numpy(), rtol=2e-5, atol=2e-6)
+        accumulator = fused_opt.slot_variables(table)["accumulator"].numpy()
+        np.testing.assert_allclose(accumulator, reference_opt.slot_variables(ref)["accumulator"].numpy(), rtol=2e-5)
+        if rows >= 10:
+            np.testing.assert_array_equal(accumulator[rows // 2:], 0.1)  # untouched rows keep the initial value
+            np.testing.assert_array_equal(table.numpy()[rows // 2:], initial.numpy()[rows // 2:])
+
+
+def test_dense_adagrad_follows_the_keras_formula():
+    variable = tf.Variable([1.0, -2.0])
+    optimizer = Adagrad()
+    optimizer.build([variable])
+    for _ in range(2):
+        optimizer.apply([(tf.constant([0.5, 1.0]), variable)], tf.constant(0.1))
+    expected, accumulator = np.array([1.0, -2.0]), np.full(2, 0.1)
+    for _ in range(2):
+        accumulator += np.array([0.5, 1.0]) ** 2
+        expected -= 0.1 * np.array([0.5, 1.0]) / (np.sqrt(accumulator) + 1e-7)
+    np.testing.assert_allclose(variable.numpy(), expected, rtol=1e-6)
 
 
 def test_a_large_table_split_over_threads_equals_the_serial_update():

@@ -112,7 +112,7 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     assert final_record(tmp_path / "s.json")["auc"] == pytest.approx(evaluation["auc"], abs=1e-6)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
 def test_resumed_run_ends_with_the_same_weights(tmp_path, optimizer):
     common = SMALL + ["--optimizer", optimizer, "--deterministic", "--epochs", "2",
                       "--learning_rate", "0.05" if optimizer == "sgd" else "0.01"]
@@ -123,6 +123,7 @@ def test_resumed_run_ends_with_the_same_weights(tmp_path, optimizer):
                                 "--save_checkpoint_path", str(tmp_path / "resumed")]))
     full, resumed = checkpoint_arrays(tmp_path / "full"), checkpoint_arrays(tmp_path / "resumed")
     assert full.keys() == resumed.keys() and any(".m.npy" in k for k in full) == (optimizer == "adam")
+    assert any(".accumulator.npy" in k for k in full) == (optimizer == "adagrad")
     for name in full:
         np.testing.assert_array_equal(full[name], resumed[name], err_msg=name)
     assert int(full["state/lr_schedule_step.npy"]) == 24

@@ -11,7 +11,8 @@ from tensorflow_dot_based_interact.dot_based_interact_ops import (
     load_op_library,
     missing_cuda_code,
 )
-from tensorflow_dot_based_interact.embedding_update_ops import sparse_adam_update, sparse_sgd_update
+from tensorflow_dot_based_interact.embedding_update_ops import (sparse_adagrad_update, sparse_adam_update,
+                                                                 sparse_sgd_update)
 
 __all__ = ["BUILD_HINT", "GPU_BUILD_HINT", "OpNotBuiltError", "built_cuda_code", "dot_based_interact", "has_gpu_kernels", "is_built",
-           "load_op_library", "missing_cuda_code", "sparse_adam_update", "sparse_sgd_update"]
+           "load_op_library", "missing_cuda_code", "sparse_adagrad_update", "sparse_adam_update", "sparse_sgd_update"]

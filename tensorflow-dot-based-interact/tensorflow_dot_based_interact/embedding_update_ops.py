@@ -1,5 +1,6 @@
 """Python wrappers of the fused sparse embedding updates (`EmbeddingSparseSgd`,
-`EmbeddingSparseAdam`), CPU kernels in the same library as the dot interaction.
+`EmbeddingSparseAdam`, `EmbeddingSparseAdagrad`), CPU kernels in the same library as the dot
+interaction.
 
 Each call updates the touched rows of every given table in one op, spread over the intra-op
 threads. Tables and slots are float32 resource variables [rows, dim] on the CPU; `indices` are one
@@ -43,3 +44,13 @@ def sparse_adam_update(tables: Sequence[tf.Variable], first_moments: Sequence[tf
             tables=_handles(tables), first_moments=_handles(first_moments), second_moments=_handles(second_moments),
             indices=_indices(indices), gradients=list(gradients), step_size=tf.cast(step_size, tf.float32),
             beta_1=float(beta_1), beta_2=float(beta_2), epsilon=float(epsilon))
+
+
+def sparse_adagrad_update(tables: Sequence[tf.Variable], accumulators: Sequence[tf.Variable],
+                          indices: Sequence[tf.Tensor], gradients: Sequence[tf.Tensor], learning_rate: tf.Tensor,
+                          epsilon: float) -> tf.Operation:
+    """Adagrad on the touched rows (each distinct row once, with the sum of its gradients)."""
+    with tf.device("/CPU:0"):
+        return load_op_library().embedding_sparse_adagrad(
+            tables=_handles(tables), accumulators=_handles(accumulators), indices=_indices(indices),
+            gradients=list(gradients), learning_rate=tf.cast(learning_rate, tf.float32), epsilon=float(epsilon))

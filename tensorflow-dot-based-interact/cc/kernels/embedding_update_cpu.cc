@@ -1,5 +1,5 @@
-// CPU kernels of EmbeddingSparseSgd and EmbeddingSparseAdam (registered in
-// cc/ops/embedding_update_ops.cc).
+// CPU kernels of EmbeddingSparseSgd, EmbeddingSparseAdam and EmbeddingSparseAdagrad (registered
+// in cc/ops/embedding_update_ops.cc).
 //
 // TensorFlow applies a sparse step with one single-threaded scatter per table (plus separate ops
 // for the learning-rate product and, for Adam, the moment gathers and scatters). Here one op
@@ -37,7 +37,7 @@ constexpr int64_t kMinElementsPerPart = 1 << 15;
 // One table's update: the table and its slot rows, the touched rows and their gradients.
 struct TableWork {
   float* table = nullptr;
-  float* slots[2] = {nullptr, nullptr};
+  float* slots[2] = {nullptr, nullptr};  // per the rule's slot lists
   int64_t rows = 0;
   int64_t dim = 0;
   const int64_t* indices = nullptr;
@@ -199,6 +199,7 @@ Status ReadScalar(OpKernelContext* context, const char* name, float* value) {
 
 struct SgdRule {
   static constexpr int kSlots = 0;
+  static constexpr const char* kSlotLists[] = {nullptr};
   static constexpr bool kSumsRepeatedRows = false;
   float learning_rate = 0;
 
@@ -212,6 +213,7 @@ struct SgdRule {
 
 struct AdamRule {
   static constexpr int kSlots = 2;
+  static constexpr const char* kSlotLists[] = {"first_moments", "second_moments"};
   static constexpr bool kSumsRepeatedRows = true;
   float step_size = 0, beta_1 = 0, beta_2 = 0, epsilon = 0;
 
@@ -234,6 +236,27 @@ struct AdamRule {
   }
 };
 
+struct AdagradRule {
+  static constexpr int kSlots = 1;
+  static constexpr const char* kSlotLists[] = {"accumulators"};
+  static constexpr bool kSumsRepeatedRows = true;
+  float learning_rate = 0, epsilon = 0;
+
+  Status Read(OpKernelContext* context) {
+    TF_RETURN_IF_ERROR(ReadScalar(context, "learning_rate", &learning_rate));
+    return ReadScalar(context, "epsilon", &epsilon);
+  }
+
+  void Apply(const TableWork& work, int64_t row, const float* gradient) const {
+    float* values = work.table + row * work.dim;
+    float* accumulator = work.slots[0] + row * work.dim;
+    for (int64_t d = 0; d < work.dim; ++d) {
+      accumulator[d] += gradient[d] * gradient[d];
+      values[d] -= learning_rate * gradient[d] / (std::sqrt(accumulator[d]) + epsilon);
+    }
+  }
+};
+
 template <class Rule>
 class EmbeddingSparseUpdateOp : public OpKernel {
  public:
@@ -247,7 +270,7 @@ class EmbeddingSparseUpdateOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("gradients", &gradients));
     const int tables = indices.size();
     std::vector<std::string> lists = {"tables"};
-    if (Rule::kSlots == 2) lists.insert(lists.end(), {"first_moments", "second_moments"});
+    for (int slot = 0; slot < Rule::kSlots; ++slot) lists.push_back(Rule::kSlotLists[slot]);
     LockedVariables variables;
     OP_REQUIRES_OK(context, variables.Acquire(context, lists));
 
@@ -279,6 +302,8 @@ class EmbeddingSparseUpdateOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseSgd").Device(tensorflow::DEVICE_CPU), EmbeddingSparseUpdateOp<SgdRule>);
 REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseAdam").Device(tensorflow::DEVICE_CPU), EmbeddingSparseUpdateOp<AdamRule>);
+REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseAdagrad").Device(tensorflow::DEVICE_CPU),
+                        EmbeddingSparseUpdateOp<AdagradRule>);
 
 }  // namespace
 }  // namespace embedding_update

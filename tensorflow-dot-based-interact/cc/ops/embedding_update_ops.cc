@@ -1,5 +1,5 @@
 // Registration of the fused sparse embedding updates: one op applies an optimizer step to the
-// touched rows of every table of a rank (SGD, lazy Adam), with the work spread over the CPU's
+// touched rows of every table of a rank (SGD, lazy Adam, Adagrad), with the work spread over the CPU's
 // intra-op threads. Tables and slots are float32 resource variables of shape [rows, dim];
 // indices are int64 rows of each table; gradients are [len(indices), dim].
 #include "tensorflow/core/framework/op.h"
@@ -35,4 +35,19 @@ REGISTER_OP("EmbeddingSparseAdam")
 Lazy Adam on the touched rows: per distinct row r with g the sum of its gradients (in index order),
 m = beta_1 m + (1 - beta_1) g, v = beta_2 v + (1 - beta_2) g^2,
 table[r] -= step_size * m / (sqrt(v) + epsilon); step_size carries the bias correction.
+)doc");
+
+REGISTER_OP("EmbeddingSparseAdagrad")
+    .Input("tables: N * resource")
+    .Input("accumulators: N * resource")
+    .Input("indices: N * int64")
+    .Input("gradients: N * float")
+    .Input("learning_rate: float")
+    .Input("epsilon: float")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Adagrad on the touched rows: per distinct row r with g the sum of its gradients (in index order),
+accumulator += g^2, table[r] -= learning_rate * g / (sqrt(accumulator) + epsilon).
 )doc");
