@@ -325,17 +325,16 @@ def _ints(values) -> list:
     return [int(v) for v in values]
 
 
-def compute_dtype():
-    """The dtype the layers compute in: float32; with --amp float16 on a GPU (the reference's AMP)
-    and bfloat16 on the CPU (its bf16 units; TensorFlow has no fast float16 CPU kernels); float16
-    with --fp16. Valid once configure_tensorflow has chosen the devices."""
+def run_precision():
+    """The layers' compute dtype and the start-up line saying why (precision.choose_precision over
+    --amp, --fp16, the visible GPU and this CPU's bf16 units). Valid once configure_tensorflow has
+    chosen the devices."""
     import tensorflow as tf
 
-    if FLAGS.fp16:
-        return tf.float16
-    if FLAGS.amp:
-        return tf.float16 if tf.config.list_logical_devices("GPU") else tf.bfloat16
-    return tf.float32
+    from precision import choose_precision, host_cpu_bf16_support
+
+    return choose_precision(FLAGS.amp, FLAGS.fp16, bool(tf.config.list_logical_devices("GPU")), FLAGS.loss_scale,
+                            host_cpu_bf16_support())
 
 
 def configure_tensorflow(local_rank: int) -> None:
@@ -353,10 +352,9 @@ def configure_tensorflow(local_rank: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_parallelism)
     if FLAGS.intra_op_parallelism:
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_parallelism)
-    if FLAGS.amp:
-        tf.keras.mixed_precision.set_global_policy(f"mixed_{compute_dtype().name}")
-    elif FLAGS.fp16:
-        tf.keras.mixed_precision.set_global_policy("float16")
+    dtype = run_precision().compute_dtype
+    if dtype != tf.float32:
+        tf.keras.mixed_precision.set_global_policy("float16" if FLAGS.fp16 else f"mixed_{dtype.name}")
     tf.config.run_functions_eagerly(FLAGS.run_eagerly)
     if FLAGS.tfdata_debug:
         tf.data.experimental.enable_debug_mode()
@@ -510,18 +508,14 @@ class Job:
 def prepare_job(rank: int, world_size: int, logger) -> Job:
     """Spec, plan, pipelines and weights (built and restored, or a SavedModel), in that order, so
     that every input is checked before anything is written."""
-    import tensorflow as tf
-
     import saved_model
     from factory import build_trainer
     from trainer import Evaluator
     from utils import print_rank0
 
-    dtype = compute_dtype()
-    if FLAGS.amp:
-        print_rank0(f"--amp: {dtype.name} compute, float32 weights"
-                    + (f", loss scale {FLAGS.loss_scale}" if dtype == tf.float16 else " (the CPU's bf16 units)"),
-                    rank=rank)
+    precision = run_precision()
+    print_rank0(precision.message, rank=rank)
+    dtype = precision.compute_dtype
     spec = load_feature_spec()
     if FLAGS.saved_model_input_path:
         pipelines = build_pipelines(spec, rank, world_size, None, dtype)
