@@ -68,7 +68,7 @@ flags.DEFINE_enum("gpu_embedding_type", "fused", ["multitable", "fused"],
 flags.DEFINE_enum("cpu_embedding_type", "multitable", ["multitable", "fused"],
                   "Implementation of the tables offloaded to CPU memory")
 flags.DEFINE_bool("amp", False, "Mixed precision with float32 weights: float16 compute with static loss scaling "
-                                "on a GPU, bfloat16 compute on the CPU")
+                                "on a GPU, bfloat16 compute on a CPU with bf16 units (float32 on other CPUs)")
 flags.DEFINE_bool("fp16", False, "Pure float16 policy, for inference and export only")
 flags.DEFINE_bool("xla", False, "Enable XLA auto-clustering (TF_XLA_FLAGS=--tf_xla_auto_jit=fusible)")
 flags.DEFINE_integer("loss_scale", 1024, "Static loss scale used with --amp")
