@@ -20,6 +20,7 @@ from sharding import STRATEGIES  # plain Python: importing it loads no TensorFlo
 if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
     from checkpoint import TrainingState
     from dataloader import InputPipelines
+    from precision import Precision
     from trainer import Evaluator, Trainer
     from utils import DllLogger
 
@@ -325,7 +326,7 @@ def _ints(values) -> list:
     return [int(v) for v in values]
 
 
-def run_precision():
+def run_precision() -> Precision:
     """The layers' compute dtype and the start-up line saying why (precision.choose_precision over
     --amp, --fp16, the visible GPU and this CPU's bf16 units). Valid once configure_tensorflow has
     chosen the devices."""
