@@ -515,7 +515,8 @@ def prepare_job(rank: int, world_size: int, logger) -> Job:
     from utils import print_rank0
 
     precision = run_precision()
-    print_rank0(precision.message, rank=rank)
+    print_rank0(f"precision: as exported in {FLAGS.saved_model_input_path} (its graph fixes it)"
+                if FLAGS.saved_model_input_path else precision.message, rank=rank)
     dtype = precision.compute_dtype
     spec = load_feature_spec()
     if FLAGS.saved_model_input_path:

@@ -95,3 +95,7 @@ def test_bf16_eval_inference_and_export_match_fp32(fp32_run: Path, tmp_path: Pat
     fp32 = serving_probabilities(fp32_run / "saved_model", numerical, categorical)
     assert bf16.dtype == np.float32
     assert np.abs(bf16 - fp32).max() <= PREDICTION_TOLERANCE
+    served = main_py(LEARNABLE + ["--mode", "eval", "--saved_model_input_path", str(exported),
+                                  "--log_path", str(tmp_path / "served.json")])
+    assert f"precision: as exported in {exported} (its graph fixes it)" in served.stdout
+    assert abs(final_record(tmp_path / "served.json")["auc"] - fp32_auc) <= EVAL_AUC_TOLERANCE
