@@ -35,6 +35,8 @@ CUSTOM_NAMES = ("custom_cuda", "custom_cpu")
 IMPLEMENTATIONS = ("tensorflow", "dummy") + CUSTOM_NAMES
 INTERACTION_NAMES = IMPLEMENTATIONS + ("auto",)
 OUTPUT_ALIGNMENT = 8
+# The dtypes the compiled op has kernels for on each device; others run it in float32.
+KERNEL_DTYPES = {"CPU": (tf.float32, tf.float16, tf.bfloat16), "GPU": (tf.float32, tf.float16)}
 
 Interaction = Callable[[tf.Tensor], tf.Tensor]
 logger = logging.getLogger(__name__)
@@ -184,9 +186,9 @@ def make_interaction(name: str) -> Interaction:
     def interaction(inputs: tf.Tensor) -> tf.Tensor:
         _static_shape(inputs)
         with tf.device(f"/{device}:0"):
-            if inputs.dtype in (tf.float32, tf.float16):
+            if inputs.dtype in KERNEL_DTYPES[device]:
                 return _op.dot_based_interact(inputs)
-            return tf.cast(_op.dot_based_interact(tf.cast(inputs, tf.float32)), inputs.dtype)  # bfloat16
+            return tf.cast(_op.dot_based_interact(tf.cast(inputs, tf.float32)), inputs.dtype)  # bfloat16 on a GPU
 
     interaction.__name__ = f"{name}_interaction"
     return interaction

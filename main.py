@@ -20,6 +20,7 @@ from sharding import STRATEGIES  # plain Python: importing it loads no TensorFlo
 if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
     from checkpoint import TrainingState
     from dataloader import InputPipelines
+    from precision import Precision
     from trainer import Evaluator, Trainer
     from utils import DllLogger
 
@@ -69,7 +70,7 @@ flags.DEFINE_enum("gpu_embedding_type", "fused", ["multitable", "fused"],
 flags.DEFINE_enum("cpu_embedding_type", "multitable", ["multitable", "fused"],
                   "Implementation of the tables offloaded to CPU memory")
 flags.DEFINE_bool("amp", False, "Mixed precision with float32 weights: float16 compute with static loss scaling "
-                                "on a GPU, bfloat16 compute on the CPU")
+                                "on a GPU, bfloat16 compute on a CPU with bf16 units (float32 on other CPUs)")
 flags.DEFINE_bool("fp16", False, "Pure float16 policy, for inference and export only")
 flags.DEFINE_bool("xla", False, "Enable XLA auto-clustering (TF_XLA_FLAGS=--tf_xla_auto_jit=fusible)")
 flags.DEFINE_integer("loss_scale", 1024, "Static loss scale used with --amp")
@@ -326,17 +327,16 @@ def _ints(values) -> list:
     return [int(v) for v in values]
 
 
-def compute_dtype():
-    """The dtype the layers compute in: float32; with --amp float16 on a GPU (the reference's AMP)
-    and bfloat16 on the CPU (its bf16 units; TensorFlow has no fast float16 CPU kernels); float16
-    with --fp16. Valid once configure_tensorflow has chosen the devices."""
+def run_precision() -> Precision:
+    """The layers' compute dtype and the start-up line saying why (precision.choose_precision over
+    --amp, --fp16, the visible GPU and this CPU's bf16 units). Valid once configure_tensorflow has
+    chosen the devices."""
     import tensorflow as tf
 
-    if FLAGS.fp16:
-        return tf.float16
-    if FLAGS.amp:
-        return tf.float16 if tf.config.list_logical_devices("GPU") else tf.bfloat16
-    return tf.float32
+    from precision import choose_precision, host_cpu_bf16_support
+
+    return choose_precision(FLAGS.amp, FLAGS.fp16, bool(tf.config.list_logical_devices("GPU")), FLAGS.loss_scale,
+                            host_cpu_bf16_support())
 
 
 def configure_tensorflow(local_rank: int) -> None:
@@ -354,10 +354,9 @@ def configure_tensorflow(local_rank: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_parallelism)
     if FLAGS.intra_op_parallelism:
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_parallelism)
-    if FLAGS.amp:
-        tf.keras.mixed_precision.set_global_policy(f"mixed_{compute_dtype().name}")
-    elif FLAGS.fp16:
-        tf.keras.mixed_precision.set_global_policy("float16")
+    dtype = run_precision().compute_dtype
+    if dtype != tf.float32:
+        tf.keras.mixed_precision.set_global_policy("float16" if FLAGS.fp16 else f"mixed_{dtype.name}")
     tf.config.run_functions_eagerly(FLAGS.run_eagerly)
     if FLAGS.tfdata_debug:
         tf.data.experimental.enable_debug_mode()
@@ -511,18 +510,15 @@ class Job:
 def prepare_job(rank: int, world_size: int, logger) -> Job:
     """Spec, plan, pipelines and weights (built and restored, or a SavedModel), in that order, so
     that every input is checked before anything is written."""
-    import tensorflow as tf
-
     import saved_model
     from factory import build_trainer
     from trainer import Evaluator
     from utils import print_rank0
 
-    dtype = compute_dtype()
-    if FLAGS.amp:
-        print_rank0(f"--amp: {dtype.name} compute, float32 weights"
-                    + (f", loss scale {FLAGS.loss_scale}" if dtype == tf.float16 else " (the CPU's bf16 units)"),
-                    rank=rank)
+    precision = run_precision()
+    print_rank0(f"precision: as exported in {FLAGS.saved_model_input_path} (its graph fixes it)"
+                if FLAGS.saved_model_input_path else precision.message, rank=rank)
+    dtype = precision.compute_dtype
     spec = load_feature_spec()
     if FLAGS.saved_model_input_path:
         pipelines = build_pipelines(spec, rank, world_size, None, dtype)

@@ -1,7 +1,7 @@
 """Benchmark of the dot interaction on the CPU: compiled op vs the TF-ops implementation.
 
 Times forward+backward (and forward alone) of each implementation in a tf.function at the
-Criteo shape, after warm-up, and writes bench/results/interaction.json with `speedup_vs_tf`
+Criteo shape, in float32, float16 and bfloat16 (the --amp dtype on a CPU), after warm-up, and writes bench/results/interaction.json with `speedup_vs_tf`
 = median TF-ops wall-clock time / median custom-op time for fp32 forward+backward. The same
 ratio of process CPU time is recorded too: on a shared machine it varies less with other load.
 """
@@ -72,7 +72,7 @@ def main() -> None:
     implementations = {"tensorflow": interaction.make_interaction("tensorflow"),
                        "custom_cpu": interaction.make_interaction("custom_cpu")}
     rows = []
-    for dtype in (tf.float32, tf.float16):
+    for dtype in (tf.float32, tf.float16, tf.bfloat16):
         inputs = tf.cast(tf.random.uniform(args.shape, -1.0, 1.0, seed=0), dtype)
         for mode in ("forward+backward", "forward"):
             steps = {name: make_step(fn, mode != "forward") for name, fn in implementations.items()}

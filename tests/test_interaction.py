@@ -17,6 +17,9 @@ FP32_RTOL = 1e-5
 # fp16: inputs are exact halves, so the op differs from an fp32 computation only by its final
 # rounding (half epsilon 2^-10) plus fp32 summation order.
 FP16_RTOL = 2e-3
+# bf16: the same single rounding on exact inputs, bfloat16's unit roundoff 2^-8 = 3.9e-3, with a
+# margin for the fp32 summation (< 1e-5).
+BF16_RTOL = 4e-3
 
 
 def random_inputs(shape: tuple[int, int, int], dtype: tf.DType = tf.float32, seed: int = 0) -> tf.Tensor:
@@ -37,6 +40,21 @@ def numpy_interaction(values: np.ndarray) -> np.ndarray:
             out[:, column] = np.einsum("bd,bd->b", values[:, i, :], values[:, j, :])
             column += 1
     return out
+
+
+def numpy_interaction_gradient(values: np.ndarray, upstream: np.ndarray) -> np.ndarray:
+    """Gradient of sum(interaction(values) * upstream) w.r.t. `values`, spelled out pair by pair."""
+    batch, num_vectors, dim = values.shape
+    grad = np.zeros((batch, num_vectors, dim), dtype=np.float64)
+    grad[:, 0, :] = upstream[:, :dim]
+    column = dim
+    for i in range(1, num_vectors):
+        for j in range(i):
+            pair_grad = upstream[:, column, None]
+            grad[:, i, :] += pair_grad * values[:, j, :]
+            grad[:, j, :] += pair_grad * values[:, i, :]
+            column += 1
+    return grad
 
 
 def assert_close(actual: tf.Tensor, expected: tf.Tensor, rtol: float) -> None:
@@ -179,6 +197,35 @@ def test_op_matches_tensorflow(shape: tuple[int, int, int], dtype: tf.DType, cus
     assert_close(op_output, ref_output, rtol)
     assert_close(op_grad, ref_grad, rtol)
     assert not op_output.numpy()[:, shape[2] + shape[1] * (shape[1] - 1) // 2:].any()
+
+
+@requires_op
+@pytest.mark.parametrize("shape", OP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_bf16_op_matches_float64_numpy(shape: tuple[int, int, int]) -> None:
+    """The bf16 path (--amp on a CPU): bf16 in and out, within one bf16 rounding of float64."""
+    inputs = random_inputs(shape, tf.bfloat16, seed=1)
+    width = interaction.interaction_output_width(shape[1], shape[2])
+    upstream = random_inputs((shape[0], width, 1), tf.bfloat16, seed=2)[:, :, 0]
+    op_output, op_grad = forward_and_gradient(interaction.make_interaction("custom_cpu"), inputs, upstream)
+    assert op_output.dtype == tf.bfloat16 and op_grad.dtype == tf.bfloat16
+    values, upstream_values = inputs.numpy().astype(np.float64), upstream.numpy().astype(np.float64)
+    assert_close(op_output, numpy_interaction(values), BF16_RTOL)
+    assert_close(op_grad, numpy_interaction_gradient(values, upstream_values), BF16_RTOL)
+
+
+@requires_op
+def test_bf16_runs_the_bf16_kernels_without_casts() -> None:
+    op = interaction.make_interaction("custom_cpu")
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 5, 8], tf.bfloat16)])
+    def forward_backward(inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return forward_and_gradient(op, inputs, tf.ones([4, interaction.interaction_output_width(5, 8)], tf.bfloat16))
+
+    operations = forward_backward.get_concrete_function().graph.get_operations()
+    kernels = {operation.type: operation.get_attr("T") for operation in operations
+               if operation.type.startswith("DotBasedInteract")}
+    assert kernels == {"DotBasedInteract": tf.bfloat16, "DotBasedInteractGrad": tf.bfloat16}
+    assert not [operation.name for operation in operations if operation.type == "Cast"]
 
 
 @requires_op

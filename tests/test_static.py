@@ -116,7 +116,7 @@ def test_every_pin_resolves_as_a_wheel_for_the_images_python(python: str, tmp_pa
 
 def test_op_cpu_kernel_builds_with_gxx_11_and_matches_numpy(tmp_path: Path) -> None:
     """The NGC 24.02 image compiles with g++ 11, which has no _Float16: build the whole CPU library
-    with it and run forward and backward (float and half) against the NumPy reference."""
+    with it and run forward and backward (float, half and bfloat16) against the NumPy reference."""
     require(shutil.which("g++-11") is not None, "g++-11 not installed (Debian g++-11; `make setup`)")
     library = tmp_path / "_dot_based_interact_ops.so"
     build = run(["make", "-s", "-C", str(OP_DIR), "cpu", "CXX=g++-11", f"BUILD={tmp_path / 'build'}",
@@ -129,7 +129,7 @@ sys.path.insert(0, {str(OP_DIR)!r})
 from harness.numpy_reference import interaction_reference, max_scaled_error, output_width
 ops = tf.load_op_library({str(library)!r})
 rng = np.random.default_rng(1)
-for dtype, tolerance in ((np.float32, 1e-5), (np.float16, 2e-3)):
+for dtype, tolerance in ((np.float32, 1e-5), (np.float16, 2e-3), (tf.bfloat16.as_numpy_dtype, 4e-3)):
     values = rng.uniform(-1, 1, (6, 27, 40)).astype(dtype)
     upstream = rng.uniform(-1, 1, (6, output_width(27, 40))).astype(dtype)
     output, grad, bottom_grad = interaction_reference(values, upstream)

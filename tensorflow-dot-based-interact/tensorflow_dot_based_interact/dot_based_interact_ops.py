@@ -19,7 +19,7 @@ LIBRARY_PATH = Path(__file__).resolve().parent / "_dot_based_interact_ops.so"
 CUDA_RECORD_PATH = LIBRARY_PATH.with_suffix(".json")
 BUILD_HINT = "run `make setup` or `make -C tensorflow-dot-based-interact cpu`"
 GPU_BUILD_HINT = "`make -C tensorflow-dot-based-interact gpu`"
-SUPPORTED_DTYPES = (tf.float32, tf.float16)
+SUPPORTED_DTYPES = (tf.float32, tf.float16, tf.bfloat16)  # bfloat16: CPU kernel only
 
 
 class OpNotBuiltError(RuntimeError):
@@ -93,7 +93,7 @@ def _check_dtype(inputs: tf.Tensor, bottom_mlp_output: tf.Tensor | None = None) 
     """Clear errors for dtypes the op would otherwise reject with a generic type error."""
     if inputs.dtype not in SUPPORTED_DTYPES:
         raise tf.errors.InvalidArgumentError(
-            None, None, f"DotBasedInteract supports float32 and float16 inputs, got {inputs.dtype.name}")
+            None, None, f"DotBasedInteract supports float32, float16 and bfloat16 inputs, got {inputs.dtype.name}")
     if bottom_mlp_output is not None and bottom_mlp_output.dtype != inputs.dtype:
         raise tf.errors.InvalidArgumentError(
             None, None, "DotBasedInteract needs input and bottom_mlp_output of the same dtype, got "

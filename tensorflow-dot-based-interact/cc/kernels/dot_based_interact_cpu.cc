@@ -1,9 +1,9 @@
-// CPU kernels of DotBasedInteract / DotBasedInteractGrad (float and half).
+// CPU kernels of DotBasedInteract / DotBasedInteractGrad (float, half and bfloat16).
 //
 // Work is split over the batch with TF's intra-op thread pool (Shard); one sample (F x D) fits
 // in L1, so each sample is computed in fp32 with 8-float SIMD vectors (GCC vector extensions)
 // and compiled for several x86-64 levels (target_clones), chosen at load time by the CPU.
-// Half inputs are widened to fp32 per sample and results rounded once at the end.
+// Half and bfloat16 inputs are widened to fp32 per sample and results rounded once at the end.
 // (GCC >= 11 or Clang: vector extensions and target_clones on x86-64.)
 #include <algorithm>
 #include <cstring>
@@ -202,10 +202,11 @@ void SampleGrad(const float* sample, const float* pair_grads, int64_t num_vector
   if (num_vectors - k == 1) CombineAllColumns<1>(last_coefficients, sample, num_vectors, dim, grad + k * dim);
 }
 
-// Half <-> fp32 conversions. Where the compiler has _Float16 (GCC >= 12 and Clang on x86-64
-// define __FLT16_MAX__), the x86-64-v3+ clones vectorise them with F16C; elsewhere (GCC 11, the
-// NGC 24.02 image's compiler) Eigen::half converts, with the same round-to-nearest-even.
-// Both types hold the same 16 bits, so values are moved with memcpy.
+// 16-bit <-> fp32 conversions, all rounding to nearest even.
+//
+// Half: where the compiler has _Float16 (GCC >= 12 and Clang on x86-64 define __FLT16_MAX__),
+// the x86-64-v3+ clones vectorise them with F16C; elsewhere (GCC 11, the NGC 24.02 image's
+// compiler) Eigen::half converts. Both types hold the same 16 bits, so values are moved with memcpy.
 #if defined(__FLT16_MAX__)
 using HalfBits = _Float16;
 #else
@@ -214,7 +215,7 @@ using HalfBits = Eigen::half;
 static_assert(sizeof(Eigen::half) == sizeof(HalfBits), "Eigen::half must be 16 bits");
 
 DBI_MULTIVERSIONED
-void WidenHalves(const Eigen::half* values, int64_t count, float* widened) {
+void Widen(const Eigen::half* values, int64_t count, float* widened) {
   for (int64_t k = 0; k < count; ++k) {
     HalfBits value;
     std::memcpy(static_cast<void*>(&value), values + k, sizeof(value));
@@ -223,10 +224,38 @@ void WidenHalves(const Eigen::half* values, int64_t count, float* widened) {
 }
 
 DBI_MULTIVERSIONED
-void NarrowToHalves(const float* values, int64_t count, Eigen::half* narrowed) {
+void Narrow(const float* values, int64_t count, Eigen::half* narrowed) {
   for (int64_t k = 0; k < count; ++k) {
     const HalfBits value = static_cast<HalfBits>(values[k]);
     std::memcpy(static_cast<void*>(narrowed + k), &value, sizeof(value));
+  }
+}
+
+// Bfloat16 is the upper half of an fp32, so both directions are integer operations on the bits,
+// which every clone vectorises (no compiler-specific bf16 type needed, GCC 11 included).
+static_assert(sizeof(Eigen::bfloat16) == sizeof(uint16_t), "Eigen::bfloat16 must be 16 bits");
+
+DBI_MULTIVERSIONED
+void Widen(const Eigen::bfloat16* values, int64_t count, float* widened) {
+  for (int64_t k = 0; k < count; ++k) {
+    uint16_t high;
+    std::memcpy(&high, values + k, sizeof(high));
+    const uint32_t bits = static_cast<uint32_t>(high) << 16;
+    std::memcpy(widened + k, &bits, sizeof(bits));
+  }
+}
+
+// Round to nearest even on the 16 dropped bits; a NaN stays a (quiet) NaN instead of rounding
+// into the infinity next to it.
+DBI_MULTIVERSIONED
+void Narrow(const float* values, int64_t count, Eigen::bfloat16* narrowed) {
+  for (int64_t k = 0; k < count; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, values + k, sizeof(bits));
+    const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint16_t high = static_cast<uint16_t>(is_nan ? (bits >> 16) | 0x0040u : rounded);
+    std::memcpy(static_cast<void*>(narrowed + k), &high, sizeof(high));
   }
 }
 
@@ -236,7 +265,7 @@ const float* AsFloat(const T* values, int64_t count, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
     return values;
   } else {
-    WidenHalves(values, count, scratch);
+    Widen(values, count, scratch);
     return scratch;
   }
 }
@@ -246,7 +275,7 @@ void StoreAs(const float* values, int64_t count, T* destination) {
   if constexpr (std::is_same_v<T, float>) {
     std::copy(values, values + count, destination);
   } else {
-    NarrowToHalves(values, count, destination);
+    Narrow(values, count, destination);
   }
 }
 
@@ -320,5 +349,6 @@ struct DotBasedInteractGradFunctor<Eigen::ThreadPoolDevice, T> {
 
 DBI_REGISTER_KERNELS(DEVICE_CPU, Eigen::ThreadPoolDevice, float);
 DBI_REGISTER_KERNELS(DEVICE_CPU, Eigen::ThreadPoolDevice, Eigen::half);
+DBI_REGISTER_KERNELS(DEVICE_CPU, Eigen::ThreadPoolDevice, Eigen::bfloat16);
 
 }  // namespace dot_based_interact

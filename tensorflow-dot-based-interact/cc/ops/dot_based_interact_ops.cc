@@ -54,7 +54,7 @@ tensorflow::Status GradShape(InferenceContext* context) {
 }  // namespace
 
 REGISTER_OP("DotBasedInteract")
-    .Attr("T: {float, half}")
+    .Attr("T: {float, half, bfloat16}")
     .Input("input: T")
     .Input("bottom_mlp_output: T")
     .Output("output: T")
@@ -66,7 +66,7 @@ bottom_mlp_output [B, D] is not read; it receives the pass-through gradient.
 )doc");
 
 REGISTER_OP("DotBasedInteractGrad")
-    .Attr("T: {float, half}")
+    .Attr("T: {float, half, bfloat16}")
     .Attr("fold_bottom_mlp_grad: bool = false")
     .Input("input: T")
     .Input("upstream_grad: T")

@@ -1,0 +1,66 @@
+"""precision.py: bf16 detection from /proc/cpuinfo text, and the precision each flag set runs in."""
+import pytest
+import tensorflow as tf
+
+from precision import CpuBf16, choose_precision, cpu_bf16_support
+
+# Abridged /proc/cpuinfo of two x86-64 processors; FLAGS is filled in per case.
+X86_CPUINFO = """processor\t: {n}
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 fma avx512f avx512bw {extra}
+bogomips\t: 4000.00
+"""
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics {extra}
+CPU implementer\t: 0x41
+"""
+
+
+def x86(*extras: str) -> str:
+    """One processor block per entry of `extras`, each with those extra flags."""
+    return "\n".join(X86_CPUINFO.format(n=n, extra=extra) for n, extra in enumerate(extras))
+
+
+@pytest.mark.parametrize("cpuinfo, machine, supported, evidence", [
+    (x86("avx512_bf16 amx_tile amx_bf16", "avx512_bf16 amx_tile amx_bf16"), "x86_64", True,
+     "the CPU has avx512_bf16 and amx_bf16"),
+    (x86("avx512_bf16", "avx512_bf16"), "x86_64", True, "the CPU has avx512_bf16"),
+    (x86("amx_bf16"), "AMD64", True, "the CPU has amx_bf16"),
+    (x86("avx512_vnni", "avx512_vnni"), "x86_64", False, "the CPU's flags have none of avx512_bf16, amx_bf16"),
+    (x86("avx512_bf16", "avx512_vnni"), "x86_64", False, "none of avx512_bf16"),  # one core without: none
+    (ARM_CPUINFO.format(extra="bf16 i8mm sve"), "aarch64", True, "the CPU has bf16"),
+    (ARM_CPUINFO.format(extra="sve"), "aarch64", False, "the CPU's features have none of bf16"),
+    (x86("avx512_bf16"), "ppc64le", False, "not known for CPU architecture 'ppc64le'"),
+    ("", "", False, "not known for CPU architecture 'unknown'"),
+    ("processor\t: 0\n", "x86_64", False, "/proc/cpuinfo has no 'flags' line"),
+])
+def test_cpu_bf16_support_reads_the_flags(cpuinfo: str, machine: str, supported: bool, evidence: str) -> None:
+    result = cpu_bf16_support(cpuinfo, machine)
+    assert result.supported is supported
+    assert evidence in result.evidence
+
+
+def test_flag_names_match_whole_words() -> None:
+    assert not cpu_bf16_support(x86("avx512_bf16x amx_bf16_extra"), "x86_64").supported
+
+
+WITH_BF16 = CpuBf16(True, "the CPU has amx_bf16")
+WITHOUT_BF16 = CpuBf16(False, "the CPU's flags have none of avx512_bf16, amx_bf16")
+
+
+@pytest.mark.parametrize("amp, fp16, on_gpu, cpu_bf16, dtype, message", [
+    (False, False, False, WITH_BF16, tf.float32, "precision: float32 (no --amp)"),
+    (False, True, False, WITHOUT_BF16, tf.float16, "precision: float16 weights and compute (--fp16)"),
+    (True, False, True, WITHOUT_BF16, tf.float16,
+     "precision: --amp on a GPU: float16 compute, float32 weights, static loss scale 1024"),
+    (True, False, False, WITH_BF16, tf.bfloat16,
+     "precision: --amp on the CPU: bfloat16 compute, float32 weights, no loss scaling (the CPU has amx_bf16)"),
+    (True, False, False, WITHOUT_BF16, tf.float32,
+     "precision: float32: --amp on the CPU needs bf16 units and the CPU's flags have none of avx512_bf16, "
+     "amx_bf16, so bfloat16 would be emulated, slower than float32"),
+], ids=["fp32", "fp16", "amp-gpu", "amp-cpu-bf16", "amp-cpu-without-bf16"])
+def test_choose_precision_says_which_and_why(amp: bool, fp16: bool, on_gpu: bool, cpu_bf16: CpuBf16,
+                                             dtype: tf.DType, message: str) -> None:
+    assert choose_precision(amp, fp16, on_gpu, 1024, cpu_bf16) == (dtype, message)
