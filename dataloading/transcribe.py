@@ -8,8 +8,10 @@ teacher-labelled samples (`synthetic_data.SyntheticTeacher`) shaped by the spec 
 `split_tfrecords` (the default; records of --dst_prebatch_size samples, which must equal
 --src_batch_size), `tf_raw` (the default Criteo file layout of the source's cardinalities) and
 `hugectr_raw` (train_data.bin, test_data.bin and metadata.json; label and the transformed dense
-values as float32). Only whole batches of --src_batch_size are copied;
---max_batches_train/--max_batches_test cap them (-1: all; synthetic: 64008 and 1350 batches).
+values as float32). Batches of --src_batch_size are copied; --max_batches_train/--max_batches_test
+cap them (-1: all; synthetic: 64008 and 1350 batches). Without a cap, a file destination (tf_raw,
+hugectr_raw) also receives the last partial batch, so every sample arrives; split_tfrecords
+records hold whole batches only.
 
 The source is read one batch at a time, every value checked, and the destination is written in a
 hidden sibling folder renamed into place when complete. The destination must not overlap the
@@ -55,14 +57,17 @@ Writer = Union[SplitBinaryWriter, SplitTFRecordsWriter, hugectr_data.HugeCTRRawW
 
 
 def _source_batches(src_type: str, spec: FeatureSpec, mapping: str, batch_size: int,
-                    max_batches: int) -> Iterator[Samples]:
-    """Up to `max_batches` (-1: all) whole batches of a file source, read and checked one at a time."""
+                    max_batches: int, keep_remainder: bool) -> Iterator[Samples]:
+    """Up to `max_batches` (-1: all) whole batches of a file source, read and checked one at a time;
+    with `keep_remainder`, every batch and then the last partial one."""
     if src_type == "split_tfrecords":
         reader = SplitTFRecordsReader(spec, mapping, batch_size)
         batches: Iterator[Samples] = reader.read_samples()
     else:
-        reader = (hugectr_data.RecordReader(spec, mapping, batch_size) if hugectr_data.record_format(spec)
-                  else SplitBinaryReader(spec, mapping, batch_size))
+        drop_remainder = not keep_remainder
+        reader = (hugectr_data.RecordReader(spec, mapping, batch_size, drop_remainder=drop_remainder)
+                  if hugectr_data.record_format(spec)
+                  else SplitBinaryReader(spec, mapping, batch_size, drop_remainder=drop_remainder))
         batches = (reader.read_samples(i) for i in range(len(reader)))
     if max_batches and not len(reader):
         raise DataError(f"{spec.path or spec.base_directory}: mapping '{mapping}' holds no whole batch of "
@@ -119,7 +124,8 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
     refuse_overlap(dst_path, DST_FLAG, inputs)
     limits = {TRAIN_MAPPING: max_batches_train, TEST_MAPPING: 0 if train_only else max_batches_test}
     if src_type != "synthetic":
-        sources = {mapping: _source_batches(src_type, spec, mapping, src_batch_size, limit)
+        sources = {mapping: _source_batches(src_type, spec, mapping, src_batch_size, limit,
+                                            keep_remainder=limit < 0 and dst_type != "split_tfrecords")
                    for mapping, limit in limits.items()}
     with _destination(dst_type, spec, dst_path, dst_feature_spec, dst_prebatch_size, overwrite) as writer:
         written = {mapping: 0 for mapping in limits}
