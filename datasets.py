@@ -462,7 +462,41 @@ def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
 
 
 # --------------------------------------------------------------------------- writing
-class SplitBinaryWriter:
+class StagedWriter:
+    """The all-or-nothing life of a writer whose files grow in a hidden temporary sibling of
+    `destination` (`safe_io.StagedDirectory`): a subclass opens them in `_files` and its `commit`
+    ends with `_publish` (rename into place); `abort`, also on leaving the `with` block without
+    `commit` (an exception included), deletes the temporary folder."""
+
+    def __init__(self, destination: str, replace: bool):
+        self._files: Dict[str, BinaryIO] = {}
+        self._staged: Optional[StagedDirectory] = StagedDirectory(destination, replace=replace)
+        self._staging = self._staged.path
+
+    def _publish(self) -> None:
+        self._close_files()
+        staged, self._staged = self._staged, None
+        staged.publish()
+
+    def abort(self) -> None:
+        """Drop everything written so far (nothing once committed); the destination stays as it was."""
+        self._close_files()
+        if self._staged is not None:
+            staged, self._staged = self._staged, None
+            staged.discard()
+
+    def _close_files(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+
+    def __enter__(self) -> "StagedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self.abort()
+
+
+class SplitBinaryWriter(StagedWriter):
     """Writes one dataset folder (spec + train/test files), all or nothing.
 
     The files grow in a hidden temporary sibling of the destination (`safe_io.StagedDirectory`);
@@ -480,9 +514,7 @@ class SplitBinaryWriter:
         self.destination = os.path.abspath(spec.base_directory)
         replace = self.check_destination(spec, overwrite, spec_file_name, output_name)
         self._relative_paths = _dataset_files(spec)
-        self._files: Dict[str, BinaryIO] = {}
-        self._staged: Optional[StagedDirectory] = StagedDirectory(self.destination, replace=replace)
-        self._staging = self._staged.path
+        super().__init__(self.destination, replace)
 
     @staticmethod
     def check_destination(spec: FeatureSpec, overwrite: bool = False,
@@ -530,26 +562,8 @@ class SplitBinaryWriter:
                 os.makedirs(os.path.dirname(staged), exist_ok=True)
                 open(staged, "wb").close()
         self.spec.to_yaml(os.path.join(self._staging, self.spec_file_name))
-        staged, self._staged = self._staged, None
-        staged.publish()
+        self._publish()
         return os.path.join(self.destination, self.spec_file_name)
-
-    def abort(self) -> None:
-        """Drop everything written so far (nothing once committed); the destination stays as it was."""
-        self._close_files()
-        if self._staged is not None:
-            staged, self._staged = self._staged, None
-            staged.discard()
-
-    def _close_files(self) -> None:
-        for handle in self._files.values():
-            handle.close()
-
-    def __enter__(self) -> "SplitBinaryWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        self.abort()
 
 
 def _dataset_files(spec: FeatureSpec) -> List[str]:

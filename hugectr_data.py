@@ -43,11 +43,12 @@ import numpy as np
 import tensorflow as tf
 
 from batch import TableReads
-from datasets import BatchReader, DataError, check_ids, check_numericals, pread_into, unsigned_cardinalities
+from datasets import (BatchReader, DataError, StagedWriter, check_ids, check_numericals, pread_into,
+                      unsigned_cardinalities)
 from feature_spec import (FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE, MAPPINGS, MAX_CARDINALITY,
                           NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, file_kind_problem)
 from preproc.criteo_rules import transform_numericals
-from safe_io import StagedDirectory, check_replaceable
+from safe_io import check_replaceable
 
 HUGECTR_RAW = "hugectr_raw"
 SOK_SPLIT = "sok_split"
@@ -124,7 +125,8 @@ def read_metadata(path: str) -> Dict[str, Any]:
 def load_spec(dataset_type: str, dataset_path: str, cardinalities: Optional[Sequence[int]] = None,
               dense_log: Optional[bool] = None) -> FeatureSpec:
     """The spec of a HugeCTR raw or SOK split folder. `cardinalities` and `dense_log` describe a
-    HugeCTR raw folder without metadata.json (dense_log defaults to true); a record layout's spec
+    HugeCTR raw folder (dense_log defaults to true); with a metadata.json there, they must agree with
+    it. A record layout's spec
     has no files (`source_spec: null`) and carries its format in `metadata[FORMAT_KEY]`."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
@@ -157,10 +159,14 @@ def _hugectr_format(dataset_path: str, cardinalities: Optional[Sequence[int]],
                     dense_log: Optional[bool]) -> RawFormat:
     path = os.path.join(dataset_path, METADATA_FILE)
     if os.path.lexists(path):
-        if cardinalities is not None or dense_log is not None:
-            raise ValueError(f"{path} describes the dataset; --hugectr_cardinalities and --hugectr_dense_log "
-                             f"are for a folder without it (give one or the other)")
-        return RawFormat.from_json(read_metadata(path), path)
+        described = RawFormat.from_json(read_metadata(path), path)
+        if cardinalities is not None and tuple(cardinalities) != described.vocab_sizes:
+            raise DataError(f"{path}: vocab_sizes {list(described.vocab_sizes)} disagree with "
+                            f"--hugectr_cardinalities {list(cardinalities)}")
+        if dense_log is not None and dense_log != described.dense_log:
+            raise DataError(f"{path}: dense_log {str(described.dense_log).lower()} disagrees with "
+                            f"--{'' if dense_log else 'no'}hugectr_dense_log")
+        return described
     if cardinalities is None:
         raise ValueError(f"{dataset_path}: a hugectr_raw folder needs its cardinalities (slot_size_array): "
                          f"--hugectr_cardinalities, or a {METADATA_FILE} with vocab_sizes")
@@ -344,15 +350,14 @@ def validate_data(spec: FeatureSpec, mappings: Sequence[str], chunk_samples: int
 
 
 # ----------------------------------------------------------------------------- writing
-class HugeCTRRawWriter:
+class HugeCTRRawWriter(StagedWriter):
     """Writes a HugeCTR raw folder (`train_data.bin`, `test_data.bin`, `metadata.json`), all or nothing.
 
     The dense values arrive transformed (split-binary float16), which HugeCTR's int32 dense
     values cannot hold, so label and dense are written as float32 (HugeCTR's `float_label_dense`)
     and metadata.json says `dense_log: false`: reading the folder back serves the same batches.
-    Like `datasets.SplitBinaryWriter`, the files grow in a hidden sibling renamed into place by
-    `commit`; a destination holding anything is refused unless `overwrite`, and even then when it
-    holds entries this writer would not replace.
+    All or nothing (`datasets.StagedWriter`): a destination holding anything is refused unless
+    `overwrite`, and even then when it holds entries this writer would not replace.
     """
 
     def __init__(self, destination: str, vocab_sizes: Sequence[int], overwrite: bool = False,
@@ -360,10 +365,10 @@ class HugeCTRRawWriter:
         self.format = RawFormat(check_vocab_sizes(list(vocab_sizes), "vocab sizes"), label_raw_type="float32",
                                 dense_raw_type="float32", dense_log=False)
         self.destination = os.path.abspath(destination)
-        replace = check_replaceable(self.destination, output_name, {*RAW_FILES.values(), METADATA_FILE}, overwrite)
-        self._staged: Optional[StagedDirectory] = StagedDirectory(self.destination, replace=replace)
-        self._files = {mapping: open(os.path.join(self._staged.path, name), "wb")
-                       for mapping, name in RAW_FILES.items()}
+        super().__init__(self.destination, check_replaceable(self.destination, output_name,
+                                                             {*RAW_FILES.values(), METADATA_FILE}, overwrite))
+        self._files.update({mapping: open(os.path.join(self._staging, name), "wb")
+                            for mapping, name in RAW_FILES.items()})
 
     def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
                categoricals: Sequence[np.ndarray]) -> None:
@@ -378,26 +383,7 @@ class HugeCTRRawWriter:
 
     def commit(self) -> str:
         """Write metadata.json, rename the folder into place; return its path."""
-        self._close_files()
-        with open(os.path.join(self._staged.path, METADATA_FILE), "w") as f:
+        with open(os.path.join(self._staging, METADATA_FILE), "w") as f:
             json.dump(self.format.to_json(), f)
-        staged, self._staged = self._staged, None
-        staged.publish()
+        self._publish()
         return self.destination
-
-    def abort(self) -> None:
-        """Drop everything written so far (nothing once committed)."""
-        self._close_files()
-        if self._staged is not None:
-            staged, self._staged = self._staged, None
-            staged.discard()
-
-    def _close_files(self) -> None:
-        for handle in self._files.values():
-            handle.close()
-
-    def __enter__(self) -> "HugeCTRRawWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        self.abort()
