@@ -105,6 +105,7 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
     hugectr_ arguments describe a HugeCTR raw folder without metadata.json)."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
+    hugectr_data.check_raw_options(dataset_type, hugectr_cardinalities, hugectr_dense_log)
     if dataset_type in hugectr_data.DATASET_TYPES:
         if not dataset_path:
             raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}")

@@ -99,7 +99,7 @@ class RawFormat:
 
 
 def check_vocab_sizes(values: Any, what: str) -> Tuple[int, ...]:
-    """A non-empty list of cardinalities in [1, MAX_CARDINALITY]; else ValueError naming `what`."""
+    """A non-empty list of cardinalities in [1, MAX_CARDINALITY]; else DataError naming `what`."""
     if (not isinstance(values, (list, tuple)) or not values
             or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CARDINALITY for v in values)):
         raise DataError(f"{what} must be a non-empty list of integers in [1, {MAX_CARDINALITY}], got {values!r}")
@@ -125,18 +125,16 @@ def read_metadata(path: str) -> Dict[str, Any]:
 def load_spec(dataset_type: str, dataset_path: str, cardinalities: Optional[Sequence[int]] = None,
               dense_log: Optional[bool] = None) -> FeatureSpec:
     """The spec of a HugeCTR raw or SOK split folder. `cardinalities` and `dense_log` describe a
-    HugeCTR raw folder (dense_log defaults to true); with a metadata.json there, they must agree with
-    it. A record layout's spec
-    has no files (`source_spec: null`) and carries its format in `metadata[FORMAT_KEY]`."""
+    HugeCTR raw folder (dense_log defaults to true); with a metadata.json there, they must agree
+    with it. A record layout's spec has no files (`source_spec: null`) and carries its format in
+    `metadata[FORMAT_KEY]`."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
+    check_raw_options(dataset_type, cardinalities, dense_log)
     if not os.path.isdir(dataset_path):
         raise DataError(f"{dataset_path}: the {dataset_type} dataset folder is not a directory")
     if dataset_type == HUGECTR_RAW:
         return _record_spec(HUGECTR_RAW, dataset_path, _hugectr_format(dataset_path, cardinalities, dense_log))
-    if cardinalities is not None or dense_log is not None:
-        raise ValueError("sok_split takes the vocab sizes and dense_log from train/metadata.json; "
-                         "--hugectr_cardinalities and --hugectr_dense_log are for hugectr_raw")
     train_path = os.path.join(dataset_path, TRAIN_MAPPING, METADATA_FILE)
     metadata = read_metadata(train_path)
     test_path = os.path.join(dataset_path, TEST_MAPPING, METADATA_FILE)
@@ -153,6 +151,14 @@ def load_spec(dataset_type: str, dataset_path: str, cardinalities: Optional[Sequ
         return split_binary_spec(dataset_path, check_vocab_sizes(metadata.get("vocab_sizes"),
                                                                  f"{train_path}: vocab_sizes"))
     return _record_spec(SOK_SPLIT, dataset_path, RawFormat.from_json(metadata, train_path))
+
+
+def check_raw_options(dataset_type: str, cardinalities: Optional[Sequence[int]], dense_log: Optional[bool]) -> None:
+    """The cardinalities and dense_log options describe HugeCTR raw data only; ValueError otherwise."""
+    for flag, value in (("--hugectr_cardinalities", cardinalities), ("--hugectr_dense_log", dense_log)):
+        if value is not None and dataset_type != HUGECTR_RAW:
+            raise ValueError(f"{flag} describes --dataset_type hugectr_raw data, not {dataset_type}"
+                             + (" (its format is in train/metadata.json)" if dataset_type == SOK_SPLIT else ""))
 
 
 def _hugectr_format(dataset_path: str, cardinalities: Optional[Sequence[int]],

@@ -269,10 +269,6 @@ def validate_flags(opts: Any, world_size: int) -> None:
                          "--save_checkpoint_path to save the initial weights")
     if opts.dataset_type != "synthetic" and not opts.dataset_path and not opts.saved_model_input_path:
         raise UsageError(f"--dataset_path is required with --dataset_type {opts.dataset_type}")
-    if opts.hugectr_cardinalities and opts.dataset_type != "hugectr_raw":
-        raise UsageError(f"--hugectr_cardinalities describes --dataset_type hugectr_raw data, not "
-                         f"{opts.dataset_type}"
-                         + (" (its vocab sizes are in train/metadata.json)" if opts.dataset_type == "sok_split" else ""))
     if opts.synthetic_dataset_use_feature_spec and not opts.dataset_path:
         raise UsageError("--synthetic_dataset_use_feature_spec needs --dataset_path")
     if opts.checkpoint_every_n_steps and not opts.save_checkpoint_path:

@@ -111,6 +111,7 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
     if dst_type == "split_tfrecords" and dst_prebatch_size != src_batch_size:
         raise ValueError(f"--dst_prebatch_size {dst_prebatch_size} must equal --src_batch_size "
                          f"{src_batch_size}: every source batch becomes one record")
+    hugectr_data.check_raw_options(src_type, hugectr_cardinalities, hugectr_dense_log)
     if src_type in hugectr_data.DATASET_TYPES:
         spec = hugectr_data.load_spec(src_type, src_path, hugectr_cardinalities, hugectr_dense_log)
         inputs = {"--src_dataset_path": src_path}

@@ -321,8 +321,10 @@ def test_hugectr_raw_needs_its_cardinalities_once(tmp_path):
      ["--hugectr_cardinalities must be a comma-separated list of integers, got 3,x"]),
     (["--dataset_type", "sok_split", "--hugectr_cardinalities", "3,4"],
      ["--hugectr_cardinalities describes --dataset_type hugectr_raw data, not sok_split"]),
+    (["--dataset_type", "tf_raw", "--nohugectr_dense_log"],
+     ["--hugectr_dense_log describes --dataset_type hugectr_raw data, not tf_raw"]),
     (["--dataset_type", "sok_split"], ["train/metadata.json: metadata.json not found"]),
-], ids=["no cardinalities", "bad cardinalities", "cardinalities for sok", "no metadata"])
+], ids=["no cardinalities", "bad cardinalities", "cardinalities for sok", "dense_log for tf_raw", "no metadata"])
 def test_main_refuses_bad_hugectr_and_sok_input_in_one_line(tmp_path, capsys, args, words):
     paths = copy_layouts(tmp_path / "data")
     os.remove(os.path.join(paths["sok"], "train", "metadata.json"))
