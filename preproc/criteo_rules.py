@@ -44,9 +44,11 @@ def transform_numericals(values: np.ndarray, take_log: bool = True) -> np.ndarra
     in float64 (x itself without the log), then float32 (the engines' FLOAT), then float16 (round to
     nearest even). The engines write the same rule in SQL and Spark; readers of data that still
     needs it (HugeCTR raw, SOK) call this. NaN stays NaN, for the caller's finiteness check."""
-    values = np.asarray(values, dtype=np.float64)
-    if take_log:
-        values = np.log(np.maximum(values, NUMERICAL_CLAMP_MIN) + NUMERICAL_LOG_SHIFT)
+    values = np.asarray(values)
+    if take_log:  # one float64 array, updated in place (integers convert to float64 exactly)
+        values = np.maximum(values, NUMERICAL_CLAMP_MIN, dtype=np.float64)
+        np.add(values, NUMERICAL_LOG_SHIFT, out=values)
+        np.log(values, out=values)
     with np.errstate(over="ignore"):
         return values.astype(np.float32).astype(np.float16)
 
