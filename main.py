@@ -105,10 +105,11 @@ flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic", "split_tfrec
                   "Split-binary files, in-memory synthetic data, (V5) split-TFRecords files, HugeCTR raw "
                   "files (train_data.bin, test_data.bin) or the SOK DLRM benchmark's split layout")
 flags.DEFINE_list("hugectr_cardinalities", None,
-                  "(hugectr_raw) The cardinality of each categorical feature (HugeCTR's slot_size_array), "
-                  "when --dataset_path has no metadata.json")
+                  "(hugectr_raw) The cardinality of each categorical feature (HugeCTR's slot_size_array); "
+                  "needed unless --dataset_path holds a metadata.json (SOK's keys), which it must then match")
 flags.DEFINE_bool("hugectr_dense_log", True,
-                  "(hugectr_raw, without metadata.json) The dense values still need the log transform")
+                  "(hugectr_raw) The dense values still need the log transform; a metadata.json's dense_log "
+                  "wins (given, the flag must match it)")
 flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
                   "Synthetic data shaped by --dataset_path/--feature_spec")
 flags.DEFINE_integer("synthetic_dataset_train_batches", 64008, "Synthetic train length in batches")
