@@ -7,7 +7,8 @@ Every element is `(features, labels)`:
   labels   = float32 [local_b, 1].
 A rank's local slice of a global batch is the one of `batch.local_slice`.
 Training drops the last partial batch; evaluation covers every test sample (split-TFRecords data
-holds whole prebatches only, and is read in stored order). Every value read is
+holds whole prebatches only, and is read in stored order). HugeCTR raw and SOK split folders are
+read by `hugectr_data` (SOK's per-feature variant is split-binary, read by `datasets`). Every value read is
 checked (see `datasets`); consume the datasets inside `datasets.surface_data_errors` so that bad
 data arrives as one DataError rather than a TensorFlow error.
 """
@@ -15,18 +16,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 import datasets
+import hugectr_data
 import split_tfrecords
 import synthetic_data
 from batch import TableReads
 from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 
-DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords")
+DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES)
 
 
 @dataclass
@@ -92,13 +94,22 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
                       feature_spec_name: str = DEFAULT_SPEC_NAME, use_feature_spec: bool = False,
                       num_numerical_features: int = 13,
                       cardinalities: Sequence[int] = (1000,) * 26,
-                      allow_external_paths: bool = False) -> FeatureSpec:
+                      allow_external_paths: bool = False,
+                      hugectr_cardinalities: Optional[Sequence[int]] = None,
+                      hugectr_dense_log: Optional[bool] = None) -> FeatureSpec:
     """The validated spec of the dataset, or the default spec of the synthetic dimensions.
 
     A tf_raw spec's files must lie inside `dataset_path` unless `allow_external_paths`; the files
-    of a split-TFRecords dataset, and of a spec shaping synthetic data, are not the spec's business."""
+    of a split-TFRecords dataset, and of a spec shaping synthetic data, are not the spec's business.
+    HugeCTR raw and SOK split folders have no spec file: `hugectr_data.load_spec` derives it (the
+    hugectr_ arguments describe a HugeCTR raw folder without metadata.json)."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
+    hugectr_data.check_raw_options(dataset_type, hugectr_cardinalities, hugectr_dense_log)
+    if dataset_type in hugectr_data.DATASET_TYPES:
+        if not dataset_path:
+            raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}")
+        return hugectr_data.load_spec(dataset_type, dataset_path, hugectr_cardinalities, hugectr_dense_log)
     if dataset_type != "synthetic" or use_feature_spec:
         if not dataset_path:
             raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}"
@@ -121,18 +132,19 @@ def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPi
         return _synthetic_pipelines(spec, config, reads)
     if config.dataset_type == "split_tfrecords":
         return _split_tfrecords_pipelines(spec, config, reads)
-    counts = spec.check_files()
+    records = config.dataset_type in hugectr_data.DATASET_TYPES and hugectr_data.record_format(spec) is not None
+    counts = None if records else spec.check_files()
     where = spec.path or spec.base_directory
-    _check_batch_fits(config.train_batch_size, counts[TRAIN_MAPPING], "train", where)
-    _check_batch_fits(config.eval_batch_size, counts[TEST_MAPPING], "test", where)
+    readers: Dict[str, datasets.BatchReader] = {}
+    for mapping, batch in ((TRAIN_MAPPING, config.train_batch_size), (TEST_MAPPING, config.eval_batch_size)):
+        options = dict(rank=config.rank, world_size=config.world_size, reads=reads,
+                       drop_remainder=(mapping == TRAIN_MAPPING), numerical_dtype=config.compute_dtype,
+                       check_values=config.check_values)
+        readers[mapping] = (hugectr_data.RecordReader(spec, mapping, batch, **options) if records else
+                            datasets.SplitBinaryReader(spec, mapping, batch, num_samples=counts[mapping], **options))
+        _check_batch_fits(batch, readers[mapping].num_samples, mapping, where)
     if config.validate_data:
-        datasets.validate_data(spec, (TRAIN_MAPPING, TEST_MAPPING))
-    readers = {
-        mapping: datasets.SplitBinaryReader(
-            spec, mapping, batch, rank=config.rank, world_size=config.world_size, reads=reads,
-            drop_remainder=(mapping == TRAIN_MAPPING), numerical_dtype=config.compute_dtype,
-            num_samples=counts[mapping], check_values=config.check_values)
-        for mapping, batch in ((TRAIN_MAPPING, config.train_batch_size), (TEST_MAPPING, config.eval_batch_size))}
+        (hugectr_data.validate_data if records else datasets.validate_data)(spec, (TRAIN_MAPPING, TEST_MAPPING))
     return InputPipelines(
         train=readers[TRAIN_MAPPING].dataset(config.shuffle_batch_order, config.seed),
         test=readers[TEST_MAPPING].dataset(),

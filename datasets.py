@@ -178,7 +178,7 @@ class _ArenaPool:
             return arena
 
 
-def _pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
+def pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
     """Fill `buffer` with the bytes of the file at `offset`; a short file is a DataError."""
     view = memoryview(buffer.reshape(-1).view(np.uint8))
     done = 0
@@ -190,73 +190,35 @@ def _pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
         done += count
 
 
-class SplitBinaryReader:
-    """Batches of one mapping of a split-binary dataset, as a rank needs them.
+class BatchReader:
+    """The tf.data side of a reader that serves global batch k of one mapping as numpy arrays.
 
-    The categorical features and rows of `reads` (`ShardingPlan.reads`; default: every feature,
-    local rows) are read; numerical features and labels always for the rank's local slice. With `drop_remainder` the last partial batch is dropped (training); otherwise it
-    is served with fewer rows (evaluation covers every sample).
-
-    Per batch, one aligned arena receives: the labels, the numericals, and one [features, rows]
-    block per categorical dtype, so few arrays cross into TensorFlow (each crossing has a cost).
-    With `check_values` (the default) every value read is checked (`check_labels`,
-    `check_numericals`, `check_ids`); turning it off only serves to measure what it costs.
+    A subclass reads (`_read`) one batch as: labels [local rows] bool, numericals [local rows,
+    n_num] float16 (only with numerical features), then one [features, rows] block per
+    categorical dtype group of `groups` ((dtype, [positions in categorical_features])), rows
+    being those `reads.rows` gives; this class turns those arrays into the (features, labels)
+    element, graph side. With `drop_remainder` the last partial batch is dropped (training);
+    otherwise it is served with fewer rows (evaluation covers every sample).
     """
 
-    def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
-                 rank: int = 0, world_size: int = 1,
-                 reads: Optional[TableReads] = None, drop_remainder: bool = True,
-                 numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None,
-                 check_values: bool = True):
-        self.mapping = mapping
-        self.check_values = check_values
+    def __init__(self, num_samples: int, global_batch_size: int, *, rank: int, world_size: int,
+                 reads: TableReads, drop_remainder: bool, numerical_dtype: tf.DType,
+                 categorical_features: Sequence[str], num_numerical: int,
+                 groups: Sequence[Tuple[np.dtype, List[int]]]):
+        self.num_samples = num_samples
         self.global_batch_size = global_batch_size
         self.rank = rank
         self.world_size = world_size
+        self.reads = reads
         self.drop_remainder = drop_remainder
         self.numerical_dtype = numerical_dtype
-        self.reads = reads or TableReads.every_table(len(spec.categorical_names))
-        self.reads.check(len(spec.categorical_names))
-        self.num_samples = (num_samples if num_samples is not None
-                            else spec.check_files([mapping])[mapping])
+        self.categorical_features = list(categorical_features)
+        self.num_numerical = num_numerical
+        self._groups = list(groups)
         if drop_remainder:
-            self.num_batches = self.num_samples // global_batch_size
+            self.num_batches = num_samples // global_batch_size
         else:
-            self.num_batches = math.ceil(self.num_samples / global_batch_size)
-        names = spec.categorical_names
-        self.categorical_features = [names[i] for i in self.reads.tables]
-        self.numerical_features = spec.numerical_names
-        self.num_numerical = len(self.numerical_features)
-        self.label_feature = spec.label_name
-
-        self._label_path = spec.file_of(mapping, spec.label_name)
-        self._numerical_path = (spec.file_of(mapping, spec.numerical_names[0])
-                                if self.num_numerical else None)
-        # Categorical features grouped by dtype: (dtype, [positions in categorical_features]).
-        self._groups: List[Tuple[np.dtype, List[int]]] = []
-        for position, name in enumerate(self.categorical_features):
-            dtype = spec.dtype_of(name)
-            group = next((g for g in self._groups if g[0] == dtype), None)
-            if group is None:
-                self._groups.append((dtype, [position]))
-            else:
-                group[1].append(position)
-        self._categorical_paths = [spec.file_of(mapping, name) for name in self.categorical_features]
-        cardinalities = dict(zip(names, spec.cardinalities))
-        self._group_cardinalities = [
-            unsigned_cardinalities([cardinalities[self.categorical_features[p]] for p in members], dtype)
-            for dtype, members in self._groups]
-        self._fds = {path: os.open(path, os.O_RDONLY)
-                     for path in [self._label_path, self._numerical_path, *self._categorical_paths]
-                     if path is not None}
-        weakref.finalize(self, _close_all, list(self._fds.values()))
-
-        largest_local = max(local_sizes(global_batch_size, world_size))
-        largest_categorical = largest_local if not self.reads.global_batch else global_batch_size
-        arena_bytes = (_round_up(largest_local) + _round_up(largest_local * self.num_numerical * 2)
-                       + sum(_round_up(len(members) * largest_categorical * dtype.itemsize)
-                             for dtype, members in self._groups))
-        self._pool = _ArenaPool(arena_bytes + BUFFER_ALIGNMENT)
+            self.num_batches = math.ceil(num_samples / global_batch_size)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -265,6 +227,18 @@ class SplitBinaryReader:
         """First sample and number of samples of global batch `batch_index`."""
         start = batch_index * self.global_batch_size
         return start, min(self.global_batch_size, self.num_samples - start)
+
+    def rank_rows(self, batch_index: int) -> Tuple[int, int, int, int]:
+        """(first sample, count) of this rank's local slice of batch `batch_index` (labels and
+        numericals), then (first sample, count) of the rows whose ids it reads."""
+        start, size = self.batch_rows(int(batch_index))
+        lo, hi = local_slice(size, self.rank, self.world_size)
+        categorical_lo, categorical_hi = self.reads.rows(size, self.rank, self.world_size)
+        return start + lo, hi - lo, start + categorical_lo, categorical_hi - categorical_lo
+
+    def _read(self, batch_index: int) -> Tuple[List[np.ndarray], Optional[DataError]]:
+        """The batch's arrays (whole even when the data is bad) and the DataError found, if any."""
+        raise NotImplementedError
 
     def read_batch(self, batch_index: int) -> List[np.ndarray]:
         """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), then one
@@ -291,55 +265,6 @@ class SplitBinaryReader:
         under (0: none), so the pipeline fails with an assertion instead of a Python traceback."""
         arrays, error = self._read(batch_index)
         return [*arrays, file_pipeline_error(error)]
-
-    def _read(self, batch_index: int) -> Tuple[List[np.ndarray], Optional[DataError]]:
-        """The batch's arrays (whole even when the data is bad) and the DataError found, if any."""
-        start, size = self.batch_rows(int(batch_index))
-        lo, hi = local_slice(size, self.rank, self.world_size)
-        local_first, local_rows = start + lo, hi - lo
-        categorical_lo, categorical_hi = self.reads.rows(size, self.rank, self.world_size)
-        categorical_first, categorical_rows = start + categorical_lo, categorical_hi - categorical_lo
-        arena = self._pool.acquire()
-        cursor = (-arena.ctypes.data) % BUFFER_ALIGNMENT  # the arena has that much slack
-
-        def carve(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-            nonlocal cursor
-            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            view = arena[cursor:cursor + nbytes].view(dtype).reshape(shape)
-            cursor += _round_up(nbytes)
-            return view
-
-        labels = carve((local_rows,), np.dtype(LABEL_DTYPE))
-        numerical = (carve((local_rows, self.num_numerical), np.dtype(NUMERICAL_DTYPE))
-                     if self.num_numerical else None)
-        blocks = [carve((len(members), categorical_rows), dtype) for dtype, members in self._groups]
-        arrays = [labels] + ([numerical] if numerical is not None else []) + blocks
-        try:
-            self._pread(self._label_path, labels, local_first)
-            if numerical is not None:
-                self._pread(self._numerical_path, numerical, local_first)
-            for (_, members), block in zip(self._groups, blocks):
-                for row, position in zip(block, members):
-                    self._pread(self._categorical_paths[position], row, categorical_first)
-            if self.check_values:
-                self._check(labels, numerical, blocks, local_first, categorical_first)
-        except DataError as error:
-            return arrays, error
-        return arrays, None
-
-    def _check(self, labels: np.ndarray, numerical: Optional[np.ndarray], blocks: List[np.ndarray],
-               local_first: int, categorical_first: int) -> None:
-        check_labels(labels, self._label_path, self.label_feature, self.mapping, local_first)
-        if numerical is not None:
-            check_numericals(numerical, self._numerical_path, self.numerical_features, self.mapping,
-                             local_first)
-        for (_, members), block, cardinalities in zip(self._groups, blocks, self._group_cardinalities):
-            check_ids(block, cardinalities, [self._categorical_paths[p] for p in members],
-                      [self.categorical_features[p] for p in members], self.mapping, categorical_first)
-
-    def _pread(self, path: str, buffer: np.ndarray, first_sample: int) -> None:
-        sample_bytes = buffer.nbytes // max(len(buffer), 1)
-        _pread_into(self._fds[path], path, buffer, first_sample * sample_bytes)
 
     def _decode(self, raw: Sequence[tf.Tensor]):
         """Graph-side decoding of `read_batch`'s arrays into the (features, labels) element."""
@@ -381,6 +306,111 @@ class SplitBinaryReader:
         options.deterministic = True
         return (order.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
                 .prefetch(PREFETCH_BATCHES).with_options(options))
+
+
+class SplitBinaryReader(BatchReader):
+    """Batches of one mapping of a split-binary dataset, as a rank needs them.
+
+    The categorical features and rows of `reads` (`ShardingPlan.reads`; default: every feature,
+    local rows) are read; numerical features and labels always for the rank's local slice.
+
+    Per batch, one aligned arena receives: the labels, the numericals, and one [features, rows]
+    block per categorical dtype, so few arrays cross into TensorFlow (each crossing has a cost).
+    With `check_values` (the default) every value read is checked (`check_labels`,
+    `check_numericals`, `check_ids`); turning it off only serves to measure what it costs.
+    """
+
+    def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
+                 rank: int = 0, world_size: int = 1,
+                 reads: Optional[TableReads] = None, drop_remainder: bool = True,
+                 numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None,
+                 check_values: bool = True):
+        self.mapping = mapping
+        self.check_values = check_values
+        reads = reads or TableReads.every_table(len(spec.categorical_names))
+        reads.check(len(spec.categorical_names))
+        names = spec.categorical_names
+        categorical_features = [names[i] for i in reads.tables]
+        # Categorical features grouped by dtype: (dtype, [positions in categorical_features]).
+        groups: List[Tuple[np.dtype, List[int]]] = []
+        for position, name in enumerate(categorical_features):
+            dtype = spec.dtype_of(name)
+            group = next((g for g in groups if g[0] == dtype), None)
+            if group is None:
+                groups.append((dtype, [position]))
+            else:
+                group[1].append(position)
+        super().__init__(num_samples if num_samples is not None else spec.check_files([mapping])[mapping],
+                         global_batch_size, rank=rank, world_size=world_size, reads=reads,
+                         drop_remainder=drop_remainder, numerical_dtype=numerical_dtype,
+                         categorical_features=categorical_features, num_numerical=len(spec.numerical_names),
+                         groups=groups)
+        self.numerical_features = spec.numerical_names
+        self.label_feature = spec.label_name
+
+        self._label_path = spec.file_of(mapping, spec.label_name)
+        self._numerical_path = (spec.file_of(mapping, spec.numerical_names[0])
+                                if self.num_numerical else None)
+        self._categorical_paths = [spec.file_of(mapping, name) for name in self.categorical_features]
+        cardinalities = dict(zip(names, spec.cardinalities))
+        self._group_cardinalities = [
+            unsigned_cardinalities([cardinalities[self.categorical_features[p]] for p in members], dtype)
+            for dtype, members in self._groups]
+        self._fds = {path: os.open(path, os.O_RDONLY)
+                     for path in [self._label_path, self._numerical_path, *self._categorical_paths]
+                     if path is not None}
+        weakref.finalize(self, _close_all, list(self._fds.values()))
+
+        largest_local = max(local_sizes(global_batch_size, world_size))
+        largest_categorical = largest_local if not self.reads.global_batch else global_batch_size
+        arena_bytes = (_round_up(largest_local) + _round_up(largest_local * self.num_numerical * 2)
+                       + sum(_round_up(len(members) * largest_categorical * dtype.itemsize)
+                             for dtype, members in self._groups))
+        self._pool = _ArenaPool(arena_bytes + BUFFER_ALIGNMENT)
+
+    def _read(self, batch_index: int) -> Tuple[List[np.ndarray], Optional[DataError]]:
+        local_first, local_rows, categorical_first, categorical_rows = self.rank_rows(batch_index)
+        arena = self._pool.acquire()
+        cursor = (-arena.ctypes.data) % BUFFER_ALIGNMENT  # the arena has that much slack
+
+        def carve(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            nonlocal cursor
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            view = arena[cursor:cursor + nbytes].view(dtype).reshape(shape)
+            cursor += _round_up(nbytes)
+            return view
+
+        labels = carve((local_rows,), np.dtype(LABEL_DTYPE))
+        numerical = (carve((local_rows, self.num_numerical), np.dtype(NUMERICAL_DTYPE))
+                     if self.num_numerical else None)
+        blocks = [carve((len(members), categorical_rows), dtype) for dtype, members in self._groups]
+        arrays = [labels] + ([numerical] if numerical is not None else []) + blocks
+        try:
+            self._pread(self._label_path, labels, local_first)
+            if numerical is not None:
+                self._pread(self._numerical_path, numerical, local_first)
+            for (_, members), block in zip(self._groups, blocks):
+                for row, position in zip(block, members):
+                    self._pread(self._categorical_paths[position], row, categorical_first)
+            if self.check_values:
+                self._check(labels, numerical, blocks, local_first, categorical_first)
+        except DataError as error:
+            return arrays, error
+        return arrays, None
+
+    def _check(self, labels: np.ndarray, numerical: Optional[np.ndarray], blocks: List[np.ndarray],
+               local_first: int, categorical_first: int) -> None:
+        check_labels(labels, self._label_path, self.label_feature, self.mapping, local_first)
+        if numerical is not None:
+            check_numericals(numerical, self._numerical_path, self.numerical_features, self.mapping,
+                             local_first)
+        for (_, members), block, cardinalities in zip(self._groups, blocks, self._group_cardinalities):
+            check_ids(block, cardinalities, [self._categorical_paths[p] for p in members],
+                      [self.categorical_features[p] for p in members], self.mapping, categorical_first)
+
+    def _pread(self, path: str, buffer: np.ndarray, first_sample: int) -> None:
+        sample_bytes = buffer.nbytes // max(len(buffer), 1)
+        pread_into(self._fds[path], path, buffer, first_sample * sample_bytes)
 
 
 def _round_up(nbytes: int) -> int:
@@ -432,7 +462,41 @@ def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
 
 
 # --------------------------------------------------------------------------- writing
-class SplitBinaryWriter:
+class StagedWriter:
+    """The all-or-nothing life of a writer whose files grow in a hidden temporary sibling of
+    `destination` (`safe_io.StagedDirectory`): a subclass opens them in `_files` and its `commit`
+    ends with `_publish` (rename into place); `abort`, also on leaving the `with` block without
+    `commit` (an exception included), deletes the temporary folder."""
+
+    def __init__(self, destination: str, replace: bool):
+        self._files: Dict[str, BinaryIO] = {}
+        self._staged: Optional[StagedDirectory] = StagedDirectory(destination, replace=replace)
+        self._staging = self._staged.path
+
+    def _publish(self) -> None:
+        self._close_files()
+        staged, self._staged = self._staged, None
+        staged.publish()
+
+    def abort(self) -> None:
+        """Drop everything written so far (nothing once committed); the destination stays as it was."""
+        self._close_files()
+        if self._staged is not None:
+            staged, self._staged = self._staged, None
+            staged.discard()
+
+    def _close_files(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+
+    def __enter__(self) -> "StagedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self.abort()
+
+
+class SplitBinaryWriter(StagedWriter):
     """Writes one dataset folder (spec + train/test files), all or nothing.
 
     The files grow in a hidden temporary sibling of the destination (`safe_io.StagedDirectory`);
@@ -450,9 +514,7 @@ class SplitBinaryWriter:
         self.destination = os.path.abspath(spec.base_directory)
         replace = self.check_destination(spec, overwrite, spec_file_name, output_name)
         self._relative_paths = _dataset_files(spec)
-        self._files: Dict[str, BinaryIO] = {}
-        self._staged: Optional[StagedDirectory] = StagedDirectory(self.destination, replace=replace)
-        self._staging = self._staged.path
+        super().__init__(self.destination, replace)
 
     @staticmethod
     def check_destination(spec: FeatureSpec, overwrite: bool = False,
@@ -500,26 +562,8 @@ class SplitBinaryWriter:
                 os.makedirs(os.path.dirname(staged), exist_ok=True)
                 open(staged, "wb").close()
         self.spec.to_yaml(os.path.join(self._staging, self.spec_file_name))
-        staged, self._staged = self._staged, None
-        staged.publish()
+        self._publish()
         return os.path.join(self.destination, self.spec_file_name)
-
-    def abort(self) -> None:
-        """Drop everything written so far (nothing once committed); the destination stays as it was."""
-        self._close_files()
-        if self._staged is not None:
-            staged, self._staged = self._staged, None
-            staged.discard()
-
-    def _close_files(self) -> None:
-        for handle in self._files.values():
-            handle.close()
-
-    def __enter__(self) -> "SplitBinaryWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        self.abort()
 
 
 def _dataset_files(spec: FeatureSpec) -> List[str]:

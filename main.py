@@ -103,8 +103,15 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name
 flags.DEFINE_bool("allow_external_data_paths", False,
                   "Let the feature spec name data files outside --dataset_path (absolute or ../ paths); "
                   "refused by default, so a stray path cannot read another dataset's files")
-flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic", "split_tfrecords"],
-                  "Split-binary files, in-memory synthetic data, or (V5) split-TFRecords files")
+flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic", "split_tfrecords", "hugectr_raw", "sok_split"],
+                  "Split-binary files, in-memory synthetic data, (V5) split-TFRecords files, HugeCTR raw "
+                  "files (train_data.bin, test_data.bin) or the SOK DLRM benchmark's split layout")
+flags.DEFINE_list("hugectr_cardinalities", None,
+                  "(hugectr_raw) The cardinality of each categorical feature (HugeCTR's slot_size_array); "
+                  "needed unless --dataset_path holds a metadata.json (SOK's keys), which it must then match")
+flags.DEFINE_bool("hugectr_dense_log", True,
+                  "(hugectr_raw) The dense values still need the log transform; a metadata.json's dense_log "
+                  "wins (given, the flag must match it)")
 flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
                   "Synthetic data shaped by --dataset_path/--feature_spec")
 flags.DEFINE_integer("synthetic_dataset_train_batches", 64008, "Synthetic train length in batches")
@@ -189,7 +196,7 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("cpu_offloading_threshold_gb", _optional(_at_least(0)), ">= 0"),
 )
-LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities")
+LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities", "hugectr_cardinalities")
 
 
 def embedding_dims(value: str) -> Union[int, List[int]]:
@@ -223,6 +230,8 @@ def _check_values(opts: Any) -> None:
             raise UsageError(f"--{name} must be {wording}, got {value}")
     for name in LIST_FLAGS:
         values = getattr(opts, name)
+        if values is None:  # an optional list not given
+            continue
         try:
             numbers = [int(v) for v in values]
         except ValueError:
@@ -373,7 +382,9 @@ def load_feature_spec():
                 feature_spec_name=FLAGS.feature_spec, use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec,
                 num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
                 cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities),
-                allow_external_paths=FLAGS.allow_external_data_paths)
+                allow_external_paths=FLAGS.allow_external_data_paths,
+                hugectr_cardinalities=_ints(FLAGS.hugectr_cardinalities) if FLAGS.hugectr_cardinalities else None,
+                hugectr_dense_log=FLAGS.hugectr_dense_log if FLAGS["hugectr_dense_log"].present else None)
 
 
 def build_pipelines(spec, rank: int, world_size: int, reads, compute_dtype):

@@ -1,16 +1,28 @@
 """Copy a dataset from one format to another, batch by batch (reference §13.2, `transcribe`).
 
-Sources: `tf_raw` (split-binary), `split_tfrecords`, and `synthetic`: teacher-labelled samples
-(`synthetic_data.SyntheticTeacher`) shaped by the spec in --src_dataset_path, e.g. one from
-`dataloading.generate_feature_spec`. Destinations: `split_tfrecords` (the default; records of
---dst_prebatch_size samples, which must equal --src_batch_size) and `tf_raw` (the default Criteo
-file layout of the source's cardinalities). Only whole batches of --src_batch_size are copied;
---max_batches_train/--max_batches_test cap them (-1: all; synthetic: 64008 and 1350 batches).
+Sources: `tf_raw` (split-binary), `split_tfrecords`, `hugectr_raw` and `sok_split` (HugeCTR's raw
+files and the SOK DLRM benchmark's split layout, see `hugectr_data`; --hugectr_cardinalities and
+--[no-]hugectr_dense_log describe a HugeCTR raw folder without metadata.json), and `synthetic`:
+teacher-labelled samples (`synthetic_data.SyntheticTeacher`) shaped by the spec in
+--src_dataset_path, e.g. one from `dataloading.generate_feature_spec`. Destinations:
+`split_tfrecords` (the default; records of --dst_prebatch_size samples, which must equal
+--src_batch_size), `tf_raw` (the default Criteo file layout of the source's cardinalities) and
+`hugectr_raw` (train_data.bin, test_data.bin and metadata.json; label and the transformed dense
+values as float32). Batches of --src_batch_size are copied; --max_batches_train/--max_batches_test
+cap them (-1: all; synthetic: 64008 and 1350 batches). Without a cap, a file destination (tf_raw,
+hugectr_raw) also receives the last partial batch, so every sample arrives; split_tfrecords
+records hold whole batches only.
 
 The source is read one batch at a time, every value checked, and the destination is written in a
 hidden sibling folder renamed into place when complete. The destination must not overlap the
 source; if it holds anything it is refused unless --overwrite, and even then unless it holds only
 what a transcribed dataset holds.
+
+Example (HugeCTR raw to split-binary and back):
+  python -m dataloading.transcribe --src_dataset_type hugectr_raw --src_dataset_path /data/raw \\
+      --hugectr_cardinalities 203931,18598,... --dst_dataset_type tf_raw --dst_dataset_path /data/binary
+  python -m dataloading.transcribe --src_dataset_path /data/binary --dst_dataset_type hugectr_raw \\
+      --dst_dataset_path /data/raw_again
 
 Example (the V5 quick start, from the repository root):
   python -m dataloading.generate_feature_spec --variant criteo_t15_synthetic --dst feature_spec.yaml
@@ -20,12 +32,14 @@ Example (the V5 quick start, from the repository root):
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 from typing import Dict, Iterator, List, Optional, Union
 
 import numpy as np
 
+import hugectr_data
 from dataloader import PipelineConfig
 from dataloading import ArgumentParser, run_or_fail
 from datasets import DataError, Samples, SplitBinaryReader, SplitBinaryWriter
@@ -34,35 +48,45 @@ from safe_io import refuse_overlap
 from split_tfrecords import SplitTFRecordsReader, SplitTFRecordsWriter
 from synthetic_data import SyntheticTeacher, write_teacher_samples
 
-SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords")
-DESTINATION_TYPES = ("tf_raw", "split_tfrecords")
+SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES)
+DESTINATION_TYPES = ("tf_raw", "split_tfrecords", hugectr_data.HUGECTR_RAW)
 SYNTHETIC_BATCHES = {TRAIN_MAPPING: PipelineConfig.synthetic_train_batches,
                      TEST_MAPPING: PipelineConfig.synthetic_eval_batches}
 DST_FLAG = "--dst_dataset_path"
+Writer = Union[SplitBinaryWriter, SplitTFRecordsWriter, hugectr_data.HugeCTRRawWriter]
 
 
 def _source_batches(src_type: str, spec: FeatureSpec, mapping: str, batch_size: int,
-                    max_batches: int) -> Iterator[Samples]:
-    """Up to `max_batches` (-1: all) whole batches of a file source, read and checked one at a time."""
-    if src_type == "tf_raw":
-        reader = SplitBinaryReader(spec, mapping, batch_size, drop_remainder=True)
-        batches: Iterator[Samples] = (reader.read_samples(i) for i in range(len(reader)))
-    else:
+                    max_batches: int, keep_remainder: bool) -> Iterator[Samples]:
+    """Up to `max_batches` (-1: all) whole batches of a file source, read and checked one at a time;
+    with `keep_remainder`, every batch and then the last partial one."""
+    if src_type == "split_tfrecords":
         reader = SplitTFRecordsReader(spec, mapping, batch_size)
-        batches = reader.read_samples()
+        batches: Iterator[Samples] = reader.read_samples()
+    else:
+        drop_remainder = not keep_remainder
+        reader = (hugectr_data.RecordReader(spec, mapping, batch_size, drop_remainder=drop_remainder)
+                  if hugectr_data.record_format(spec)
+                  else SplitBinaryReader(spec, mapping, batch_size, drop_remainder=drop_remainder))
+        batches = (reader.read_samples(i) for i in range(len(reader)))
     if max_batches and not len(reader):
-        raise DataError(f"{spec.path}: mapping '{mapping}' holds no whole batch of --src_batch_size "
-                        f"{batch_size} samples")
+        raise DataError(f"{spec.path or spec.base_directory}: mapping '{mapping}' holds no whole batch of "
+                        f"--src_batch_size {batch_size} samples")
     return itertools.islice(batches, None if max_batches < 0 else max_batches)
 
 
 def _destination(dst_type: str, spec: FeatureSpec, dst_path: str, dst_feature_spec: str,
-                 prebatch_size: int, overwrite: bool) -> Union[SplitBinaryWriter, SplitTFRecordsWriter]:
+                 prebatch_size: int, overwrite: bool) -> Writer:
     if dst_type == "split_tfrecords":
         return SplitTFRecordsWriter(spec, dst_path, prebatch_size, overwrite, dst_feature_spec, DST_FLAG)
+    if dst_type == hugectr_data.HUGECTR_RAW:
+        if len(spec.numerical_names) != hugectr_data.NUM_DENSE:
+            raise ValueError(f"{spec.path or spec.base_directory}: HugeCTR raw records hold {hugectr_data.NUM_DENSE} "
+                             f"dense values; the source has {len(spec.numerical_names)} numerical features")
+        return hugectr_data.HugeCTRRawWriter(dst_path, spec.cardinalities, overwrite, DST_FLAG)
     out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
                                                os.path.abspath(dst_path))
-    out.metadata = dict(spec.metadata)
+    out.metadata = {key: value for key, value in spec.metadata.items() if key != hugectr_data.FORMAT_KEY}
     return SplitBinaryWriter(out, overwrite, dst_feature_spec, DST_FLAG)
 
 
@@ -70,7 +94,8 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
                src_feature_spec: str = DEFAULT_SPEC_NAME, dst_feature_spec: str = DEFAULT_SPEC_NAME,
                src_batch_size: int = 65536, dst_prebatch_size: int = 65536, max_batches_train: int = -1,
                max_batches_test: int = -1, train_only: bool = False, overwrite: bool = False,
-               seed: int = 12345) -> Dict[str, int]:
+               seed: int = 12345, hugectr_cardinalities: Optional[List[int]] = None,
+               hugectr_dense_log: Optional[bool] = None) -> Dict[str, int]:
     """Write the dataset of `src_path` (or synthetic data shaped by its spec) to `dst_path` as
     `dst_type`; return the batches written per mapping. Everything is checked before any data is
     read; bad input raises ValueError (FeatureSpecError, DataError, OutputPathError) or OSError."""
@@ -86,16 +111,22 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
     if dst_type == "split_tfrecords" and dst_prebatch_size != src_batch_size:
         raise ValueError(f"--dst_prebatch_size {dst_prebatch_size} must equal --src_batch_size "
                          f"{src_batch_size}: every source batch becomes one record")
-    spec_path = os.path.join(src_path, src_feature_spec)
-    spec = FeatureSpec.from_yaml(spec_path)
-    spec.check_feature_spec(chunk_type=SPLIT_BINARY if src_type == "tf_raw" else None)
-    inputs = {"--src_feature_spec": spec_path}
-    if src_type != "synthetic":
-        inputs["--src_dataset_path"] = src_path
+    hugectr_data.check_raw_options(src_type, hugectr_cardinalities, hugectr_dense_log)
+    if src_type in hugectr_data.DATASET_TYPES:
+        spec = hugectr_data.load_spec(src_type, src_path, hugectr_cardinalities, hugectr_dense_log)
+        inputs = {"--src_dataset_path": src_path}
+    else:
+        spec_path = os.path.join(src_path, src_feature_spec)
+        spec = FeatureSpec.from_yaml(spec_path)
+        spec.check_feature_spec(chunk_type=SPLIT_BINARY if src_type == "tf_raw" else None)
+        inputs = {"--src_feature_spec": spec_path}
+        if src_type != "synthetic":
+            inputs["--src_dataset_path"] = src_path
     refuse_overlap(dst_path, DST_FLAG, inputs)
     limits = {TRAIN_MAPPING: max_batches_train, TEST_MAPPING: 0 if train_only else max_batches_test}
     if src_type != "synthetic":
-        sources = {mapping: _source_batches(src_type, spec, mapping, src_batch_size, limit)
+        sources = {mapping: _source_batches(src_type, spec, mapping, src_batch_size, limit,
+                                            keep_remainder=limit < 0 and dst_type != "split_tfrecords")
                    for mapping, limit in limits.items()}
     with _destination(dst_type, spec, dst_path, dst_feature_spec, dst_prebatch_size, overwrite) as writer:
         written = {mapping: 0 for mapping in limits}
@@ -105,7 +136,8 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
             teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
             chunks = {mapping: itertools.repeat(src_batch_size, count) for mapping, count in written.items()}
             auc = write_teacher_samples(writer, teacher, np.random.default_rng(seed), chunks)
-            writer.spec.metadata = dict(writer.spec.metadata, teacher_auc=auc)
+            if dst_type != hugectr_data.HUGECTR_RAW:  # HugeCTR raw has no place for it
+                writer.spec.metadata = dict(writer.spec.metadata, teacher_auc=auc)
         else:
             for mapping, batches in sources.items():
                 for numerical, labels, ids in batches:
@@ -113,6 +145,11 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
                     written[mapping] += 1
         writer.commit()
     return written
+
+
+def _integers(text: str) -> List[int]:
+    """A comma-separated list of integers (argparse reports the ValueError as a usage error)."""
+    return [int(value) for value in text.split(",")]
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -133,13 +170,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a previous output in --dst_dataset_path (never anything else)")
     parser.add_argument("--seed", type=int, default=12345, help="seed of the synthetic teacher and samples")
+    parser.add_argument("--hugectr_cardinalities", type=_integers, default=None,
+                        help="hugectr_raw source without metadata.json: the cardinalities (slot_size_array), "
+                             "comma separated")
+    parser.add_argument("--hugectr_dense_log", action=argparse.BooleanOptionalAction, default=None,
+                        help="hugectr_raw source without metadata.json: whether the dense values still need the "
+                             "log transform (default: yes)")
     args = parser.parse_args(argv)
     written = run_or_fail(lambda: transcribe(
         args.src_dataset_type, args.src_dataset_path, args.dst_dataset_path, args.dst_dataset_type,
         src_feature_spec=args.src_feature_spec, dst_feature_spec=args.dst_feature_spec,
         src_batch_size=args.src_batch_size, dst_prebatch_size=args.dst_prebatch_size,
         max_batches_train=args.max_batches_train, max_batches_test=args.max_batches_test,
-        train_only=args.train_only, overwrite=args.overwrite, seed=args.seed))
+        train_only=args.train_only, overwrite=args.overwrite, seed=args.seed,
+        hugectr_cardinalities=args.hugectr_cardinalities, hugectr_dense_log=args.hugectr_dense_log))
     print(f"wrote {written[TRAIN_MAPPING]} train and {written[TEST_MAPPING]} test batches of "
           f"{args.src_batch_size} samples ({args.dst_dataset_type}) to {args.dst_dataset_path}")
 

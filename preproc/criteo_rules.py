@@ -16,6 +16,8 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 NUM_INTEGER_FEATURES = 13
 NUM_CATEGORICAL_FEATURES = 26
 NUM_FIELDS = 1 + NUM_INTEGER_FEATURES + NUM_CATEGORICAL_FEATURES
@@ -35,6 +37,20 @@ GOOD_LINE = (r"[01](\t(" + INTEGER_PATTERN + r")?){" + str(NUM_INTEGER_FEATURES)
 NUMERICAL_CLAMP_MIN = -2.0
 NUMERICAL_LOG_SHIFT = 3.0
 SPLITS = ("train", "test", "validation")
+
+
+def transform_numericals(values: np.ndarray, take_log: bool = True) -> np.ndarray:
+    """The numerical rule applied to present values, as `numerical.bin` stores them: ln(max(x, -2) + 3)
+    in float64 (x itself without the log), then float32 (the engines' FLOAT), then float16 (round to
+    nearest even). The engines write the same rule in SQL and Spark; readers of data that still
+    needs it (HugeCTR raw, SOK) call this. NaN stays NaN, for the caller's finiteness check."""
+    values = np.asarray(values)
+    if take_log:  # one float64 array, updated in place (integers convert to float64 exactly)
+        values = np.maximum(values, NUMERICAL_CLAMP_MIN, dtype=np.float64)
+        np.add(values, NUMERICAL_LOG_SHIFT, out=values)
+        np.log(values, out=values)
+    with np.errstate(over="ignore"):
+        return values.astype(np.float32).astype(np.float16)
 
 
 class InputError(ValueError):
