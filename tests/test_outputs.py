@@ -53,6 +53,11 @@ DEPLOY = ["--mode", "deploy", "--restore_checkpoint_path", "{t}/ckpt"]
      "--saved_model_output_path {t}/c is --save_checkpoint_path"),
     (DEPLOY + ["--saved_model_output_path", "{t}/full"],
      "--saved_model_output_path {t}/full is a non-empty directory without this project's export marker"),
+    (["--tensorboard_dir", "{t}/a_file"], "--tensorboard_dir {t}/a_file exists and is not a directory"),
+    (["--tensorboard_dir", "{t}/a_file/tb"], "--tensorboard_dir {t}/a_file/tb: {t}/a_file is a file, not a directory"),
+    (DATA + ["--tensorboard_dir", "{t}/data/tb"], "--tensorboard_dir {t}/data/tb lies inside --dataset_path {t}/data"),
+    (["--save_checkpoint_path", "{t}/ckpt", "--tensorboard_dir", f"{{t}}/ckpt/{STEP}/tb"],
+     f"--tensorboard_dir {{t}}/ckpt/{STEP}/tb lies inside a checkpoint of --save_checkpoint_path {{t}}/ckpt"),
     (DEPLOY + ["--saved_model_output_path", "{t}/ckpt"], "--saved_model_output_path {t}/ckpt is --restore_checkpoint_path"),
     (DEPLOY + ["--saved_model_output_path", f"{{t}}/ckpt/{STEP}"], "lies inside --restore_checkpoint_path"),
     (DEPLOY + ["--saved_model_output_path", "{t}"], "--saved_model_output_path {t} contains --restore_checkpoint_path"),
@@ -73,7 +78,8 @@ def test_output_refused_before_any_work(tmp_path, capsys, args, message):
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-@pytest.mark.parametrize("flag", ["--log_path", "--save_checkpoint_path", "--saved_model_output_path"])
+@pytest.mark.parametrize("flag", ["--log_path", "--save_checkpoint_path", "--saved_model_output_path",
+                                  "--tensorboard_dir"])
 def test_output_in_a_read_only_folder_is_refused(tmp_path, capsys, flag):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
