@@ -223,6 +223,40 @@ def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path):
     assert os.listdir(tmp_path) == ["thesis.tex"]
 
 
+def test_demo_runs_the_pipeline_from_raw_criteo_days(tmp_path):
+    """scripts/demo.sh at a small size: raw days -> prepare_dataset.sh -> 2-rank training -> eval,
+    inference, export, plot; the summary reports the preprocessing's line accounting."""
+    import re
+    import subprocess
+
+    from test_progress import png_size
+
+    demo = tmp_path / "demo"
+    result = subprocess.run(["bash", "scripts/demo.sh"], cwd=os.path.dirname(os.path.dirname(__file__)),
+                            env=dict(os.environ, DEMO_DIR=str(demo), DEMO_LINES_PER_DAY="30000"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    for day in range(4):
+        lines = (demo / "raw" / f"day_{day}").read_text().splitlines()
+        assert len(lines) == 30000 and sum(line.count("\t") == 39 for line in lines) >= 29998
+    summary = json.loads((demo / "data" / "preprocessing_summary.json").read_text())
+    assert summary["engine"] == "duckdb"
+    assert summary["total"] == {"rows": 119992, "input_lines": 120000, "rejected_lines": 8}
+    out = result.stdout
+    assert ("preprocessing (duckdb, frequency threshold 15): 120,000 input lines = 119,992 rows + 8 rejected "
+            "(wrong_field_count 2, bad_label 2, non_integer_numerical 2, non_hex_categorical 2)") in out
+    splits = summary["splits"]
+    assert ", ".join(f"{name} {splits[name]['rows']:,} rows of {splits[name]['input_lines']:,} lines"
+                     for name in ("train", "test", "validation")) in out
+    assert splits["train"]["input_lines"] == 90000 and splits["test"]["input_lines"] == 15000
+    assert re.search(r"^\[0\]<stdout>:step=\d+/87, epoch=1/1, .* eta=\d+:\d\d:\d\d$", out, re.M)
+    auc, teacher = map(float, re.search(r"^test AUC ([\d.]+) .* teacher AUC ([\d.]+)", out, re.M).groups())
+    assert 0.7 < auc < teacher  # learned from the raw lines; the teacher's labels bound it
+    assert len(list((demo / "tensorboard").glob("events.out.tfevents.*"))) == 1  # rank 0 only
+    assert png_size(demo / "train_log.png") == (1200, 800)
+    assert (demo / "saved_model" / "saved_model.pb").is_file()
+
+
 def test_a_full_disk_during_deploy_is_one_line_and_leaves_nothing(tmp_path):
     import resource
     import signal
