@@ -67,7 +67,7 @@ python synthetic_criteo.py --output "${RAW}" --days "${DAYS}" --lines_per_day "$
 
 echo "== 2/6 preprocessing: preproc/prepare_dataset.sh CPU ${THRESHOLD} (default engine) into ${DATA}"
 NUM_DAYS="${DAYS}" download_dir="${RAW}" spark_output_path="${DEMO_DIR}/spark_output" \
-  conversion_intermediate_dir="${DEMO_DIR}/intermediate" final_output_dir="${DATA}" PYTHON=python \
+  conversion_intermediate_dir="${DEMO_DIR}/intermediate" final_output_dir="${DATA}" PYTHON=python PROGRESS_INTERVAL=2 \
   preproc/prepare_dataset.sh CPU "${THRESHOLD}"
 
 PRINT_FREQ=$(( (DAYS - 1) * LINES_PER_DAY / BATCH / 10 ))  # about 10 progress lines per epoch
