@@ -13,7 +13,7 @@ help:  ## list the targets
 setup:  ## install what is missing for this host, CPU or GPU (DLRM_GPU=1|0 overrides); idempotent; `scripts/setup.sh --plan` lists it
 	scripts/setup.sh
 
-demo: setup  ## set up, then run the main job on the embedded synthetic default
+demo: setup  ## set up, then run the whole pipeline (raw Criteo-format days, preprocessing, 2-rank training, eval, inference, export) small
 	scripts/demo.sh
 
 test: setup  ## set up, then run the whole pytest suite (prints passed/failed/skipped and skip reasons)

@@ -98,6 +98,9 @@ flags.DEFINE_integer("tf_gpu_memory_limit_gb", None,
                      "slots, update transients); what does not fit is kept in host memory. Default: the "
                      "GPU's memory less a reserve (10%, at least 4 GiB). With --cpu every table is in host memory")
 flags.DEFINE_string("log_path", "dlrm_tf_log.json", "Path of the dllogger JSON log")
+flags.DEFINE_string("tensorboard_dir", None,
+                    "Training writes TensorBoard scalars here (rank 0, at each progress line and evaluation): "
+                    "loss, learning rate, throughput, step time, AUC, validation loss. Off by default")
 flags.DEFINE_string("dataset_path", None, "Dataset directory (holds the feature spec)")
 flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name inside --dataset_path")
 flags.DEFINE_bool("allow_external_data_paths", False,
@@ -264,7 +267,8 @@ def validate_flags(opts: Any, world_size: int) -> None:
         raise UsageError(f"--mode {opts.mode} needs trained weights: give --restore_checkpoint_path"
                          + (" or --saved_model_input_path" if opts.mode != "deploy" else "")
                          + " (random initial weights are never evaluated or exported)")
-    for name, modes in (("save_checkpoint_path", ("train",)), ("saved_model_output_path", ("train", "deploy"))):
+    for name, modes in (("save_checkpoint_path", ("train",)), ("tensorboard_dir", ("train",)),
+                        ("saved_model_output_path", ("train", "deploy"))):
         if getattr(opts, name) and opts.mode not in modes:
             raise UsageError(f"--{name} is written by --mode {' or '.join(modes)} only, not --mode {opts.mode}")
     if opts.mode == "train" and opts.max_steps == 0 and not opts.save_checkpoint_path:
@@ -304,6 +308,12 @@ def check_output_paths(opts: Any) -> None:
         for flag in ("--restore_checkpoint_path", "--save_checkpoint_path"):
             checkpoint.refuse_inside_checkpoints(opts.log_path, "--log_path", getattr(opts, flag[2:]), flag)
         check_log_file(opts.log_path, "--log_path")
+    if opts.tensorboard_dir:  # beside checkpoints like the log, never inside one or an input
+        refuse_overlap(opts.tensorboard_dir, "--tensorboard_dir", inputs)
+        for flag in ("--restore_checkpoint_path", "--save_checkpoint_path"):
+            checkpoint.refuse_inside_checkpoints(opts.tensorboard_dir, "--tensorboard_dir", getattr(opts, flag[2:]),
+                                                 flag)
+        check_output_dir(opts.tensorboard_dir, "--tensorboard_dir")
     if opts.save_checkpoint_path:  # may equal the restored root: a resumed run saves next to it
         refuse_overlap(opts.save_checkpoint_path, "--save_checkpoint_path", inputs)
         check_output_dir(opts.save_checkpoint_path, "--save_checkpoint_path")
@@ -595,6 +605,7 @@ def run_train(job: Job) -> None:
     import checkpoint
     import distributed as dist
     import saved_model
+    from tensorboard_log import TensorBoardScalars
     from trainer import LoopConfig, train_loop
     from utils import print_rank0
 
@@ -609,13 +620,25 @@ def run_train(job: Job) -> None:
         dist.barrier()
         print_rank0(f"checkpoint saved: {path}", rank=job.rank)
 
+    tensorboard = TensorBoardScalars(FLAGS.tensorboard_dir) if FLAGS.tensorboard_dir and job.rank == 0 else None
+
+    def record_scalars(step: int, group: str, scalars: Dict[str, float]) -> None:
+        job.logger.log(step=step, data=scalars, echo=False)  # the progress line has shown them
+        if tensorboard:
+            tensorboard.write(step, group, scalars)
+
     loop_config = LoopConfig(
         epochs=FLAGS.epochs, steps_per_epoch=job.pipelines.train_steps, global_batch_size=FLAGS.batch_size,
         max_steps=FLAGS.max_steps, evals_per_epoch=FLAGS.evals_per_epoch, print_freq=int(FLAGS.print_freq),
         checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps, profiler_start_step=FLAGS.profiler_start_step,
         profile_this_rank=job.rank == FLAGS.profiled_rank)
-    result = train_loop(job.trainer, job.evaluator, job.pipelines.train, job.pipelines.test, loop_config,
-                        save_checkpoint=save if FLAGS.save_checkpoint_path else None)
+    try:
+        result = train_loop(job.trainer, job.evaluator, job.pipelines.train, job.pipelines.test, loop_config,
+                            save_checkpoint=save if FLAGS.save_checkpoint_path else None,
+                            record_scalars=record_scalars)
+    finally:
+        if tensorboard:
+            tensorboard.close()
     if FLAGS.save_checkpoint_path and result.steps not in saved_steps:
         save(result.steps)
     if FLAGS.saved_model_output_path:  # single process only (validate_flags)

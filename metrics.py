@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
 
 
 def exact_auc(labels: np.ndarray, scores: np.ndarray, sample_weight: Optional[np.ndarray] = None) -> float:
@@ -32,7 +31,10 @@ def exact_auc(labels: np.ndarray, scores: np.ndarray, sample_weight: Optional[np
 
 def threshold_auc(labels: np.ndarray, logits: np.ndarray, num_thresholds: int,
                   chunk: int = 1 << 20) -> float:
-    """The reference's approximation: Keras AUC with `num_thresholds` buckets over sigmoid(logits)."""
+    """The reference's approximation: Keras AUC with `num_thresholds` buckets over sigmoid(logits).
+    TensorFlow is imported here, so that the exact metrics load without it (the data tools use them)."""
+    import tensorflow as tf
+
     metric = tf.keras.metrics.AUC(num_thresholds=num_thresholds, curve="ROC",
                                   summation_method="interpolation", from_logits=True)
     labels = np.asarray(labels, np.float32).reshape(-1)

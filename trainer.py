@@ -7,6 +7,7 @@ are averaged). The trainer also names the variables a checkpoint holds (`trainin
 """
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from dataclasses import dataclass, field
@@ -141,11 +142,17 @@ PredictFn = Callable[[Dict[str, tf.Tensor]], tf.Tensor]
 
 
 class Evaluator:
-    """AUC and log loss over every sample of every rank, from any function that returns logits."""
+    """AUC and log loss over every sample of every rank, from any function that returns logits.
 
-    def __init__(self, predict: PredictFn, auc_thresholds: Optional[int] = None) -> None:
+    An evaluation longer than `progress_interval_s` prints its progress on rank 0 every that many
+    seconds (a full Criteo test set takes minutes).
+    """
+
+    def __init__(self, predict: PredictFn, auc_thresholds: Optional[int] = None,
+                 progress_interval_s: float = 30.0) -> None:
         self.predict = predict
         self.auc_thresholds = auc_thresholds
+        self.progress_interval_s = progress_interval_s
 
     @classmethod
     def for_model(cls, model: Dlrm, auc_thresholds: Optional[int] = None) -> "Evaluator":
@@ -153,11 +160,16 @@ class Evaluator:
 
     @surface_data_errors()
     def _gather_predictions(self, dataset: tf.data.Dataset, max_batches: Optional[int] = None,
-                            latencies: Optional[List[float]] = None) -> Tuple[np.ndarray, np.ndarray]:
-        """Logits and labels of every rank, concatenated; optionally per-batch fetch+forward latency."""
+                            latencies: Optional[List[float]] = None,
+                            progress: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+        """Logits and labels of every rank, concatenated; optionally per-batch fetch+forward latency,
+        or (`progress`) a progress line on rank 0 every `progress_interval_s` seconds."""
         logits, labels = [], []
         iterator = iter(dataset)
         batch = 0
+        total = int(tf.data.experimental.cardinality(dataset))
+        started = last_report = time.perf_counter()
+        report = progress and dist.rank() == 0
         while max_batches is None or batch < max_batches:
             start = time.perf_counter()
             try:
@@ -170,6 +182,9 @@ class Evaluator:
             logits.append(batch_logits.reshape(-1))
             labels.append(batch_labels.numpy().reshape(-1))
             batch += 1
+            if report and time.perf_counter() - last_report >= self.progress_interval_s:
+                last_report = time.perf_counter()
+                print(evaluation_progress(batch, total, last_report - started), flush=True)
         local_logits = np.concatenate(logits) if logits else np.zeros([0], np.float32)
         local_labels = np.concatenate(labels) if labels else np.zeros([0], np.float32)
         return (dist.allgather(tf.constant(local_logits, tf.float32)).numpy(),
@@ -187,7 +202,7 @@ class Evaluator:
 
     def evaluate(self, dataset: tf.data.Dataset) -> EvalResult:
         """AUC and log loss over every sample of every rank."""
-        logits, labels = self._gather_predictions(dataset)
+        logits, labels = self._gather_predictions(dataset, progress=True)
         return self._score_once(logits, labels)
 
     def benchmark_inference(self, dataset: tf.data.Dataset, max_batches: int,
@@ -216,15 +231,49 @@ class LoopConfig:
     profile_this_rank: bool = False
 
 
+# Receives (global step, group, scalars) at each progress line (group "train": loss, learning_rate,
+# throughput in samples/s, step_time_ms) and after each evaluation (group "eval": auc, validation_loss).
+ScalarRecorder = Callable[[int, str, Dict[str, float]], None]
+
+
+def duration_text(seconds: float) -> str:
+    """H:MM:SS of a duration in seconds."""
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def evaluation_progress(batches_done: int, total_batches: int, elapsed_s: float) -> str:
+    """An evaluation's progress line on rank 0; `total_batches` < 0 when the dataset's length is unknown."""
+    rate = batches_done / max(elapsed_s, 1e-9)
+    if total_batches > 0:
+        return (f"evaluation: {batches_done}/{total_batches} batches ({100 * batches_done / total_batches:.0f}%), "
+                f"{rate:.1f} batches/s, eta={duration_text((total_batches - batches_done) / rate)}")
+    return f"evaluation: {batches_done} batches, {rate:.1f} batches/s"
+
+
+def progress_line(step: int, total_steps: int, epoch: int, total_epochs: int, scalars: Dict[str, float],
+                  eta_s: float) -> str:
+    """The reference's progress line with the step out of the total, the 1-based epoch and the time left."""
+    return (f"step={step}/{total_steps}, epoch={epoch}/{total_epochs}, "
+            f"throughput={scalars['throughput'] / 1e6:.3f}M, step_time={scalars['step_time_ms']:.3f} ms, "
+            f"learning_rate={scalars['learning_rate']:.4f}, loss={scalars['loss']:.8f}, eta={duration_text(eta_s)}")
+
+
 @surface_data_errors()
 def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset, test_dataset: tf.data.Dataset,
-               config: LoopConfig,
-               save_checkpoint: Optional[Callable[[int], None]] = None) -> TrainResult:
-    """Run epochs from the scheduler's current step (so a restored run resumes in place)."""
+               config: LoopConfig, save_checkpoint: Optional[Callable[[int], None]] = None,
+               record_scalars: Optional[ScalarRecorder] = None) -> TrainResult:
+    """Run epochs from the scheduler's current step (so a restored run resumes in place).
+
+    Progress lines (and `record_scalars`) come every `print_freq` steps after the timer's warm-up,
+    where the host reads the loss anyway: they add no synchronisation to the steps between. The
+    ETA is the steps left at the mean step time so far (whose windows include the evaluations and
+    checkpoints that ran in them).
+    """
     rank = dist.rank()
     total_steps = config.epochs * config.steps_per_epoch
     if config.max_steps >= 0:
         total_steps = min(total_steps, config.max_steps)
+    total_epochs = math.ceil(total_steps / config.steps_per_epoch)
     start_step = int(trainer.scheduler.step.numpy())
     timer = StepTimer(warmup_steps=start_step + 2 * config.print_freq)
     evaluations: List[EvalResult] = []
@@ -247,15 +296,20 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
                 train_loss = float(loss.numpy())  # the window's one host synchronisation
                 window = timer.close_window()
                 if window is not None:
-                    print_rank0(f"step={step}, throughput={config.global_batch_size / window / 1e6:.3f}M, "
-                                f"step_time={window * 1000:.3f} ms, learning_rate={float(learning_rate):.4f}, "
-                                f"loss={train_loss:.8f},", rank=rank)
+                    scalars = {"loss": train_loss, "learning_rate": float(learning_rate),
+                               "throughput": config.global_batch_size / window, "step_time_ms": window * 1000}
+                    eta_s = (total_steps - step) * timer.mean_step_time()
+                    print_rank0(progress_line(step, total_steps, epoch + 1, total_epochs, scalars, eta_s), rank=rank)
+                    if record_scalars:
+                        record_scalars(step, "train", scalars)
             if in_epoch in points:
                 trainer.check_finite()
                 result = evaluator.evaluate(test_dataset)
                 evaluations.append(result)
                 print_rank0(f"Evaluation completed, AUC: {result.auc:.6f}, test_loss: {result.loss:.6f}, "
                             f"step: {step}, samples: {result.num_samples}", rank=rank)
+                if record_scalars:
+                    record_scalars(step, "eval", {"auc": result.auc, "validation_loss": result.loss})
             if save_checkpoint and config.checkpoint_every_n_steps > 0 and step % config.checkpoint_every_n_steps == 0:
                 trainer.check_finite()
                 save_checkpoint(step)

@@ -74,12 +74,15 @@ class DllLogger:
             self._formats[metric] = metadata["format"]
         self._write({"type": "METADATA", "metric": metric, "metadata": _plain(metadata)})
 
-    def log(self, step: Step, data: Dict[str, Any]) -> None:
-        """One LOG record; `step` is a tuple (empty for end-of-run), an int or 'PARAMETER'."""
+    def log(self, step: Step, data: Dict[str, Any], echo: bool = True) -> None:
+        """One LOG record; `step` is a tuple (empty for end-of-run), an int or 'PARAMETER'.
+        `echo=False` writes the file only (for values a readable line has already shown)."""
         if not self.enabled:
             return
         data = _plain(data)
         self._write({"type": "LOG", "step": _plain(step), "data": data})
+        if not echo:
+            return
         fields = " ".join(f"{k} : {self._format(k, v)}" for k, v in data.items())
         print(f"DLL {_dt.datetime.now():%Y-%m-%d %H:%M:%S.%f} - {_step_text(step)} {fields}",
               file=self._stdout, flush=True)

@@ -1,6 +1,6 @@
 """Throughput of both preprocessing engines (preproc/prepare_dataset.sh --engine duckdb|spark CPU).
 
-For 1x and 4x the data (NUM_DAYS days of tests/criteo_synth.py lines each, 4x = 4 times the lines
+For 1x and 4x the data (NUM_DAYS days of synthetic_criteo.py lines each, 4x = 4 times the lines
 per day), it generates the day files once per size into a scratch folder (not timed), then times
 `prepare_dataset.sh --engine E CPU <threshold>` end to end on the wall clock for each engine: the
 embedded DuckDB engine (one process) and Spark (one application, local[2], default JVM flags), each
@@ -34,7 +34,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, REPO)
 RESULTS = os.path.join(REPO, "bench", "results", "preproc.json")
 SCRIPT = os.path.join(REPO, "preproc", "prepare_dataset.sh")
 
@@ -59,11 +59,11 @@ STAGE_MARKERS: Dict[str, List[Tuple[str, "re.Pattern[str]"]]] = {
 
 
 def _write_day(task: Tuple[str, int, int]) -> int:
-    """Worker: one day file of criteo_synth lines (same content as criteo_synth.write_days); returns bytes."""
-    import criteo_synth
+    """Worker: one day file of synthetic_criteo lines (same content as synthetic_criteo.write_days); returns bytes."""
+    import synthetic_criteo
 
     directory, day, lines_per_day = task
-    text = "\n".join(criteo_synth.good_lines(lines_per_day, day, SEED)) + "\n"
+    text = "\n".join(synthetic_criteo.good_lines(lines_per_day, day, SEED)) + "\n"
     with open(os.path.join(directory, f"day_{day}"), "w") as f:
         f.write(text)
     return len(text)

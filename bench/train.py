@@ -21,7 +21,13 @@ MALLOC_MMAP_THRESHOLD_=131072): their peak is the live memory, paid for in page 
 
 Each configuration runs in its own process (XLA and the allocator are chosen by environment
 before TF loads).
-Writes bench/results/train.json and prints a table.
+
+The TensorBoard rows run the real epoch loop (trainer.train_loop, batch 2048, no evaluation) with
+a progress line every PRINT_FREQ steps, without and with --tensorboard_dir's writer, and compare
+the loop's mean step time (its timer's windows, which include each progress point's work). The
+progress points are far denser than a real run's (--print_freq 100 or 1000), so any cost of the
+writes shows; the difference is within the machine's noise when it costs nothing.
+Writes bench/results/train.json and prints two tables.
 Usage: python bench/train.py [--quick] [--dlrm_repo PATH]
 """
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,32 +88,41 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: int) -> dict:
-    """One configuration, in this process: train steps, then inference at batch 2048."""
+def build_bench_trainer(batch_size: int, train_batches: int, precision: str = "fp32"):
+    """The cpu-bench model and optimizer on one process in `precision` (fp32, or bf16 as --amp on
+    the CPU), and its synthetic pipelines."""
     import tensorflow as tf
 
     from dataloader import PipelineConfig, create_input_pipelines, load_feature_spec
     from factory import ModelOptions, build_trainer
     from interaction import resolve_interaction_name
     from sharding import MemoryBudget, plan_sharding
-    from trainer import Evaluator, percentiles
 
     tf.keras.utils.set_random_seed(0)
     compute_dtype = tf.bfloat16 if precision == "bf16" else tf.float32
     if precision == "bf16":
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    warmup = 5
     spec = load_feature_spec(dataset_type="synthetic", num_numerical_features=NUM_NUMERICAL,
                              cardinalities=CARDINALITIES)
     pipelines = create_input_pipelines(spec, PipelineConfig(
         dataset_type="synthetic", train_batch_size=batch_size, eval_batch_size=2048,
-        synthetic_train_batches=warmup + steps, synthetic_eval_batches=40, seed=0))
+        synthetic_train_batches=train_batches, synthetic_eval_batches=40, seed=0))
     plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0))  # the CPU: host memory
     options = ModelOptions(num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
                            interaction=resolve_interaction_name("auto"), learning_rate=0.01, warmup_steps=0,
                            decay_start_step=10**9, decay_steps=1, compute_dtype=compute_dtype)
+    return build_trainer(plan, 0, plan.reads(0), options), pipelines, options
+
+
+def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: int) -> dict:
+    """One configuration, in this process: train steps, then inference at batch 2048."""
+    import tensorflow as tf
+
+    from trainer import Evaluator, percentiles
+
+    warmup = 5
     runtime_rss = rss_bytes()
-    trainer = build_trainer(plan, 0, plan.reads(0), options)
+    trainer, pipelines, options = build_bench_trainer(batch_size, warmup + steps, precision)
     model = trainer.model
     built_rss = rss_bytes()
     batches = list(pipelines.train)
@@ -123,7 +139,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     latencies, _ = Evaluator.for_model(model).benchmark_inference(pipelines.test, max_batches=40, warmup_batches=10)
     stats = percentiles(latencies)
     # Last, so its 2048^3 operands do not sit in the allocator pool during the training peak.
-    peak_matmul = matmul_flops_per_s(tf, compute_dtype)
+    peak_matmul = matmul_flops_per_s(tf, options.compute_dtype)
     parameter_bytes = sum(v.shape.num_elements() * v.dtype.size for v in model.variables)
     batch_bytes = batch_size * (NUM_NUMERICAL * 4 + len(CARDINALITIES) * 4 + 4)
     state_bytes = parameter_bytes + 2 * batch_bytes
@@ -140,6 +156,32 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
             "rss_ratio": (training_peak_rss - runtime_rss) / state_bytes}
 
 
+TENSORBOARD_BATCH = 2048
+
+
+def loop_worker(tensorboard: bool, print_freq: int, steps: int) -> dict:
+    """The epoch loop for 2 x print_freq warm-up steps plus `steps`, a progress point every
+    `print_freq` steps, with or without the TensorBoard writer (into a scratch folder)."""
+    from tensorboard_log import TensorBoardScalars
+    from trainer import Evaluator, LoopConfig, train_loop
+
+    total = 2 * print_freq + steps
+    trainer, pipelines, _ = build_bench_trainer(TENSORBOARD_BATCH, total)
+    config = LoopConfig(epochs=1, steps_per_epoch=total, global_batch_size=TENSORBOARD_BATCH, evals_per_epoch=0,
+                        print_freq=print_freq)
+    with tempfile.TemporaryDirectory() as logdir:
+        writer = TensorBoardScalars(logdir) if tensorboard else None
+        result = train_loop(trainer, Evaluator.for_model(trainer.model), pipelines.train, pipelines.test, config,
+                            record_scalars=(lambda step, group, scalars: writer.write(step, group, scalars))
+                            if writer else None)
+        if writer:
+            writer.close()
+        events = sum(os.path.getsize(os.path.join(logdir, name)) for name in os.listdir(logdir))
+    return {"tensorboard": tensorboard, "batch_size": TENSORBOARD_BATCH, "print_freq": print_freq,
+            "measured_steps": steps, "step_time_ms": result.mean_step_time_s * 1000,
+            "samples_per_s": TENSORBOARD_BATCH / result.mean_step_time_s, "event_bytes": events}
+
+
 # (batch size, XLA, low-memory allocator, precision)
 VARIANTS = [(2048, False, False, "fp32"), (2048, True, False, "fp32"), (4096, False, False, "fp32"),
             (4096, True, False, "fp32"), (2048, False, False, "bf16"), (4096, False, False, "bf16"),
@@ -152,14 +194,30 @@ def run_worker(batch_size: int, xla: bool, low_memory: bool, precision: str, ste
         env["TF_XLA_FLAGS"] = "--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit"
     if low_memory:
         env.update(LOW_MEMORY_ENV)
-    out = subprocess.run([sys.executable, __file__, "--worker", str(batch_size), str(int(xla)), str(int(low_memory)),
-                          precision, str(steps)], env=env, capture_output=True, text=True, check=False)
+    return run_subprocess(["--worker", str(batch_size), str(int(xla)), str(int(low_memory)), precision, str(steps)],
+                          env, f"batch {batch_size}, xla {xla}, low memory {low_memory}, {precision}")
+
+
+def run_subprocess(args: list, env: dict, what: str) -> dict:
+    """This file with `args` in a fresh process; the dict its RESULT line carries."""
+    out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, check=False)
     lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
-        raise SystemExit(f"benchmark worker failed (batch {batch_size}, xla {xla}, low memory {low_memory}, "
-                         f"{precision}):\n"
-                         f"{out.stderr[-3000:]}")
+        raise SystemExit(f"benchmark worker failed ({what}):\n{out.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def run_tensorboard_rows(print_freq: int, steps: int) -> list:
+    """Without and with the writer, each in its own process, alternating twice; the faster of each pair."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    rows = {}
+    for _ in range(2):
+        for tensorboard in (False, True):
+            row = run_subprocess(["--loop-worker", str(int(tensorboard)), str(print_freq), str(steps)], env,
+                                 f"epoch loop, tensorboard {tensorboard}")
+            if tensorboard not in rows or row["step_time_ms"] < rows[tensorboard]["step_time_ms"]:
+                rows[tensorboard] = row
+    return [rows[False], rows[True]]
 
 
 def parse_args():
@@ -186,11 +244,19 @@ def main() -> None:
         batch_size, xla, low_memory = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
         print("RESULT " + json.dumps(worker(batch_size, xla, low_memory, sys.argv[5], int(sys.argv[6]))), flush=True)
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--loop-worker":
+        tensorboard, print_freq, steps = sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
+        print("RESULT " + json.dumps(loop_worker(tensorboard, print_freq, steps)), flush=True)
+        return
     args = parse_args()
-    steps = 5 if args.quick else 20
+    quick = args.quick
+    steps = 5 if quick else 20
     runs = [run_worker(batch_size, xla, low_memory, precision, steps)
             for batch_size, xla, low_memory, precision in VARIANTS]
     reference = reference_runs(args.dlrm_repo, steps)
+    print_freq, loop_steps = (5, 20) if quick else (10, 100)
+    tensorboard_rows = run_tensorboard_rows(print_freq, loop_steps)
+    overhead = tensorboard_rows[1]["step_time_ms"] / tensorboard_rows[0]["step_time_ms"] - 1
     # The machine's peak per precision is the best 2048^3 matmul rate of that precision any
     # worker of this run measured: one worker's measurement can be disturbed, which would
     # inflate its MFU.
@@ -205,9 +271,10 @@ def main() -> None:
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "load_average": os.getloadavg(),
-                   "command": "python bench/train.py" + (" --quick" if args.quick else "")
+                   "command": "python bench/train.py" + (" --quick" if quick else "")
                               + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
-                   "runs": runs, "pytorch_reference": list(reference.values())}, f, indent=1)
+                   "runs": runs, "pytorch_reference": list(reference.values()),
+                   "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}}, f, indent=1)
     gib = float(1 << 30)
     print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'alloc':>7} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} "
           f"{'peak':>7} {'MFU':>6} {'vs torch':>8} {'inf p99 ms':>10} {'inf samples/s':>13} {'runtime':>8} "
@@ -224,6 +291,13 @@ def main() -> None:
     for result in reference.values():
         print(f"PyTorch reference DLRM (torch {result['torch']}, fp32, {result['threads']} threads): batch "
               f"{result['batch_size']}: {result['samples_per_s']:.0f} samples/s, {result['step_time_ms']:.1f} ms/step")
+    print(f"\nepoch loop, batch {TENSORBOARD_BATCH}, a progress point every {print_freq} steps, "
+          f"{loop_steps} measured steps (the faster of 2 runs each)")
+    print(f"{'tensorboard':>11} {'samples/s':>10} {'step ms':>8} {'event bytes':>11}")
+    for r in tensorboard_rows:
+        print(f"{str(r['tensorboard']):>11} {r['samples_per_s']:>10.0f} {r['step_time_ms']:>8.1f} "
+              f"{r['event_bytes']:>11}")
+    print(f"step time with the writer: {overhead:+.1%}")
     print(f"results: {RESULTS}")
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The demo `make demo` runs after setup: a small learnable synthetic dataset, 2-process Horovod
-# training on the CPU, evaluation, a checkpoint, inference from it, and a SavedModel export.
+# The demo `make demo` runs after setup: the pipeline a real user runs, small. Raw Criteo-format
+# day files with learnable labels, preprocessing with preproc/prepare_dataset.sh (its default
+# engine), 2-process Horovod training on the CPU with evaluations and TensorBoard scalars, an
+# evaluation and inference from the checkpoint, a SavedModel export, and a plot of the log.
 set -euo pipefail
 
 usage() {
@@ -8,13 +10,18 @@ usage() {
 Usage: scripts/demo.sh [--help]
 
 Steps (outputs under $DEMO_DIR, default ./demo_output):
-  1. prepare_synthetic_dataset.py writes a learnable split-binary dataset (labels from a random
-     "teacher" DLRM whose AUC is stored in the feature spec);
-  2. horovodrun -np 2 --gloo main.py --mode train (CPU, data parallel) with evaluation and a checkpoint;
-  3. main.py --mode inference from that checkpoint (latency percentiles, throughput, AUC);
-  4. main.py --mode deploy exports a SavedModel;
-  5. prints a summary: trained AUC next to the teacher's AUC, and throughput.
-Environment: DEMO_DIR, DEMO_EPOCHS (default 3), DEMO_NP (default 2).
+  1. synthetic_criteo.py writes 4 raw Criteo-format day files (tab-separated, 40 fields, a few
+     malformed lines) whose labels come from a logistic "teacher" over the features;
+  2. preproc/prepare_dataset.sh CPU 15 turns them into a split-binary dataset (days 0-2 train,
+     day 3 test + validation; malformed lines counted and rejected);
+  3. horovodrun -np 2 --gloo main.py --mode train (CPU): progress lines with ETA, 4 evaluations
+     per epoch, a checkpoint, TensorBoard scalars in $DEMO_DIR/tensorboard;
+  4. main.py --mode eval and --mode inference from that checkpoint (AUC; latency percentiles);
+  5. main.py --mode deploy exports a SavedModel; scripts/plot_log.py draws the training log;
+  6. prints a summary: the preprocessing's line counts, the trained AUC next to the teacher's,
+     throughput and latency.
+Environment: DEMO_DIR, DEMO_LINES_PER_DAY (default 250000, at least 21000), DEMO_EPOCHS (default 1),
+DEMO_NP (default 2).
 USAGE
 }
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then usage; exit 0; fi
@@ -24,10 +31,20 @@ cd "${REPO_DIR}"
 export PATH="${REPO_DIR}/.venv/bin:${PATH}" PYTHONPATH="${REPO_DIR}" OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 DEMO_DIR="${DEMO_DIR:-${REPO_DIR}/demo_output}"
-EPOCHS="${DEMO_EPOCHS:-3}"
+LINES_PER_DAY="${DEMO_LINES_PER_DAY:-250000}"
+EPOCHS="${DEMO_EPOCHS:-1}"
 NP="${DEMO_NP:-2}"
+DAYS=4
+THRESHOLD=15
+BATCH=1024
+RAW="${DEMO_DIR}/raw"
 DATA="${DEMO_DIR}/data"
 MARKER="${DEMO_DIR}/.dlrm_demo_output"
+if [[ ! "${LINES_PER_DAY}" =~ ^[0-9]+$ ]] || (( LINES_PER_DAY < 21000 )); then
+  # inference times 20 batches of 512 from the test split, the first half of the last day
+  echo "error: DEMO_LINES_PER_DAY must be an integer >= 21000, got '${LINES_PER_DAY}'" >&2
+  exit 2
+fi
 if [[ -e "${DEMO_DIR}" ]]; then  # replace only an earlier demo's output (or an empty folder)
   if [[ -f "${MARKER}" || -z "$(ls -A "${DEMO_DIR}")" ]]; then
     rm -rf "${DEMO_DIR}"
@@ -41,43 +58,69 @@ touch "${MARKER}"
 
 # shellcheck disable=SC2054  # the commas are inside flag values (64,16), not array separators
 MODEL=(--embedding_dim 16 --bottom_mlp_dims 64,16 --top_mlp_dims 128,64,1 --optimizer adam
-       --learning_rate 0.01 --warmup_steps 50 --decay_start_step 100000 --batch_size 1024
+       --learning_rate 0.01 --warmup_steps 50 --decay_start_step 100000 --batch_size "${BATCH}"
        --valid_batch_size 4096 --dataset_path "${DATA}" --cpu)
 
-echo "== 1/4 generating a learnable synthetic dataset in ${DATA}"
-python prepare_synthetic_dataset.py --synthetic_dataset_dir "${DATA}" \
-  --synthetic_dataset_table_sizes 100,100,80,80,60,60,50,50 --num_numerical_features 13 \
-  --synthetic_dataset_num_entries 307200 --synthetic_dataset_num_test_entries 81920 \
-  --synthetic_dataset_batch_size 1024
+echo "== 1/6 writing ${DAYS} raw Criteo-format day files of ${LINES_PER_DAY} lines in ${RAW}"
+python synthetic_criteo.py --output "${RAW}" --days "${DAYS}" --lines_per_day "${LINES_PER_DAY}" --teacher \
+  --malformed_per_day 2 --summary "${DEMO_DIR}/raw_summary.json"
 
-echo "== 2/4 training with horovodrun -np ${NP} (CPU, data parallel) for ${EPOCHS} epochs"
+echo "== 2/6 preprocessing: preproc/prepare_dataset.sh CPU ${THRESHOLD} (default engine) into ${DATA}"
+NUM_DAYS="${DAYS}" download_dir="${RAW}" spark_output_path="${DEMO_DIR}/spark_output" \
+  conversion_intermediate_dir="${DEMO_DIR}/intermediate" final_output_dir="${DATA}" PYTHON=python PROGRESS_INTERVAL=2 \
+  preproc/prepare_dataset.sh CPU "${THRESHOLD}"
+
+PRINT_FREQ=$(( (DAYS - 1) * LINES_PER_DAY / BATCH / 10 ))  # about 10 progress lines per epoch
+echo "== 3/6 training with horovodrun -np ${NP} (CPU, tables model parallel) for ${EPOCHS} epoch(s)"
 horovodrun -np "${NP}" -H "localhost:${NP}" --gloo python main.py --mode train "${MODEL[@]}" \
-  --epochs "${EPOCHS}" --evals_per_epoch 1 --print_freq 100 \
-  --save_checkpoint_path "${DEMO_DIR}/checkpoints" --log_path "${DEMO_DIR}/train_log.json"
+  --epochs "${EPOCHS}" --evals_per_epoch 4 --print_freq "${PRINT_FREQ}" --save_checkpoint_path "${DEMO_DIR}/checkpoints" \
+  --log_path "${DEMO_DIR}/train_log.json" --tensorboard_dir "${DEMO_DIR}/tensorboard"
 
-echo "== 3/4 inference from the checkpoint"
-python main.py --mode inference "${MODEL[@]}" --max_steps 20 \
+echo "== 4/6 evaluation and inference from the checkpoint"
+python main.py --mode eval "${MODEL[@]}" --restore_checkpoint_path "${DEMO_DIR}/checkpoints" \
+  --log_path "${DEMO_DIR}/eval_log.json"
+python main.py --mode inference "${MODEL[@]}" --valid_batch_size 512 --max_steps 20 \
   --restore_checkpoint_path "${DEMO_DIR}/checkpoints" --log_path "${DEMO_DIR}/inference_log.json"
 
-echo "== 4/4 exporting a SavedModel"
+echo "== 5/6 exporting a SavedModel; plotting the training log"
 python main.py --mode deploy "${MODEL[@]}" --restore_checkpoint_path "${DEMO_DIR}/checkpoints" \
   --saved_model_output_path "${DEMO_DIR}/saved_model"
+python scripts/plot_log.py "${DEMO_DIR}/train_log.json" --output "${DEMO_DIR}/train_log.png"
 
+echo "== 6/6 summary"
 python - "${DEMO_DIR}" <<'PY'
+import json
 import sys
+
 from utils import read_dllogger_file
+
 
 def final(path):
     return [r["data"] for r in read_dllogger_file(path) if r["type"] == "LOG" and r["step"] == []][-1]
 
+
 demo = sys.argv[1]
-train, inference = final(f"{demo}/train_log.json"), final(f"{demo}/inference_log.json")
-import yaml
-teacher = yaml.safe_load(open(f"{demo}/data/feature_spec.yaml"))["metadata"]["teacher_auc"]
+train, evaluation = final(f"{demo}/train_log.json"), final(f"{demo}/eval_log.json")
+inference = final(f"{demo}/inference_log.json")
+teacher = json.load(open(f"{demo}/raw_summary.json"))["teacher_auc"]
+prep = json.load(open(f"{demo}/data/preprocessing_summary.json"))
+total = prep["total"]
+reasons = {}
+for split in prep["splits"].values():
+    for reason, count in split["rejected_by_reason"].items():
+        reasons[reason] = reasons.get(reason, 0) + count
 print("\n== demo summary")
-print(f"test AUC {train['auc']:.4f}   teacher AUC {teacher:.4f}   gap {teacher - train['auc']:.4f}")
-print(f"training throughput {train['throughput']:.0f} samples/s ({train['mean_step_time_ms']:.2f} ms/step, 2 ranks)")
+print(f"preprocessing ({prep['engine']}, frequency threshold {prep['frequency_limit']}): {total['input_lines']:,} "
+      f"input lines = {total['rows']:,} rows + {total['rejected_lines']:,} rejected ("
+      + ", ".join(f"{reason} {count}" for reason, count in reasons.items() if count) + ")")
+print("  " + ", ".join(f"{name} {split['rows']:,} rows of {split['input_lines']:,} lines"
+                       for name, split in prep["splits"].items()))
+print(f"test AUC {evaluation['auc']:.4f} (best during training {train['auc']:.4f})   teacher AUC {teacher:.4f}   "
+      f"gap {teacher - evaluation['auc']:.4f}")
+print(f"training throughput {train['throughput']:.0f} samples/s ({train['mean_step_time_ms']:.2f} ms/step, "
+      f"{train['evaluations']} evaluations)")
 print(f"inference: {inference['mean_inference_throughput']:.0f} samples/s, "
-      f"p99 latency {inference['p99_inference_latency'] * 1000:.2f} ms, AUC {inference['auc']:.4f}")
+      f"p99 latency {inference['p99_inference_latency'] * 1000:.2f} ms at batch 512")
 print(f"checkpoints: {demo}/checkpoints   SavedModel: {demo}/saved_model")
+print(f"training curves: {demo}/train_log.png   TensorBoard: tensorboard --logdir {demo}/tensorboard")
 PY

@@ -92,6 +92,8 @@ BAD_COMBINATIONS = [
     (["--mode", "deploy"] + RESTORE, "--mode deploy needs --saved_model_output_path"),
     (["--mode", "eval", "--save_checkpoint_path", "/nonexistent/c"] + RESTORE,
      "--save_checkpoint_path is written by --mode train only, not --mode eval"),
+    (["--mode", "eval", "--tensorboard_dir", "/nonexistent/tb"] + RESTORE,
+     "--tensorboard_dir is written by --mode train only, not --mode eval"),
     (["--mode", "inference", "--saved_model_output_path", "/nonexistent/s"] + RESTORE,
      "--saved_model_output_path is written by --mode train or deploy only, not --mode inference"),
     (["--amp", "--fp16"], "--amp and --fp16 are mutually exclusive"),

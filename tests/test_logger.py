@@ -30,6 +30,16 @@ def test_dllogger_file_format(tmp_path):
     assert "auc : 0.76543" in out.getvalue()
 
 
+def test_a_record_without_echo_goes_to_the_file_only(tmp_path):
+    path = tmp_path / "dlrm.json"
+    out = io.StringIO()
+    logger = DllLogger(str(path), enabled=True, stdout=out)
+    logger.log(step=20, data={"loss": 0.25}, echo=False)
+    logger.close()
+    assert [(r["step"], r["data"]) for r in read_dllogger_file(str(path))] == [(20, {"loss": 0.25})]
+    assert out.getvalue() == ""
+
+
 def test_disabled_logger_writes_nothing(tmp_path):
     path = tmp_path / "rank1.json"
     out = io.StringIO()

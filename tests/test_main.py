@@ -50,7 +50,7 @@ def test_training_approaches_the_teacher_auc(tmp_path):
     assert data["teacher_auc"] - data["auc"] < 0.02, data
     assert data["throughput"] > 0 and data["mean_step_time_ms"] > 0
     assert {"validation_loss", "train_loss"} <= set(data)
-    assert "step=300, throughput=" in result.stdout and "learning_rate=" in result.stdout
+    assert "step=300/1200, epoch=1/4, throughput=" in result.stdout and "learning_rate=" in result.stdout
 
 
 def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):

@@ -53,6 +53,11 @@ DEPLOY = ["--mode", "deploy", "--restore_checkpoint_path", "{t}/ckpt"]
      "--saved_model_output_path {t}/c is --save_checkpoint_path"),
     (DEPLOY + ["--saved_model_output_path", "{t}/full"],
      "--saved_model_output_path {t}/full is a non-empty directory without this project's export marker"),
+    (["--tensorboard_dir", "{t}/a_file"], "--tensorboard_dir {t}/a_file exists and is not a directory"),
+    (["--tensorboard_dir", "{t}/a_file/tb"], "--tensorboard_dir {t}/a_file/tb: {t}/a_file is a file, not a directory"),
+    (DATA + ["--tensorboard_dir", "{t}/data/tb"], "--tensorboard_dir {t}/data/tb lies inside --dataset_path {t}/data"),
+    (["--save_checkpoint_path", "{t}/ckpt", "--tensorboard_dir", f"{{t}}/ckpt/{STEP}/tb"],
+     f"--tensorboard_dir {{t}}/ckpt/{STEP}/tb lies inside a checkpoint of --save_checkpoint_path {{t}}/ckpt"),
     (DEPLOY + ["--saved_model_output_path", "{t}/ckpt"], "--saved_model_output_path {t}/ckpt is --restore_checkpoint_path"),
     (DEPLOY + ["--saved_model_output_path", f"{{t}}/ckpt/{STEP}"], "lies inside --restore_checkpoint_path"),
     (DEPLOY + ["--saved_model_output_path", "{t}"], "--saved_model_output_path {t} contains --restore_checkpoint_path"),
@@ -73,7 +78,8 @@ def test_output_refused_before_any_work(tmp_path, capsys, args, message):
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-@pytest.mark.parametrize("flag", ["--log_path", "--save_checkpoint_path", "--saved_model_output_path"])
+@pytest.mark.parametrize("flag", ["--log_path", "--save_checkpoint_path", "--saved_model_output_path",
+                                  "--tensorboard_dir"])
 def test_output_in_a_read_only_folder_is_refused(tmp_path, capsys, flag):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
@@ -215,6 +221,40 @@ def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path):
                             env=dict(os.environ, DEMO_DIR=str(tmp_path)), capture_output=True, text=True)
     assert result.returncode == 2 and "is not an earlier demo's output; refusing to delete it" in result.stderr
     assert os.listdir(tmp_path) == ["thesis.tex"]
+
+
+def test_demo_runs_the_pipeline_from_raw_criteo_days(tmp_path):
+    """scripts/demo.sh at a small size: raw days -> prepare_dataset.sh -> 2-rank training -> eval,
+    inference, export, plot; the summary reports the preprocessing's line accounting."""
+    import re
+    import subprocess
+
+    from test_progress import png_size
+
+    demo = tmp_path / "demo"
+    result = subprocess.run(["bash", "scripts/demo.sh"], cwd=os.path.dirname(os.path.dirname(__file__)),
+                            env=dict(os.environ, DEMO_DIR=str(demo), DEMO_LINES_PER_DAY="30000"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    for day in range(4):
+        lines = (demo / "raw" / f"day_{day}").read_text().splitlines()
+        assert len(lines) == 30000 and sum(line.count("\t") == 39 for line in lines) >= 29998
+    summary = json.loads((demo / "data" / "preprocessing_summary.json").read_text())
+    assert summary["engine"] == "duckdb"
+    assert summary["total"] == {"rows": 119992, "input_lines": 120000, "rejected_lines": 8}
+    out = result.stdout
+    assert ("preprocessing (duckdb, frequency threshold 15): 120,000 input lines = 119,992 rows + 8 rejected "
+            "(wrong_field_count 2, bad_label 2, non_integer_numerical 2, non_hex_categorical 2)") in out
+    splits = summary["splits"]
+    assert ", ".join(f"{name} {splits[name]['rows']:,} rows of {splits[name]['input_lines']:,} lines"
+                     for name in ("train", "test", "validation")) in out
+    assert splits["train"]["input_lines"] == 90000 and splits["test"]["input_lines"] == 15000
+    assert re.search(r"^\[0\]<stdout>:step=\d+/87, epoch=1/1, .* eta=\d+:\d\d:\d\d$", out, re.M)
+    auc, teacher = map(float, re.search(r"^test AUC ([\d.]+) .* teacher AUC ([\d.]+)", out, re.M).groups())
+    assert 0.7 < auc < teacher  # learned from the raw lines; the teacher's labels bound it
+    assert len(list((demo / "tensorboard").glob("events.out.tfevents.*"))) == 1  # rank 0 only
+    assert png_size(demo / "train_log.png") == (1200, 800)
+    assert (demo / "saved_model" / "saved_model.pb").is_file()
 
 
 def test_a_full_disk_during_deploy_is_one_line_and_leaves_nothing(tmp_path):

@@ -25,7 +25,7 @@ PREPROC = os.path.join(REPO, "preproc")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import criteo_synth  # noqa: E402
+import synthetic_criteo  # noqa: E402
 from multiproc import assert_one_error, require, snapshot  # noqa: E402
 from feature_spec import FeatureSpec, get_categorical_feature_type  # noqa: E402
 
@@ -150,7 +150,9 @@ def dataset_digest(final: str) -> str:
 def criteo_input(tmp_path_factory):
     """The raw days (in `tmp/raw`) and the pandas expectations every engine is checked against."""
     tmp = str(tmp_path_factory.mktemp("criteo"))
-    lines = criteo_synth.write_days(os.path.join(tmp, "raw"), NUM_DAYS, LINES_PER_DAY, seed=7, bad_lines=BAD_LINES)
+    days = synthetic_criteo.write_days(os.path.join(tmp, "raw"), NUM_DAYS, LINES_PER_DAY, seed=7,
+                                       bad_lines=BAD_LINES)
+    lines = {day: written.lines for day, written in days.items()}
     good = {day: parse_good_lines(day_lines, BAD_LINES.get(day, {})) for day, day_lines in lines.items()}
     dictionaries = expected_dictionaries(pd.concat(good.values(), ignore_index=True), THRESHOLD)
     half = LINES_PER_DAY // 2
@@ -212,8 +214,8 @@ def test_row_counts_and_rejections_add_up(criteo_run):
     train_bad = [kind for day in train_days for kind in BAD_LINES.get(day, {}).values()]
     assert splits["train"]["input_lines"] == LINES_PER_DAY * len(train_days)
     assert splits["train"]["rows"] == LINES_PER_DAY * len(train_days) - len(train_bad)
-    assert splits["train"]["rejected_by_reason"] == {k: train_bad.count(k) for k in criteo_synth.BAD_LINE_KINDS}
-    assert splits["train"]["by_day"]["day_1"]["rejected"] == {k: 1 for k in criteo_synth.BAD_LINE_KINDS}
+    assert splits["train"]["rejected_by_reason"] == {k: train_bad.count(k) for k in synthetic_criteo.BAD_LINE_KINDS}
+    assert splits["train"]["by_day"]["day_1"]["rejected"] == {k: 1 for k in synthetic_criteo.BAD_LINE_KINDS}
     assert splits["test"]["rows"] == len(criteo_run.test_good) == LINES_PER_DAY // 2 - 1
     assert splits["test"]["rejected_by_reason"]["non_hex_categorical"] == 1
     assert splits["validation"]["rows"] == len(criteo_run.validation_good) == LINES_PER_DAY - LINES_PER_DAY // 2 - 1
@@ -283,7 +285,7 @@ def test_rerun_reuses_finished_outputs(criteo_run):
     assert "Reusing the dataset" in result.stdout
 
 
-# The digest of the dataset built from the fixed input above (criteo_synth seed 7, BAD_LINES,
+# The digest of the dataset built from the fixed input above (synthetic_criteo seed 7, BAD_LINES,
 # threshold 2, seed 12345): a change of the rules, ids, transforms or train order changes it.
 PINNED_DIGEST = "0426c2ee4d63c15000fb4d99fecbfb7678c13833f58c496b3b6ac5b5ab170fbc"
 
@@ -324,7 +326,7 @@ def test_main_trains_on_the_output(criteo_run):
 # ----------------------------------------------------------------------------- bad input
 @pytest.fixture
 def small_raw(tmp_path):
-    criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, 200, seed=3)
+    synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, 200, seed=3)
     return tmp_path
 
 
@@ -373,7 +375,7 @@ def test_gpu_pipeline_without_rapids_names_the_jar(small_raw):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_strict_mode_stops_at_the_first_bad_line(tmp_path, engine):
     engine_available(engine)
-    criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, 300, seed=5,
+    synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, 300, seed=5,
                             bad_lines={1: {57: "non_integer_numerical", 200: "bad_label"},
                                        2: {3: "wrong_field_count"}})
     result = run_prepare(str(tmp_path), "--engine", engine, "CPU", "2", STRICT="1")
@@ -423,8 +425,8 @@ def test_parse_frequency_limit():
 @needs_spark
 def test_per_column_frequency_limits_match_pandas(spark_utils, tmp_path):
     """The Spark dictionary (one grouped count over all columns, ids by range-partitioned offsets)."""
-    lines = criteo_synth.write_days(str(tmp_path), 2, 3000, seed=11)
-    good = pd.concat([parse_good_lines(day_lines, {}) for day_lines in lines.values()], ignore_index=True)
+    days = synthetic_criteo.write_days(str(tmp_path), 2, 3000, seed=11)
+    good = pd.concat([parse_good_lines(day.lines, {}) for day in days.values()], ignore_index=True)
     u = spark_utils.utils
     limits = [3] * NUM_CATEGORICAL
     limits[0], limits[3] = 1, 10
@@ -439,7 +441,7 @@ def test_per_column_frequency_limits_match_pandas(spark_utils, tmp_path):
 
 def validation_cases() -> List[tuple]:
     """(raw line, expected rejection reason or None) covering each rule and its edges."""
-    good = criteo_synth.good_lines(1, day=0)[0].split("\t")
+    good = synthetic_criteo.good_lines(1, day=0)[0].split("\t")
 
     def line(**changes: str) -> str:
         fields = list(good)
@@ -502,7 +504,7 @@ def test_train_order_is_seeded(tmp_path):
     order is that of the md5 key the rules define."""
     sys.path.insert(0, PREPROC)
     import duckdb_pipeline as d
-    lines = criteo_synth.write_days(str(tmp_path / "raw"), 3, 400, seed=13)
+    days = synthetic_criteo.write_days(str(tmp_path / "raw"), 3, 400, seed=13)
 
     def train(seed: int, run: str) -> np.ndarray:
         out = str(tmp_path / run)
@@ -515,7 +517,7 @@ def test_train_order_is_seeded(tmp_path):
     assert not np.array_equal(first, other)
     np.testing.assert_array_equal(sorted_rows(first.astype(np.float64)), sorted_rows(other.astype(np.float64)))
     keys = sorted((hashlib.md5(f"99\t{day}\t{text}".encode()).hexdigest(), day, text)
-                  for day in (0, 1) for text in lines[day])
+                  for day in (0, 1) for text in days[day].lines)
     want = expected_numerical(np.array([[float(v) if v else np.nan for v in text.split("\t")[1:14]]
                                         for _, _, text in keys]))
     np.testing.assert_array_equal(first, want)
@@ -684,7 +686,7 @@ def test_spark_runs_on_a_standalone_cluster(tmp_path):
     engine_available("duckdb")
     import pyspark
     spark_class = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "bin", "spark-class")
-    criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, 1500, seed=21, bad_lines={2: {5: "bad_label"}})
+    synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, 1500, seed=21, bad_lines={2: {5: "bad_label"}})
     master_port, worker_port = _free_port(), _free_port()
     env = _environment(SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path / "logs"),
                        SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_DIRS=str(tmp_path / "spark_tmp"))
@@ -724,7 +726,7 @@ def test_duckdb_engine_spills_under_a_small_memory_limit(tmp_path):
     (several at this limit) and the dataset is the same as without a limit (one range)."""
     sys.path.insert(0, PREPROC)
     import duckdb_pipeline as d
-    criteo_synth.write_days(str(tmp_path / "raw"), NUM_DAYS, MEMORY_TEST_LINES_PER_DAY, seed=17)
+    synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, MEMORY_TEST_LINES_PER_DAY, seed=17)
     input_bytes = sum(os.path.getsize(tmp_path / "raw" / f"day_{day}") for day in range(NUM_DAYS))
     limited = run_prepare(str(tmp_path / "limited"), "--engine", "duckdb", "CPU", "3", raw=str(tmp_path / "raw"),
                           DUCKDB_MEMORY_LIMIT=f"{MEMORY_TEST_LIMIT_MB}MB", TOTAL_CORES="1")

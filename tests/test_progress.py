@@ -1,0 +1,122 @@
+"""What a user watches during and after training: progress lines with the step out of the total,
+the epoch and the ETA; evaluation progress; TensorBoard scalars (--tensorboard_dir); and
+scripts/plot_log.py's PNG of loss and AUC from the dllogger log. All from one real short run."""
+import glob
+import re
+import struct
+import subprocess
+import sys
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from multiproc import REPO_ROOT, assert_ok
+from test_main import SMALL_MODEL, main_py
+from trainer import Evaluator, duration_text
+
+STEPS_PER_EPOCH, EPOCHS, PRINT_FREQ = 40, 2, 5
+PROGRESS = re.compile(r"^step=(\d+)/(\d+), epoch=(\d+)/(\d+), throughput=[\d.]+M, step_time=[\d.]+ ms, "
+                      r"learning_rate=[\d.]+, loss=[\d.]+, eta=(\d+):(\d\d):(\d\d)$")
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """One training run of 2 epochs x 40 steps, a progress line every 5 steps, 2 evaluations per epoch."""
+    root = tmp_path_factory.mktemp("run")
+    args = [*SMALL_MODEL, "--print_freq", str(PRINT_FREQ), "--dataset_type", "synthetic",
+            "--synthetic_dataset_cardinalities", "50,20,7,30", "--synthetic_dataset_num_numerical_features", "5",
+            "--synthetic_dataset_train_batches", str(STEPS_PER_EPOCH), "--synthetic_dataset_valid_batches", "3",
+            "--batch_size", "64", "--valid_batch_size", "100", "--learning_rate", "0.1", "--warmup_steps", "2",
+            "--epochs", str(EPOCHS), "--evals_per_epoch", "2", "--log_path", str(root / "log.json"),
+            "--tensorboard_dir", str(root / "tb")]
+    result = main_py(args)
+    assert_ok(result)
+    return root, result.stdout
+
+
+def test_progress_lines_show_step_of_total_epoch_and_eta(short_run):
+    _, stdout = short_run
+    lines = [line for line in stdout.splitlines() if line.startswith("step=")]
+    parsed = [PROGRESS.match(line) for line in lines]
+    assert lines and all(parsed), lines
+    total = STEPS_PER_EPOCH * EPOCHS
+    steps = [int(m.group(1)) for m in parsed]
+    # the timer's warm-up is 2 x print_freq steps; then a line every print_freq steps to the end
+    assert steps == list(range(3 * PRINT_FREQ, total + 1, PRINT_FREQ))
+    for match, step in zip(parsed, steps):
+        assert int(match.group(2)) == total and int(match.group(4)) == EPOCHS
+        assert int(match.group(3)) == (step - 1) // STEPS_PER_EPOCH + 1
+    etas = [int(m.group(5)) * 3600 + int(m.group(6)) * 60 + int(m.group(7)) for m in parsed]
+    assert etas[-1] == 0  # nothing is left after the last step
+
+
+def test_duration_text():
+    assert duration_text(0.4) == "0:00:00" and duration_text(3725.2) == "1:02:05"
+    assert duration_text(90000) == "1 day, 1:00:00"
+
+
+def test_tensorboard_holds_the_training_and_evaluation_scalars(short_run):
+    root, stdout = short_run
+    (events,) = glob.glob(str(root / "tb" / "events.out.tfevents.*"))
+    scalars = defaultdict(dict)
+    for event in tf.compat.v1.train.summary_iterator(events):
+        for value in event.summary.value:
+            scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
+    assert set(scalars) == {"train/loss", "train/learning_rate", "train/throughput", "train/step_time_ms",
+                            "eval/auc", "eval/validation_loss"}
+    progress_steps = [int(m) for m in re.findall(r"^step=(\d+)/", stdout, re.M)]
+    for tag in ("train/loss", "train/learning_rate", "train/throughput", "train/step_time_ms"):
+        assert sorted(scalars[tag]) == progress_steps, tag
+    printed = re.findall(r"^Evaluation completed, AUC: ([\d.]+), test_loss: ([\d.]+), step: (\d+)", stdout, re.M)
+    assert len(printed) == EPOCHS * 2
+    for auc, loss, step in printed:
+        assert scalars["eval/auc"][int(step)] == pytest.approx(float(auc), abs=1e-6)
+        assert scalars["eval/validation_loss"][int(step)] == pytest.approx(float(loss), abs=1e-6)
+    line = re.search(r"^step=15/\d+, .*loss=([\d.]+),", stdout, re.M)
+    assert scalars["train/loss"][15] == pytest.approx(float(line.group(1)), abs=1e-7)
+
+
+def png_size(path):
+    """(width, height) from a PNG's IHDR chunk, after checking the signature and the chunk's name."""
+    data = open(path, "rb").read(24)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    assert data[12:16] == b"IHDR", "the first chunk is not IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_log_draws_loss_and_auc_as_a_png(short_run, tmp_path):
+    root, _ = short_run
+    output = tmp_path / "plot.png"
+    result = subprocess.run([sys.executable, "scripts/plot_log.py", str(root / "log.json"), "--output", str(output),
+                             "--width", "900", "--height", "600"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert_ok(result)
+    assert "14 loss points, 4 AUC points" in result.stdout  # a line every 5 steps from 15 to 80; 2 evals per epoch
+    assert png_size(output) == (900, 600)
+    assert output.stat().st_size > 10_000  # drawn, not a blank canvas
+
+
+def test_plot_log_refuses_a_log_without_training_records(tmp_path):
+    log = tmp_path / "eval.json"
+    log.write_text('DLLL {"type": "LOG", "step": [], "data": {"auc": 0.7}}\n')
+    result = subprocess.run([sys.executable, "scripts/plot_log.py", str(log)], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("error:") == 1
+    assert f"{log}: no training record with a loss or an AUC" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]
+
+
+def test_long_evaluation_prints_its_progress(capsys):
+    features = {"x": np.arange(12, dtype=np.float32).reshape(6, 2)}
+    dataset = tf.data.Dataset.from_tensor_slices((features, np.array([0, 1, 0, 1, 1, 0], np.float32))).batch(2)
+    evaluator = Evaluator(lambda batch: tf.reduce_sum(batch["x"], axis=1), progress_interval_s=0.0)
+    result = evaluator.evaluate(dataset)
+    assert result.num_samples == 6
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" batches")[0] for line in lines] == ["evaluation: 1/3", "evaluation: 2/3", "evaluation: 3/3"]
+    assert re.fullmatch(r"evaluation: 3/3 batches \(100%\), [\d.]+ batches/s, eta=0:00:00", lines[-1])
+    quiet = Evaluator(lambda batch: tf.reduce_sum(batch["x"], axis=1))  # 30 s: a short test set prints nothing
+    quiet.evaluate(dataset)
+    assert capsys.readouterr().out == ""
