@@ -13,6 +13,10 @@ def _coverage(plan):
     """Every table's columns exactly once (model-parallel), or replicated, or its rows exactly once
     (row-sliced)."""
     for table in range(len(plan.cardinalities)):
+        if table in plan.row_sliced:
+            blocks = [b for rank in range(plan.world_size) for b in plan.row_blocks_on(rank) if b.table == table]
+            assert [b.rank for b in blocks] == list(range(plan.world_size))
+            assert sum(b.rows for b in blocks) == plan.cardinalities[table] == plan.row_starts(table)[-1]
         if table in plan.replicated or table in plan.row_sliced:
             assert not plan.pieces_of(table)
             continue
