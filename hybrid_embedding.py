@@ -128,8 +128,9 @@ class HybridEmbedding(tf.keras.layers.Layer):
     Input: a tuple of int id tensors, one per table of `reads` (`ShardingPlan.reads`, the same
     object the rank's loader was given): with model-parallel input the global batch of the tables
     this rank holds, of the replicated ones and of the row-sliced ones, with data-parallel input
-    the local batch of every table. Output: `[local_batch, sum of the table widths]`, the tables' vectors side by side in
-    feature order, in `output_dtype` (the embedding layers' common output layout).
+    the local batch of every table. Output: `[local_batch, sum of the table widths]`, the tables'
+    vectors side by side in feature order, in `output_dtype` (the embedding layers' common output
+    layout).
     """
 
     def __init__(self, plan: ShardingPlan, rank: int, reads: TableReads, *,
