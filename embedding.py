@@ -109,14 +109,16 @@ def assign_rows(variable: tf.Variable, row_start: int, values) -> None:
 
 
 def fill_uniform(variable: tf.Variable, row_start: int, rows: int, *, seed: Optional[int], table: int,
-                 columns: Optional[Tuple[int, int]] = None, full_dim: Optional[int] = None) -> None:
-    """Fill rows [row_start, row_start + rows) of `variable` with table `table`, or with its
-    columns [c0, c1) when `columns` is given: U(-sqrt(1/N), sqrt(1/N)), N = rows (§2.7).
+                 columns: Optional[Tuple[int, int]] = None, full_dim: Optional[int] = None,
+                 table_rows: Optional[Tuple[int, int]] = None) -> None:
+    """Fill rows [row_start, row_start + rows) of `variable` with table `table` (of `rows` rows),
+    or with its columns [c0, c1) when `columns` is given, or only with its rows [r0, r1) from
+    `row_start` on when `table_rows` is given (a row slice): U(-sqrt(1/N), sqrt(1/N)), N = rows (§2.7).
 
     Every value is a pure function of (seed, table, row, column): rows are drawn in blocks fixed
     by the global table shape (`full_dim` wide), each from a stateless generator keyed by
-    (seed, table, block), so a table starts the same whether it is whole, fused, offloaded or
-    column-sliced over any number of ranks. Generated on the CPU one block at a time, so
+    (seed, table, block), so a table starts the same whether it is whole, fused, offloaded, or
+    column- or row-sliced over any number of ranks. Generated on the CPU one block at a time, so
     initialising a huge table never holds more than one block besides the table itself.
     `seed` None keeps the zeros the table was created with (V5 `--embedding_zeros_initializer`).
     """
@@ -125,11 +127,15 @@ def fill_uniform(variable: tf.Variable, row_start: int, rows: int, *, seed: Opti
     limit = math.sqrt(1.0 / rows)
     dim = full_dim or int(variable.shape[1])
     first, last = columns or (0, dim)
+    kept_start, kept_end = table_rows or (0, rows)
     for block, (start, end) in enumerate(row_chunks(rows, dim)):
+        low, high = max(start, kept_start), min(end, kept_end)
+        if low >= high:
+            continue
         with tf.device("/CPU:0"):
             key = tf.constant([seed, (table << 32) + block], tf.int64)
             values = tf.random.stateless_uniform([end - start, dim], key, -limit, limit, dtype=tf.float32)
-        assign_rows(variable, row_start + start, values[:, first:last] if columns else values)
+        assign_rows(variable, row_start + low - kept_start, values[low - start:high - start, first:last])
 
 
 class _TableGroup(tf.keras.layers.Layer):

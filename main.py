@@ -125,6 +125,9 @@ flags.DEFINE_enum("dist_strategy", "memory_balanced", list(STRATEGIES),
                   "Table placement of the model-parallel embeddings (the sharding planner's strategies)")
 flags.DEFINE_integer("column_slice_threshold", 10 * 1000 * 1000 * 1000,
                      "Tables with more elements are column-sliced across ranks (model-parallel embeddings)")
+flags.DEFINE_integer("row_slice_threshold", None,
+                     "Tables (not replicated) with at least this many elements are cut by rows over all ranks, "
+                     "each rank holding a contiguous block; ids are routed to the owning rank (V5; none: off)")
 flags.DEFINE_integer("data_parallel_threshold", None,
                      "Tables with at most this many elements are replicated on every rank (data parallel)")
 flags.DEFINE_bool("data_parallel_input", False,
@@ -192,6 +195,7 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("synthetic_dataset_num_numerical_features", _at_least(1), ">= 1 (the bottom MLP needs an input)"),
     ("column_slice_threshold", _at_least(1), ">= 1 (elements)"),
     ("data_parallel_threshold", _optional(_at_least(0)), ">= 0 (elements)"),
+    ("row_slice_threshold", _optional(_at_least(1)), ">= 1 (elements)"),
     ("seed", lambda v: 0 <= v < 2 ** 32, "in [0, 2**32)"),
     ("num_cross_layers", _at_least(1), ">= 1"),
     ("cross_layer_projection_dim", _at_least(0), ">= 0 (0: full rank)"),
@@ -432,14 +436,15 @@ def memory_budget(local_rank: int):
 
 
 def sharding_plan(spec, rank: int, world_size: int):
-    """Which rank holds which table or slice, and in which memory tier (--print_sharding_plan)."""
+    """Which rank holds which table, column slice or row block, and in which memory tier
+    (--print_sharding_plan)."""
     import distributed as dist
     from sharding import plan_sharding
     from utils import print_rank0
 
     plan = plan_sharding(spec.cardinalities, embedding_dims(FLAGS.embedding_dim), world_size, FLAGS.dist_strategy,
                          FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
-                         memory_budget(dist.local_rank()))
+                         memory_budget(dist.local_rank()), FLAGS.row_slice_threshold)
     if FLAGS.print_sharding_plan:
         print_rank0(plan.describe(), rank=rank)
     return plan
@@ -743,7 +748,7 @@ def run(argv) -> int:
 
 
 # V5's defaults shared by dlrm.py and dcnv2.py where they differ from main.py's (V3/V4) ones.
-V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9}
+V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9, "row_slice_threshold": 10 * 10**9}
 
 
 def main(defaults: Optional[Dict[str, Any]] = None) -> None:

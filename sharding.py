@@ -8,7 +8,10 @@ Facts matched from distributed-embeddings (reference §2.14, anchors §1):
   by size and deals them in snake order, `memory_optimized` gives the largest piece to the
   least-loaded rank;
 - slices of one table that land on the same rank with adjacent columns are merged;
-- tables with at most `data_parallel_threshold` elements are replicated on every rank.
+- tables with at most `data_parallel_threshold` elements are replicated on every rank; of the
+  others, those with at least `row_slice_threshold` elements are row-sliced: cut into one
+  contiguous block of rows per rank (rank r holds rows // W rows, one more when r < rows % W),
+  and only with several ranks.
 The plan also decides the memory tier of everything a rank holds (`MemoryBudget`): the smallest
 pieces fill the rank's device budget, counting their optimizer slots and the update's transient;
 the rest live in host memory. The plan is a pure function of its arguments, so every rank computes
@@ -96,6 +99,7 @@ class ShardingPlan:
     dims: List[int]  # the width of every table
     strategy: str
     replicated: List[int] = field(default_factory=list)
+    row_sliced: List[int] = field(default_factory=list)
     pieces: List[Piece] = field(default_factory=list)
     budget: MemoryBudget = MemoryBudget(device_bytes=None)
     host_items: FrozenSet[Tuple[int, int, int]] = frozenset()  # (rank, table, first column) in host memory
@@ -110,24 +114,38 @@ class ShardingPlan:
     def model_parallel_tables_on(self, rank: int) -> List[int]:
         return sorted({p.table for p in self.pieces if p.rank == rank})
 
+    def row_starts(self, table: int) -> List[int]:
+        """[world_size + 1] first rows of every rank's block of a row-sliced table (the last: its end)."""
+        return row_block_starts(self.cardinalities[table], self.world_size)
+
+    def row_blocks_on(self, rank: int) -> List[Piece]:
+        """This rank's block of every row-sliced table (full width, `rows` of the block), by table."""
+        blocks = []
+        for table in self.row_sliced:
+            starts = self.row_starts(table)
+            blocks.append(Piece(table, 0, self.dims[table], rank, starts[rank + 1] - starts[rank]))
+        return blocks
+
     def reads(self, rank: int, data_parallel_input: bool = False) -> TableReads:
         """The one decision of which ids `rank` reads, handed to its loader and its embedding layer.
 
         Model-parallel input (several ranks, the default): the global batch of the tables it holds
-        a piece of, and of the replicated ones. Data-parallel input, or a single process: the local
-        rows of every table.
+        a piece of, of the replicated ones and of the row-sliced ones (of which the layer keeps
+        the local rows). Data-parallel input, or a single process: the local rows of every table.
         """
         if data_parallel_input or self.world_size == 1:
             return TableReads.every_table(len(self.cardinalities))
-        return TableReads(tuple(sorted(set(self.model_parallel_tables_on(rank)) | set(self.replicated))),
-                          global_batch=True)
+        read = set(self.model_parallel_tables_on(rank)) | set(self.replicated) | set(self.row_sliced)
+        return TableReads(tuple(sorted(read)), global_batch=True)
 
     def width_on(self, rank: int) -> int:
         return sum(p.width for p in self.pieces_on(rank))
 
     def items_on(self, rank: int) -> List[Piece]:
-        """Everything `rank` holds: its model-parallel pieces, then the replicated tables whole."""
-        return self.pieces_on(rank) + [Piece(t, 0, self.dims[t], rank, self.cardinalities[t]) for t in self.replicated]
+        """Everything `rank` holds: its model-parallel pieces, its blocks of the row-sliced tables,
+        then the replicated tables whole."""
+        return (self.pieces_on(rank) + self.row_blocks_on(rank)
+                + [Piece(t, 0, self.dims[t], rank, self.cardinalities[t]) for t in self.replicated])
 
     def on_host(self, rank: int, table: int, col_start: int = 0) -> bool:
         """Whether the piece of `table` starting at `col_start` on `rank` lives in host memory."""
@@ -160,14 +178,31 @@ class ShardingPlan:
                  f"{self.budget.optimizer_slots} optimizer slot(s) per table"]
         if self.replicated:
             lines.append(f"  replicated on every rank: tables {self.replicated}")
+        if self.row_sliced:
+            lines.append(f"  row-sliced over every rank: tables {self.row_sliced}")
         for rank, (device, host) in enumerate(self.memory_per_rank()):
             items = ", ".join(
-                f"table {p.table}" + ("" if p.width == self.dims[p.table] else f"[cols {p.col_start}:{p.col_end}]")
+                f"table {p.table}{self._part(p)}"
                 + f" ({p.rows} rows{', host' if self.on_host(rank, p.table, p.col_start) else ''})"
                 for p in self.items_on(rank))
             lines.append(f"  rank {rank}: device {device / 2**20:.1f} MiB, host {host / 2**20:.1f} MiB: "
                          f"{items or 'no tables'}")
         return "\n".join(lines)
+
+    def _part(self, item: Piece) -> str:
+        """Which part of its table an item is, as `describe` prints it ('' for the whole table)."""
+        if item.table in self.row_sliced:
+            starts = self.row_starts(item.table)
+            return f"[rows {starts[item.rank]}:{starts[item.rank + 1]}]"
+        return "" if item.width == self.dims[item.table] else f"[cols {item.col_start}:{item.col_end}]"
+
+
+def row_block_starts(rows: int, world_size: int) -> List[int]:
+    """First row of every rank's block of a table of `rows` rows cut by rows over `world_size`
+    ranks (distributed-embeddings' split: `rows // W` each, one more for the first `rows % W`
+    ranks), and the end of the table."""
+    per_rank, remainder = divmod(rows, world_size)
+    return [rank * per_rank + min(rank, remainder) for rank in range(world_size + 1)]
 
 
 def _largest_power_of_two_at_most(value: int) -> int:
@@ -256,22 +291,31 @@ def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], 
                   strategy: str = "memory_balanced",
                   column_slice_threshold: Optional[int] = None,
                   data_parallel_threshold: Optional[int] = None,
-                  budget: Optional[MemoryBudget] = None) -> ShardingPlan:
-    """Place every table (or column slice) on a rank and in a memory tier; see the module docstring."""
+                  budget: Optional[MemoryBudget] = None,
+                  row_slice_threshold: Optional[int] = None) -> ShardingPlan:
+    """Place every table (or column slice, or row block) on a rank and in a memory tier; see the
+    module docstring."""
     if strategy not in STRATEGIES:
         raise ShardingError(f"--dist_strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if world_size < 1:
         raise ShardingError(f"world size must be positive, got {world_size}")
+    if row_slice_threshold is not None and row_slice_threshold < 1:
+        raise ShardingError(f"--row_slice_threshold must be >= 1 (elements), got {row_slice_threshold}")
     cardinalities = [int(c) for c in cardinalities]
     dims = table_dims(dim, len(cardinalities))
     replicated = []
     if world_size > 1 and data_parallel_threshold is not None:
         replicated = [t for t, rows in enumerate(cardinalities) if rows * dims[t] <= data_parallel_threshold]
-    model_parallel = [t for t in range(len(cardinalities)) if t not in replicated]
-    if not model_parallel and world_size > 1:
+    row_sliced = []
+    if world_size > 1 and row_slice_threshold is not None:
+        row_sliced = [t for t, rows in enumerate(cardinalities)
+                      if t not in replicated and rows * dims[t] >= row_slice_threshold]
+    model_parallel = [t for t in range(len(cardinalities)) if t not in replicated and t not in row_sliced]
+    if not model_parallel and not row_sliced and world_size > 1:
         raise ShardingError(f"every table is replicated (--data_parallel_threshold {data_parallel_threshold}); "
                             f"no table is left to place on the {world_size} ranks")
-    counts = _slice_counts(cardinalities, dims, model_parallel, world_size, column_slice_threshold)
+    counts = (_slice_counts(cardinalities, dims, model_parallel, world_size, column_slice_threshold)
+              if model_parallel else {})
     unplaced = []
     for t in model_parallel:
         bounds = [i * dims[t] // counts[t] for i in range(counts[t] + 1)]
@@ -279,6 +323,7 @@ def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], 
     ranks = _assign([cardinalities[t] * (end - start) for t, start, end in unplaced], world_size, strategy)
     pieces = [Piece(t, start, end, rank, cardinalities[t]) for (t, start, end), rank in zip(unplaced, ranks)]
     plan = ShardingPlan(world_size=world_size, cardinalities=cardinalities, dims=dims, strategy=strategy,
-                        replicated=replicated, pieces=_merge(pieces), budget=budget or MemoryBudget(None))
+                        replicated=replicated, row_sliced=row_sliced, pieces=_merge(pieces),
+                        budget=budget or MemoryBudget(None))
     plan.host_items = _host_items(plan)
     return plan

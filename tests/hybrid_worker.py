@@ -44,7 +44,8 @@ def main(options: dict, output: str) -> None:
     tf.config.experimental.enable_op_determinism()
     rank, world_size = dist.rank(), dist.size()
     plan = plan_sharding(CARDINALITIES, DIM, world_size, options["strategy"],
-                         options.get("column_slice_threshold"), options.get("data_parallel_threshold"))
+                         options.get("column_slice_threshold"), options.get("data_parallel_threshold"),
+                         row_slice_threshold=options.get("row_slice_threshold"))
     reads = plan.reads(rank, options["data_parallel_input"])
     trainer = build_trainer(plan, rank, reads, ModelOptions(
         num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=[16, DIM], top_mlp_dims=[16, 1],

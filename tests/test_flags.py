@@ -69,6 +69,7 @@ BAD_VALUES = [
     (["--synthetic_dataset_num_numerical_features", "0"], "--synthetic_dataset_num_numerical_features must be >= 1"),
     (["--column_slice_threshold", "0"], "--column_slice_threshold must be >= 1"),
     (["--data_parallel_threshold", "-1"], "--data_parallel_threshold must be >= 0"),
+    (["--row_slice_threshold", "0"], "--row_slice_threshold must be >= 1 (elements), got 0"),
     (["--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
     (["--top_mlp_dims", "16,x"], "--top_mlp_dims must be a comma-separated list of integers, got 16,x"),
     (["--synthetic_dataset_cardinalities", "50,0"], "--synthetic_dataset_cardinalities needs positive integers"),

@@ -10,9 +10,14 @@ from sharding import STRATEGIES, MemoryBudget, ShardingError, plan_sharding, tab
 
 
 def _coverage(plan):
-    """Every table's columns exactly once (model-parallel) or replicated."""
+    """Every table's columns exactly once (model-parallel), or replicated, or its rows exactly once
+    (row-sliced)."""
     for table in range(len(plan.cardinalities)):
-        if table in plan.replicated:
+        if table in plan.row_sliced:
+            blocks = [b for rank in range(plan.world_size) for b in plan.row_blocks_on(rank) if b.table == table]
+            assert [b.rank for b in blocks] == list(range(plan.world_size))
+            assert sum(b.rows for b in blocks) == plan.cardinalities[table] == plan.row_starts(table)[-1]
+        if table in plan.replicated or table in plan.row_sliced:
             assert not plan.pieces_of(table)
             continue
         columns = [c for p in plan.pieces_of(table) for c in range(p.col_start, p.col_end)]
@@ -66,6 +71,34 @@ def test_replication_and_planner_errors():
     assert set(STRATEGIES) == {"basic", "memory_balanced", "memory_optimized"}
 
 
+def test_row_slicing_cuts_large_tables_into_one_block_of_rows_per_rank():
+    plan = plan_sharding([1000, 10, 501, 5, 40], 4, 3, "basic", data_parallel_threshold=20,
+                         row_slice_threshold=2000, budget=MemoryBudget(None, optimizer_slots=2))
+    assert plan.row_sliced == [0, 2] and plan.replicated == [3]
+    assert [(p.table, p.rank, p.width) for p in plan.pieces] == [(1, 0, 4), (4, 1, 2), (4, 2, 2)]
+    assert plan.row_starts(2) == [0, 167, 334, 501] and plan.row_starts(0) == [0, 334, 667, 1000]
+    _coverage(plan)
+    blocks = [plan.row_blocks_on(rank) for rank in range(3)]
+    assert [[(b.table, b.rows, b.width) for b in rank_blocks] for rank_blocks in blocks] == \
+        [[(0, 334, 4), (2, 167, 4)], [(0, 333, 4), (2, 167, 4)], [(0, 333, 4), (2, 167, 4)]]
+    # each rank counts its blocks (values and Adam's two slots), not the whole tables
+    device = [d for d, _ in plan.memory_per_rank()]
+    assert device[1] == sum(plan.budget.footprint(p.rows, p.width) for p in plan.items_on(1))
+    assert device[1] == ((333 + 167 + 5) * 4 + 40 * 2) * 4 * 3
+    # model-parallel input: the global batch of its pieces, the replicated and the row-sliced tables;
+    # data-parallel input: the local rows of every table
+    assert plan.reads(0) == TableReads((0, 1, 2, 3), global_batch=True)
+    assert plan.reads(2) == TableReads((0, 2, 3, 4), global_batch=True)
+    assert plan.reads(2, data_parallel_input=True) == TableReads((0, 1, 2, 3, 4), global_batch=False)
+    text = plan.describe()
+    assert "row-sliced over every rank: tables [0, 2]" in text and "table 0[rows 334:667] (333 rows)" in text
+    every = plan_sharding([1000, 500], 4, 2, "basic", row_slice_threshold=1)  # no model-parallel table left
+    assert every.row_sliced == [0, 1] and not every.pieces
+    assert not plan_sharding([1000], 4, 1, row_slice_threshold=1).row_sliced  # one process: tables stay whole
+    with pytest.raises(ShardingError, match="--row_slice_threshold must be >= 1"):
+        plan_sharding([1000], 4, 2, row_slice_threshold=0)
+
+
 CASES = [
     ("gloo", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "sgd",
               "column_slice_threshold": 200}),
@@ -75,6 +108,12 @@ CASES = [
               "column_slice_threshold": 300, "data_parallel_threshold": 30}),
     ("mpi", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "adam",
              "column_slice_threshold": 250, "data_parallel_threshold": 30}),
+    # row slicing (tables 0 and 5, 400 and 512 elements): with column slices, with replicas, alone
+    ("gloo", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "sgd",
+              "column_slice_threshold": 200, "row_slice_threshold": 400}),
+    ("mpi", {"strategy": "basic", "data_parallel_input": True, "optimizer": "adam",
+             "data_parallel_threshold": 30, "row_slice_threshold": 400}),
+    ("gloo", {"strategy": "basic", "data_parallel_input": False, "optimizer": "adam", "row_slice_threshold": 1}),
 ]
 
 
@@ -91,6 +130,7 @@ def single_process_results(tmp_path_factory):
 
 @pytest.mark.parametrize("transport, options", CASES,
                          ids=[f"{t}-{o['strategy']}-{'dp' if o['data_parallel_input'] else 'mp'}-input-{o['optimizer']}"
+                              + (f"-rows{o['row_slice_threshold']}" if "row_slice_threshold" in o else "")
                               for t, o in CASES])
 def test_two_ranks_equal_one_process(tmp_path, single_process_results, transport, options):
     path = tmp_path / "two.npz"
@@ -206,6 +246,31 @@ def test_print_sharding_plan(tmp_path):
     assert "sharding plan: strategy basic, 2 rank(s), 4 tables of dim 8" in result.stdout
     assert "replicated on every rank: tables [2]" in result.stdout
     assert "table 0[cols 0:4] (500 rows)" in result.stdout and "table 0[cols 4:8] (500 rows)" in result.stdout
+
+
+def test_row_sliced_checkpoints_move_between_world_sizes(tmp_path):
+    """Saved on 2 ranks with row-sliced tables (and Adam's slots), restored on 1 process and back:
+    every array comes out bit-identical (the checkpoint holds whole tables)."""
+    from test_main import SMALL, checkpoint_arrays
+
+    args = SMALL + ["--deterministic", "--cpu", "--optimizer", "adam", "--row_slice_threshold", "200",
+                    "--max_steps", "4", "--save_checkpoint_path"]
+    result = run_horovod(["main.py", *args, str(tmp_path / "two"), "--print_sharding_plan"], np=2, transport="gloo")
+    assert_ok(result)
+    assert "row-sliced over every rank: tables [0, 3]" in result.stdout
+    assert "table 0[rows 25:50] (25 rows, host)" in result.stdout  # --cpu: every block in host memory
+    restore = ["--restore_checkpoint_path"]
+    assert_ok(run_python(["main.py", *args, str(tmp_path / "two_to_one"), *restore, str(tmp_path / "two")]))
+    assert_ok(run_horovod(["main.py", *args, str(tmp_path / "one_to_two"), *restore, str(tmp_path / "two_to_one")],
+                          np=2, transport="mpi"))
+    two = checkpoint_arrays(tmp_path / "two")
+    assert {"embeddings/feature_0.m.npy", "embeddings/feature_3.v.npy"} <= two.keys()
+    assert np.any(two["embeddings/feature_0.m.npy"] != 0)  # the row-sliced table's slots were updated
+    for copy in ("two_to_one", "one_to_two"):
+        moved = checkpoint_arrays(tmp_path / copy)
+        assert moved.keys() == two.keys()
+        for name in two:
+            np.testing.assert_array_equal(moved[name], two[name], err_msg=f"{copy}: {name}")
 
 
 GB80 = 81559 * 2**20  # what an 80 GB A100/H100 reports

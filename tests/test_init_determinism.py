@@ -50,11 +50,12 @@ def test_every_layout_starts_from_the_same_tables_and_mlps():
                               reference.dense_weight_map()["top_mlp_layer_0_kernel"].numpy())
 
 
-def test_column_slices_and_replicas_on_any_rank_hold_the_same_values():
+def test_column_slices_row_blocks_and_replicas_on_any_rank_hold_the_same_values():
     reference = _tables(_model(_config()))
     plan = plan_sharding(CARDINALITIES, DIM, 4, "memory_balanced", column_slice_threshold=100,
-                         data_parallel_threshold=30)
-    assert plan.replicated and any(p.width < DIM for p in plan.pieces)
+                         data_parallel_threshold=30, row_slice_threshold=300)
+    assert plan.replicated and any(p.width < DIM for p in plan.pieces) and plan.row_sliced == [0]
+    blocks = []
     for rank in range(plan.world_size):
         layer = HybridEmbedding(plan, rank, plan.reads(rank), seed=11)
         layer.build(None)
@@ -63,6 +64,9 @@ def test_column_slices_and_replicas_on_any_rank_hold_the_same_values():
                                           err_msg=f"rank {rank} table {piece.table}")
         for table, variable in layer.replicated_tables.items():
             np.testing.assert_array_equal(variable.numpy(), reference[table])
+        blocks.append(layer.row_blocks[0].numpy())
+    assert [len(block) for block in blocks] == [13, 13, 12, 12]  # 50 rows: the first 50 % 4 ranks hold one more
+    np.testing.assert_array_equal(np.concatenate(blocks), reference[0])
 
 
 @pytest.mark.parametrize("transport", ["gloo"])
