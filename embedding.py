@@ -63,7 +63,7 @@ class TableSlice(TableView):
         return np.dtype(self.variable.dtype.as_numpy_dtype)
 
     def read_rows(self, start: int, end: int) -> np.ndarray:
-        return self.variable[self.row_start + start:self.row_start + end].numpy()
+        return read_variable_rows(self.variable, self.row_start + start, self.row_start + end)
 
     def write_rows(self, start: int, end: int, values: np.ndarray) -> None:
         assign_rows(self.variable, self.row_start + start, values.astype(self.numpy_dtype, copy=False))
@@ -95,6 +95,16 @@ def copy_table(source: TableView, target: TableView) -> None:
     """Copy one table between views (e.g. between embedding implementations), chunk by chunk."""
     for start, end in row_chunks(source.rows, source.dim, source.numpy_dtype.itemsize):
         target.write_rows(start, end, source.read_rows(start, end))
+
+
+def read_variable_rows(variable: tf.Variable, start: int, end: int) -> np.ndarray:
+    """Rows [start, end) of `variable`, gathered.
+
+    Not a slice of the variable's value: once a sparse update has touched a table, TensorFlow
+    reads its whole value as a copy (copy-on-read mode), so reading a huge table in chunks by
+    slices would copy all of it once per chunk.
+    """
+    return tf.gather(variable, tf.range(start, end, dtype=tf.int64)).numpy()
 
 
 def assign_rows(variable: tf.Variable, row_start: int, values) -> None:

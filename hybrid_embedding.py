@@ -30,7 +30,8 @@ import tensorflow as tf
 
 import distributed as dist
 from batch import TableReads, local_sizes, rank_start
-from embedding import TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, tier_device
+from embedding import (TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, read_variable_rows,
+                       tier_device)
 from sharding import Piece, ShardingPlan
 
 
@@ -52,7 +53,7 @@ class ShardedTableView(TableView):
 
     def read_rows(self, start: int, end: int) -> np.ndarray:
         """Collective: every rank contributes its columns and receives the full rows."""
-        own = [variable[start:end].numpy().reshape(-1) for _, variable in self.local]
+        own = [read_variable_rows(variable, start, end).reshape(-1) for _, variable in self.local]
         flat = np.concatenate(own) if own else np.zeros([0], self.numpy_dtype)
         gathered = dist.allgather(tf.constant(flat)).numpy()
         rows = end - start
@@ -93,7 +94,7 @@ class RowSlicedTableView(TableView):
         and in rank order, so the gathered rows are in table order."""
         low, high = self._own(start, end)
         first = self.starts[self.rank]
-        own = self.block[low - first:high - first].numpy().reshape(-1)
+        own = read_variable_rows(self.block, low - first, high - first).reshape(-1)
         return dist.allgather(tf.constant(own)).numpy().reshape(end - start, self.dim)
 
     def write_rows(self, start: int, end: int, values: np.ndarray) -> None:

@@ -191,3 +191,19 @@ def test_adam_slots_are_created_without_a_full_size_temporary():
     optimizer = Adam()
     assert peak_growth(lambda: optimizer.build([table])) == pytest.approx(2.0, abs=0.01)  # m and v only
     assert peak_growth(lambda: tf.Variable(tf.zeros([1 << 18, 64]) + 1.0)) == pytest.approx(2.0, abs=0.01)
+
+
+def test_reading_rows_of_a_sparsely_updated_table_copies_only_those_rows():
+    """After a sparse update TensorFlow reads a table's whole value as a copy (copy-on-read mode);
+    checkpoint reads go by rows (a gather), so a chunk costs its own bytes, not the table's."""
+    from embedding import TableSlice
+
+    rows, dim = 1 << 18, 64  # 64 MiB
+    table = tf.Variable(tf.zeros([rows, dim]))
+    table.scatter_sub(tf.IndexedSlices(tf.ones([2, dim]), tf.constant([0, 1])))
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    chunk = TableSlice(table, 0, rows).read_rows(0, 1024)
+    growth = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    np.testing.assert_array_equal(chunk[:2], -1.0)
+    assert growth < 4 * 1024 * dim * 4, f"reading 1024 rows allocated {growth} bytes (the table is {rows * dim * 4})"
