@@ -362,8 +362,9 @@ def run_precision() -> Precision:
                             host_cpu_bf16_support())
 
 
-def configure_tensorflow(local_rank: int) -> None:
-    """Devices, threads, precision policy, eager mode and determinism, before any op runs."""
+def configure_tensorflow(local_rank: int) -> Precision:
+    """Devices, threads, precision policy, eager mode and determinism, before any op runs; returns
+    the run's precision (decided here, once the devices are chosen)."""
     import tensorflow as tf
 
     if FLAGS.cpu:
@@ -377,7 +378,8 @@ def configure_tensorflow(local_rank: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_parallelism)
     if FLAGS.intra_op_parallelism:
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_parallelism)
-    dtype = run_precision().compute_dtype
+    precision = run_precision()
+    dtype = precision.compute_dtype
     if dtype != tf.float32:
         tf.keras.mixed_precision.set_global_policy("float16" if FLAGS.fp16 else f"mixed_{dtype.name}")
     tf.config.run_functions_eagerly(FLAGS.run_eagerly)
@@ -386,6 +388,7 @@ def configure_tensorflow(local_rank: int) -> None:
     tf.keras.utils.set_random_seed(FLAGS.seed)
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
+    return precision
 
 
 def load_feature_spec():
@@ -533,15 +536,14 @@ class Job:
     lineage: str = ""
 
 
-def prepare_job(rank: int, world_size: int, logger) -> Job:
+def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job:
     """Spec, plan, pipelines and weights (built and restored, or a SavedModel), in that order, so
-    that every input is checked before anything is written."""
+    that every input is checked before anything is written; layers compute in `precision`."""
     import saved_model
     from factory import build_trainer
     from trainer import Evaluator
     from utils import print_rank0
 
-    precision = run_precision()
     print_rank0(f"precision: as exported in {FLAGS.saved_model_input_path} (its graph fixes it)"
                 if FLAGS.saved_model_input_path else precision.message, rank=rank)
     dtype = precision.compute_dtype
@@ -695,10 +697,10 @@ MODES: Dict[str, Callable[[Job], None]] = {"train": run_train, "eval": run_eval,
                                            "deploy": run_deploy}
 
 
-def run_mode(rank: int, world_size: int, logger) -> None:
+def run_mode(rank: int, world_size: int, logger, precision: Precision) -> None:
     """Prepare the job, log the run's parameters, then run --mode."""
     announce_accepted_flags(rank)
-    job = prepare_job(rank, world_size, logger)
+    job = prepare_job(rank, world_size, logger, precision)
     log_parameters(logger, world_size)
     MODES[FLAGS.mode](job)
 
@@ -733,13 +735,13 @@ def run(argv) -> int:
     logger = DllLogger(FLAGS.log_path, enabled=rank == 0)  # opens the file at its first record
     try:
         validate_flags(FLAGS, world_size)
-        configure_tensorflow(dist.local_rank())
+        precision = configure_tensorflow(dist.local_rank())
         verdict = output_paths_verdict(FLAGS, rank)
         if verdict:
             code = report_error(verdict)
             dist.barrier()  # every rank has said why before any exits: horovodrun kills the rest at the first exit
             return code
-        run_mode(rank, world_size, logger)
+        run_mode(rank, world_size, logger, precision)
     except user_error_types() as error:
         return report_error(error)
     finally:

@@ -348,13 +348,14 @@ def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: 
         estimated_lines = _estimate_lines(paths)
         # The parsed table stays in memory when it takes under a third of the budget, else it spills.
         in_memory = estimated_lines * PARSED_BYTES_PER_LINE < memory_bytes(memory_limit) // 3
+        buffer_bytes = csv_buffer_bytes(memory_limit)
         with progress.stage("parse", estimated_lines, query_fraction(con)):
-            parse_pass(con, paths, days, seed, take_log, in_memory, csv_buffer_bytes(memory_limit))
+            parse_pass(con, paths, days, seed, take_log, in_memory, buffer_bytes)
         counts = line_counts(con)
         if strict:
             first = next((day for day in days if any(counts.get((day, r)) for r in REJECTION_REASONS)), None)
             if first is not None:
-                line, text = first_bad_line(con, paths[first], first, csv_buffer_bytes(memory_limit))
+                line, text = first_bad_line(con, paths[first], first, buffer_bytes)
                 raise strict_error(paths[first], line, text)
         last, train_days = days[-1], days[:-1]
         last_lines = counts.get((last, "lines"), 0)
