@@ -1,7 +1,15 @@
 """The batch contract every layer shares: the element's keys and which rows of a global batch a rank owns.
 
 An input element is `(features, labels)` with `features = {NUMERICAL_KEY: [local_b, n_num],
-CATEGORICAL_KEY: tuple of int ids, one [b] tensor per feature}`. Rank r of W owns rows
+CATEGORICAL_KEY: tuple of int32 id tensors, one per feature read}`. A feature's ids take one of
+three forms, by its FeatureSpec `hotness` and its source:
+  * hotness 1 (one-hot): a `[b]` tensor;
+  * hotness h > 1, fixed (split-binary `[samples, h]` files, synthetic data): a `[b, h]` tensor;
+  * hotness h > 1, variable (split-TFRecords): a `tf.RaggedTensor` `[b, (ids)]`, each row holding
+    at most h ids (possibly none).
+Every embedding layer takes all three and returns one pooled vector per sample and feature
+(FeatureSpec `pooling`: the sum of the ids' rows, or their mean; an empty row pools to zeros);
+repeated ids within a row count once each. Rank r of W owns rows
 [(r*B)//W, ((r+1)*B)//W) of a global batch of B samples: the loaders cut numericals and labels
 by it, the hybrid embedding layer cuts looked-up rows by it, and the benchmarks size batches by it.
 Which categorical features a rank's batches carry is a `TableReads`.

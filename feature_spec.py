@@ -8,8 +8,9 @@ read or overwrite someone else's files).
 
 The V5 (DLRM_and_DCNv2) spec shape is accepted too: `source_spec: null` (synthetic data, or a
 split-TFRecords dataset whose folder layout is fixed), an `int8` label, and categorical features
-with `hotness` (ids per sample; only 1 is supported) and `alpha` (the exponent of V5's power-law
-synthetic ids; this project draws ids uniformly, so it is only checked to be a positive number).
+with `hotness` (ids per sample) and `alpha` (the exponent of V5's power-law synthetic ids). This
+project adds an optional per-feature `pooling`, `sum` (default) or `mean`: how a multi-hot
+feature's embeddings are combined into one vector per sample.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ DTYPE_SELECTOR = "dtype"
 CARDINALITY_SELECTOR = "cardinality"
 HOTNESS_SELECTOR = "hotness"
 ALPHA_SELECTOR = "alpha"
+POOLING_SELECTOR = "pooling"
+POOLINGS = ("sum", "mean")  # the first is the default
 TYPE_SELECTOR = "type"
 FEATURES_SELECTOR = "features"
 FILES_SELECTOR = "files"
@@ -280,6 +283,16 @@ class FeatureSpec:
     def cardinalities(self) -> List[int]:
         return [int(self.feature_spec[name][CARDINALITY_SELECTOR]) for name in self.categorical_names]
 
+    @property
+    def hotness(self) -> List[int]:
+        """Ids per sample of each categorical feature (1: one-hot; the most ids for ragged data)."""
+        return [int(self.feature_spec[name].get(HOTNESS_SELECTOR, 1)) for name in self.categorical_names]
+
+    @property
+    def poolings(self) -> List[str]:
+        """How each categorical feature's embeddings are pooled per sample: 'sum' or 'mean'."""
+        return [str(self.feature_spec[name].get(POOLING_SELECTOR, POOLINGS[0])) for name in self.categorical_names]
+
     def dtype_of(self, feature: str) -> np.dtype:
         return np.dtype(self.feature_spec[feature][DTYPE_SELECTOR])
 
@@ -341,6 +354,10 @@ class FeatureSpec:
                 or alpha <= 0):
             raise FeatureSpecError(f"{where}: categorical feature '{name}' has alpha {alpha!r}; it must "
                                    f"be a positive number")
+        pooling = props.get(POOLING_SELECTOR, POOLINGS[0])
+        if pooling not in POOLINGS:
+            raise FeatureSpecError(f"{where}: categorical feature '{name}' has pooling {pooling!r}; it "
+                                   f"must be one of {list(POOLINGS)}")
 
     def _check_dtypes(self, where: str) -> None:
         """Categoricals int8/16/32 wide enough for their cardinality, numericals float16, the
