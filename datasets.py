@@ -3,9 +3,10 @@
 The reader serves one mapping (`train` or `test`) of a split-binary dataset as a tf.data
 pipeline of prebatched reads: for batch k it `pread`s, from every file the rank needs, exactly
 the bytes of that batch (the global batch of the categorical features it owns, its local slice
-of the numerical features and labels) straight into 64-byte aligned views of a recycled arena,
-which TensorFlow adopts without a copy, then decodes them in the graph (float16 -> compute dtype,
-bool -> float32, int8/int16 -> int32).
+of the numerical features and labels), and converts them (float16 -> compute dtype, bool ->
+float32, int8/int16 -> int32). The pipeline does this in the compiled `ReadFileRows` op, straight
+into the batch's tensors; without the op library, and for `read_batch`, Python preads into a
+recycled aligned arena and the graph converts.
 
 Every batch's values are checked where they are read, at a cost of a few vectorised reductions:
 label bytes are 0 or 1, numericals are finite, ids lie in [0, cardinality). A bad value stops the
@@ -22,12 +23,13 @@ import re
 import sys
 import threading
 import weakref
-from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_sizes, local_slice
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_sizes, local_slice, rank_start
+from custom_ops import op_package
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
                           NUMERICAL_DTYPE, FeatureSpec)
 from safe_io import OutputPathError, StagedDirectory, check_replaceable
@@ -48,13 +50,31 @@ class DataError(ValueError):
 # ------------------------------------------------------------------------------ value checks
 # One contract for stored values, applied per batch by the reader and by the up-front scan.
 
+def label_error(path: str, feature: str, mapping: str, sample: int, byte: int) -> DataError:
+    return DataError(f"{path}: label '{feature}' (mapping '{mapping}') has byte {byte} at "
+                     f"sample {sample}; a label must be stored as 0 or 1")
+
+
+def numerical_error(path: str, feature: str, mapping: str, sample: int, value: np.float16) -> DataError:
+    return DataError(f"{path}: numerical feature '{feature}' (mapping '{mapping}') is "
+                     f"{value} at sample {sample}; numerical features must be finite")
+
+
+def id_error(path: str, feature: str, mapping: str, sample: int, value: int, cardinality: int) -> DataError:
+    return DataError(f"{path}: feature '{feature}' (mapping '{mapping}') has id "
+                     f"{value} at sample {sample}, outside [0, {cardinality}) given by its cardinality")
+
+
+def truncated_error(path: str, byte: int) -> DataError:
+    return DataError(f"{path}: unexpected end of file at byte {byte}; the file was truncated while reading")
+
+
 def check_labels(raw: np.ndarray, path: str, feature: str, mapping: str, first_sample: int) -> None:
     """Label bytes (bool or int8) are 0 or 1; any other byte (TensorFlow reads it as true) is a DataError."""
     raw = raw.reshape(-1).view(np.uint8)
     if raw.size and raw.max() > 1:
         index = int(np.flatnonzero(raw > 1)[0])
-        raise DataError(f"{path}: label '{feature}' (mapping '{mapping}') has byte {raw[index]} at "
-                        f"sample {first_sample + index}; a label must be stored as 0 or 1")
+        raise label_error(path, feature, mapping, first_sample + index, raw[index])
 
 
 _FLOAT16_MAGNITUDE = 0x7FFF
@@ -67,9 +87,7 @@ def check_numericals(values: np.ndarray, path: str, features: Sequence[str], map
     bits = values.view(np.uint16)
     if bits.size and (bits & _FLOAT16_MAGNITUDE).max() >= _FLOAT16_INF:
         row, column = (int(i) for i in np.argwhere(~np.isfinite(values))[0])
-        raise DataError(f"{path}: numerical feature '{features[column]}' (mapping '{mapping}') is "
-                        f"{values[row, column]} at sample {first_sample + row}; numerical features "
-                        f"must be finite")
+        raise numerical_error(path, features[column], mapping, first_sample + row, values[row, column])
 
 
 def unsigned_cardinalities(cardinalities: Sequence[int], dtype: np.dtype) -> np.ndarray:
@@ -90,9 +108,8 @@ def check_ids(block: np.ndarray, cardinalities: np.ndarray, paths: Sequence[str]
     if bad_features.size:
         row = int(bad_features[0])
         sample = int(np.flatnonzero(unsigned[row] >= cardinalities[row])[0])
-        raise DataError(f"{paths[row]}: feature '{features[row]}' (mapping '{mapping}') has id "
-                        f"{block[row, sample]} at sample {first_sample + sample}, outside "
-                        f"[0, {cardinalities[row]}) given by its cardinality")
+        raise id_error(paths[row], features[row], mapping, first_sample + sample, block[row, sample],
+                       cardinalities[row])
 
 
 # Errors raised inside a tf.data pipeline reach the consumer as a TensorFlow error carrying a
@@ -105,6 +122,15 @@ _SERVING_ERROR_PATTERN = re.compile(re.escape(SERVING_INPUT_ERROR) + r"[^\n\]]*"
 _pipeline_errors: Dict[int, DataError] = {}
 _pipeline_error_numbers = itertools.count(1)
 _pipeline_errors_lock = threading.Lock()
+# The batch-read op (`ReadFileRows`) reports a bad value as numbers; the reader that made the op
+# words the DataError, found by the number in the op's error tag.
+_FILE_READ_TAG = "DLRM file read #"
+_FILE_READ_PATTERN = re.compile(re.escape(_FILE_READ_TAG)
+                                + r"(\d+)\] \[(\d+)\] \[(\w+)\] \[(-?\d+)\] \[(\d+)\] \[(-?\d+)\]")
+# (read, what: label|finite|ids|eof, sample, column, value) -> the DataError it stands for
+FileReadExplainer = Callable[[int, str, int, int, int], DataError]
+_file_read_explainers: Dict[int, "weakref.WeakMethod[FileReadExplainer]"] = {}
+_file_read_numbers = itertools.count(1)
 
 
 def file_pipeline_error(error: Optional[DataError]) -> np.int64:
@@ -123,8 +149,23 @@ def pipeline_error_check(error_number: tf.Tensor) -> tf.Operation:
     return tf.debugging.Assert(tf.equal(error_number, 0), [_PIPELINE_ERROR_TAG, error_number])
 
 
+def file_read_tag(explain: FileReadExplainer) -> str:
+    """The `error_tag` of a `ReadFileRows` op whose failures `explain` (a bound method, held weakly) words."""
+    with _pipeline_errors_lock:
+        number = next(_file_read_numbers)
+        _file_read_explainers[number] = weakref.WeakMethod(explain)
+    return f"{_FILE_READ_TAG}{number}"
+
+
 def _data_error_in(message: str) -> Optional[DataError]:
     """The DataError a TensorFlow error message stands for, if it stands for one."""
+    read = _FILE_READ_PATTERN.search(message)
+    if read:
+        with _pipeline_errors_lock:
+            explain = _file_read_explainers.get(int(read.group(1)), lambda: None)()
+        if explain is not None:
+            number, what, *values = read.groups()[1:]
+            return explain(int(number), what, *(int(v) for v in values))
     filed = _PIPELINE_ERROR_PATTERN.search(message)
     if filed:
         with _pipeline_errors_lock:
@@ -185,8 +226,7 @@ def pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
     while done < len(view):
         count = os.preadv(fd, [view[done:]], offset + done)
         if count == 0:
-            raise DataError(f"{path}: unexpected end of file at byte {offset + done}; "
-                            f"the file was truncated while reading")
+            raise truncated_error(path, offset + done)
         done += count
 
 
@@ -266,12 +306,16 @@ class BatchReader:
         arrays, error = self._read(batch_index)
         return [*arrays, file_pipeline_error(error)]
 
+    def _static_sizes(self) -> Tuple[Optional[int], Optional[int]]:
+        """Rows of the element's labels and of its ids, when every batch has them (else None)."""
+        if not self.drop_remainder:
+            return None, None
+        lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
+        return hi - lo, (self.global_batch_size if self.reads.global_batch else hi - lo)
+
     def _decode(self, raw: Sequence[tf.Tensor]):
         """Graph-side decoding of `read_batch`'s arrays into the (features, labels) element."""
-        lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
-        local_size = hi - lo if self.drop_remainder else None
-        global_size = self.global_batch_size if self.drop_remainder else None
-        categorical_size = global_size if self.reads.global_batch else local_size
+        local_size, categorical_size = self._static_sizes()
         labels = tf.reshape(tf.cast(raw[0], tf.float32), [-1, 1])
         labels.set_shape([local_size, 1])
         if self.num_numerical:
@@ -293,19 +337,19 @@ class BatchReader:
         order = tf.data.Dataset.range(self.num_batches)
         if shuffle_batch_order:
             order = order.shuffle(max(self.num_batches, 1), seed=seed, reshuffle_each_iteration=True)
-        raw_types = [tf.bool] + ([tf.float16] if self.num_numerical else [])
-        raw_types += [tf.as_dtype(dtype) for dtype, _ in self._groups]
-
-        def load(batch_index):
-            *raw, error_number = tf.numpy_function(self._read_and_file_error, [batch_index],
-                                                   raw_types + [tf.int64], stateful=False)
-            with tf.control_dependencies([pipeline_error_check(error_number)]):
-                return self._decode([tf.identity(array) for array in raw])
-
         options = tf.data.Options()
         options.deterministic = True
-        return (order.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return (order.map(self._load_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
                 .prefetch(PREFETCH_BATCHES).with_options(options))
+
+    def _load_batch(self, batch_index: tf.Tensor):
+        """The (features, labels) element of global batch `batch_index`, read by `_read` in Python."""
+        raw_types = [tf.bool] + ([tf.float16] if self.num_numerical else [])
+        raw_types += [tf.as_dtype(dtype) for dtype, _ in self._groups]
+        *raw, error_number = tf.numpy_function(self._read_and_file_error, [batch_index],
+                                               raw_types + [tf.int64], stateful=False)
+        with tf.control_dependencies([pipeline_error_check(error_number)]):
+            return self._decode([tf.identity(array) for array in raw])
 
 
 class SplitBinaryReader(BatchReader):
@@ -314,19 +358,24 @@ class SplitBinaryReader(BatchReader):
     The categorical features and rows of `reads` (`ShardingPlan.reads`; default: every feature,
     local rows) are read; numerical features and labels always for the rank's local slice.
 
-    Per batch, one aligned arena receives: the labels, the numericals, and one [features, rows]
-    block per categorical dtype, so few arrays cross into TensorFlow (each crossing has a cost).
-    With `check_values` (the default) every value read is checked (`check_labels`,
-    `check_numericals`, `check_ids`); turning it off only serves to measure what it costs.
+    The pipeline (`dataset`) reads each batch with the compiled `ReadFileRows` op when the op
+    library is built (`read_op` None; True insists, False never): one op preads every file's rows
+    straight into the batch's tensors, checking and converting each chunk while it is in cache.
+    Otherwise, and for `read_batch`/`read_samples`, Python preads into one aligned arena: the
+    labels, the numericals, and one [features, rows] block per categorical dtype. With
+    `check_values` (the default) every value read is checked, with the same rules and messages
+    either way (`check_labels`, `check_numericals`, `check_ids`); turning it off only serves to
+    measure what it costs.
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
                  rank: int = 0, world_size: int = 1,
                  reads: Optional[TableReads] = None, drop_remainder: bool = True,
                  numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None,
-                 check_values: bool = True):
+                 check_values: bool = True, read_op: Optional[bool] = None):
         self.mapping = mapping
         self.check_values = check_values
+        self.read_op = op_package.is_built() if read_op is None else read_op
         reads = reads or TableReads.every_table(len(spec.categorical_names))
         reads.check(len(spec.categorical_names))
         names = spec.categorical_names
@@ -353,6 +402,10 @@ class SplitBinaryReader(BatchReader):
                                 if self.num_numerical else None)
         self._categorical_paths = [spec.file_of(mapping, name) for name in self.categorical_features]
         cardinalities = dict(zip(names, spec.cardinalities))
+        self._categorical_cardinalities = [cardinalities[name] for name in self.categorical_features]
+        hotness = dict(zip(names, spec.hotness))
+        self._categorical_hotness = [hotness[name] for name in self.categorical_features]
+        self._categorical_dtypes = [tf.as_dtype(spec.dtype_of(name)) for name in self.categorical_features]
         self._group_cardinalities = [
             unsigned_cardinalities([cardinalities[self.categorical_features[p]] for p in members], dtype)
             for dtype, members in self._groups]
@@ -411,6 +464,61 @@ class SplitBinaryReader(BatchReader):
     def _pread(self, path: str, buffer: np.ndarray, first_sample: int) -> None:
         sample_bytes = buffer.nbytes // max(len(buffer), 1)
         pread_into(self._fds[path], path, buffer, first_sample * sample_bytes)
+
+    def _load_batch(self, batch_index: tf.Tensor):
+        """The element of global batch `batch_index`, read by the `ReadFileRows` op (if `read_op`)."""
+        if not self.read_op:
+            return super()._load_batch(batch_index)
+        start = batch_index * self.global_batch_size
+        size = tf.minimum(tf.cast(self.global_batch_size, tf.int64), self.num_samples - start)
+        lo, hi = rank_start(self.rank, size, self.world_size), rank_start(self.rank + 1, size, self.world_size)
+        categorical_lo, categorical_hi = (tf.constant(0, tf.int64), size) if self.reads.global_batch else (lo, hi)
+        numbered = 1 + bool(self.num_numerical)
+        first_rows = tf.stack([start + lo] * numbered + [start + categorical_lo] * len(self.categorical_features))
+        num_rows = tf.stack([hi - lo] * numbered + [categorical_hi - categorical_lo] * len(self.categorical_features))
+        values = op_package.read_file_rows(first_rows, num_rows, **self._read_op_attributes())
+        local_size, categorical_size = self._static_sizes()
+        labels = values[0]
+        labels.set_shape([local_size, 1])
+        if self.num_numerical:
+            numerical = values[1]
+        else:
+            numerical = tf.zeros([tf.shape(labels)[0], 0], self.numerical_dtype)
+        numerical.set_shape([local_size, self.num_numerical])
+        categorical = []
+        for ids, hotness in zip(values[numbered:], self._categorical_hotness):
+            ids = tf.reshape(ids, [-1]) if hotness == 1 else ids
+            ids.set_shape([categorical_size] + ([] if hotness == 1 else [hotness]))
+            categorical.append(ids)
+        return {NUMERICAL_KEY: numerical, CATEGORICAL_KEY: tuple(categorical)}, labels
+
+    def _read_op_attributes(self) -> dict:
+        """What `ReadFileRows` reads: the labels, the numericals (if any), then each feature's ids."""
+        reads = [(self._label_path, 1, tf.as_dtype(LABEL_DTYPE), "label", 0, tf.float32)]
+        if self.num_numerical:
+            reads.append((self._numerical_path, self.num_numerical, tf.float16, "finite", 0, self.numerical_dtype))
+        for path, hotness, dtype, cardinality in zip(self._categorical_paths, self._categorical_hotness,
+                                                     self._categorical_dtypes, self._categorical_cardinalities):
+            reads.append((path, hotness, dtype, "ids", cardinality, tf.int32))
+        paths, widths, stored, checks, bounds, out = zip(*reads)
+        if not self.check_values:
+            checks = ["none"] * len(reads)
+        return dict(paths=paths, row_widths=widths, stored_types=stored, checks=checks, bounds=bounds,
+                    out_types=out, error_tag=file_read_tag(self._explain_read_error))
+
+    def _explain_read_error(self, read: int, what: str, sample: int, column: int, value: int) -> DataError:
+        """The DataError of a `ReadFileRows` failure: read 0 the labels, then the numericals, then ids."""
+        paths = [self._label_path] + ([self._numerical_path] if self.num_numerical else []) + self._categorical_paths
+        if what == "eof":
+            return truncated_error(paths[read], value)
+        if what == "label":
+            return label_error(paths[read], self.label_feature, self.mapping, sample, value)
+        if what == "finite":
+            return numerical_error(paths[read], self.numerical_features[column], self.mapping, sample,
+                                   np.uint16(value).view(np.float16))
+        feature = read - 1 - bool(self.num_numerical)
+        return id_error(paths[read], self.categorical_features[feature], self.mapping, sample, value,
+                        self._categorical_cardinalities[feature])
 
 
 def _round_up(nbytes: int) -> int:
