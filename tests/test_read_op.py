@@ -105,3 +105,23 @@ def test_each_reader_words_its_own_errors(spec, tmp_path):
     assert consume(good) == (TRAIN // BATCH, None)
     _, message = consume(bad)
     assert message.startswith(os.path.join(str(tmp_path), "train", "cat_2.bin"))
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_every_finite_half_converts_as_tensorflow_casts_it(tmp_path, dtype):
+    # Subnormals, signed zeros and the largest halves included; the vector path and its scalar tail.
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    halves = bits[(bits & 0x7FFF) < 0x7C00].view(np.float16)  # 63488 finite values
+    spec = get_default_feature_spec(1, [10], str(tmp_path))
+    for mapping in ("train", "test"):
+        os.makedirs(tmp_path / mapping, exist_ok=True)
+        halves.reshape(-1, 1).tofile(spec.file_of(mapping, spec.numerical_names[0]))
+        np.zeros(halves.size, np.uint8).tofile(spec.file_of(mapping, spec.label_name))
+        np.zeros(halves.size, np.int8).tofile(spec.file_of(mapping, spec.categorical_names[0]))
+    spec.to_yaml(str(tmp_path / "feature_spec.yaml"))
+    spec = dataloader.load_feature_spec(dataset_path=str(tmp_path))
+    reader = datasets.SplitBinaryReader(spec, "train", 124, numerical_dtype=dtype, read_op=True)  # 4-value tails
+    served = np.concatenate([features["numerical_features"].numpy() for features, _ in reader.dataset()])
+    expected = tf.cast(tf.constant(halves.reshape(-1, 1)), dtype).numpy()
+    np.testing.assert_array_equal(served.view(np.uint16 if dtype != tf.float32 else np.uint32),
+                                  expected.view(np.uint16 if dtype != tf.float32 else np.uint32))

@@ -6,8 +6,10 @@
 // a small staging buffer) a chunk at a time, and the chunk is checked and converted while it is
 // still in cache. Files are opened once, when the kernel is built.
 #include <fcntl.h>
-#include <immintrin.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -69,6 +71,7 @@ float HalfToFloatScalar(uint16_t bits) {
   return value;
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx2,f16c"))) void HalfToFloatF16c(const uint16_t* in, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -77,14 +80,17 @@ __attribute__((target("avx2,f16c"))) void HalfToFloatF16c(const uint16_t* in, fl
   }
   for (; i < n; ++i) out[i] = HalfToFloatScalar(in[i]);
 }
+#endif
 
 void HalfToFloat(const uint16_t* in, float* out, int64_t n) {
+#if defined(__x86_64__)
   static const bool has_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
   if (has_f16c) {
     HalfToFloatF16c(in, out, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloatScalar(in[i]);
+    return;
   }
+#endif
+  for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloatScalar(in[i]);
 }
 
 uint16_t FloatToBfloat16(float value) {  // round to nearest even (values are finite)
