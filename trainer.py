@@ -82,6 +82,7 @@ class Trainer:
         with tf.device("/CPU:0"):
             self.first_nonfinite_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
         self.train_step = tf.function(self._train_step)
+        self.train_next = tf.function(self._train_next)
 
     def check_finite(self) -> None:
         """Raise NonFiniteLossError if any step so far had a NaN/Inf loss.
@@ -118,6 +119,13 @@ class Trainer:
         first_bad = self.first_nonfinite_step.read_value()
         self.first_nonfinite_step.assign(tf.where((first_bad < 0) & ~tf.math.is_finite(loss), step, first_bad))
         return loss, learning_rate
+
+    def _train_next(self, batches: tf.data.Iterator) -> Tuple[tf.Tensor, tf.Tensor]:
+        """`_train_step` on the iterator's next batch, taken inside the step's graph: the batch's
+        tensors never become Python objects (a Python-side `next` costs tens of microseconds per
+        tensor, a batch has one per feature), so the loader runs at its in-graph rate."""
+        features, labels = next(batches)
+        return self._train_step(features, labels)
 
     def training_state(self, feature_names: Sequence[str], optimizer_name: str) -> TrainingState:
         """The variables a checkpoint saves and restores, named in the global per-table layout."""
@@ -283,11 +291,14 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     while step < total_steps:
         epoch, offset = divmod(step, config.steps_per_epoch)
         epoch_start = step
-        batches = prefetch_to_device(train_dataset.skip(offset).take(min(config.steps_per_epoch - offset,
-                                                                         total_steps - step)))
-        for features, labels in batches:
+        epoch_steps = min(config.steps_per_epoch - offset, total_steps - step)
+        batches = iter(prefetch_to_device(train_dataset.skip(offset).take(epoch_steps)))
+        for _ in range(epoch_steps):
             _maybe_profile(config, step, rank)
-            loss, learning_rate = trainer.train_step(features, labels)
+            try:
+                loss, learning_rate = trainer.train_next(batches)
+            except tf.errors.OutOfRangeError:
+                break
             timer.step_done(step)
             in_epoch = step - epoch * config.steps_per_epoch
             step += 1

@@ -11,8 +11,8 @@ With --dlrm_repo (a clone of facebookresearch/dlrm; see bench/reference/pytorch_
 reference DLRM trains the same config in the same run, and each row shows its speed against it.
 Also inference latency at batch 2048 and the host-memory ratio (training peak RSS - RSS of the
 runtime before the model exists) / (parameters + optimizer state + two batches), with where it
-goes: the RSS of the TensorFlow runtime before the model exists, the RSS once the tables are
-built, and the peak while training.
+goes: the RSS of the TensorFlow runtime and the input pipeline (here its in-memory synthetic
+data) before the model exists, the RSS once the tables are built, and the peak while training.
 
 TensorFlow's CPU allocator keeps every page it has touched (a best-fit pool), so the peak is the
 live memory plus what the pool retains. The "low-memory" rows run the same training with the
@@ -88,12 +88,25 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def build_bench_trainer(batch_size: int, train_batches: int, precision: str = "fp32"):
-    """The cpu-bench model and optimizer on one process in `precision` (fp32, or bf16 as --amp on
-    the CPU), and its synthetic pipelines."""
+def bench_pipelines(batch_size: int, train_batches: int, precision: str = "fp32"):
+    """The cpu-bench synthetic pipelines (in memory), numericals in the compute dtype of `precision`."""
     import tensorflow as tf
 
     from dataloader import PipelineConfig, create_input_pipelines, load_feature_spec
+
+    spec = load_feature_spec(dataset_type="synthetic", num_numerical_features=NUM_NUMERICAL,
+                             cardinalities=CARDINALITIES)
+    return create_input_pipelines(spec, PipelineConfig(
+        dataset_type="synthetic", train_batch_size=batch_size, eval_batch_size=2048,
+        synthetic_train_batches=train_batches, synthetic_eval_batches=40, seed=0,
+        compute_dtype=tf.bfloat16 if precision == "bf16" else tf.float32))
+
+
+def build_bench_trainer(precision: str = "fp32"):
+    """The cpu-bench model and optimizer on one process in `precision` (fp32, or bf16 as --amp on
+    the CPU), and its options."""
+    import tensorflow as tf
+
     from factory import ModelOptions, build_trainer
     from interaction import resolve_interaction_name
     from sharding import MemoryBudget, plan_sharding
@@ -102,16 +115,11 @@ def build_bench_trainer(batch_size: int, train_batches: int, precision: str = "f
     compute_dtype = tf.bfloat16 if precision == "bf16" else tf.float32
     if precision == "bf16":
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    spec = load_feature_spec(dataset_type="synthetic", num_numerical_features=NUM_NUMERICAL,
-                             cardinalities=CARDINALITIES)
-    pipelines = create_input_pipelines(spec, PipelineConfig(
-        dataset_type="synthetic", train_batch_size=batch_size, eval_batch_size=2048,
-        synthetic_train_batches=train_batches, synthetic_eval_batches=40, seed=0))
     plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0))  # the CPU: host memory
     options = ModelOptions(num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
                            interaction=resolve_interaction_name("auto"), learning_rate=0.01, warmup_steps=0,
                            decay_start_step=10**9, decay_steps=1, compute_dtype=compute_dtype)
-    return build_trainer(plan, 0, plan.reads(0), options), pipelines, options
+    return build_trainer(plan, 0, plan.reads(0), options), options
 
 
 def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: int) -> dict:
@@ -121,8 +129,9 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     from trainer import Evaluator, percentiles
 
     warmup = 5
-    runtime_rss = rss_bytes()
-    trainer, pipelines, options = build_bench_trainer(batch_size, warmup + steps, precision)
+    pipelines = bench_pipelines(batch_size, warmup + steps, precision)
+    runtime_rss = rss_bytes()  # the runtime and the input pipeline (in-memory data here), no model yet
+    trainer, options = build_bench_trainer(precision)
     model = trainer.model
     built_rss = rss_bytes()
     batches = list(pipelines.train)
@@ -166,7 +175,8 @@ def loop_worker(tensorboard: bool, print_freq: int, steps: int) -> dict:
     from trainer import Evaluator, LoopConfig, train_loop
 
     total = 2 * print_freq + steps
-    trainer, pipelines, _ = build_bench_trainer(TENSORBOARD_BATCH, total)
+    pipelines = bench_pipelines(TENSORBOARD_BATCH, total)
+    trainer, _ = build_bench_trainer()
     config = LoopConfig(epochs=1, steps_per_epoch=total, global_batch_size=TENSORBOARD_BATCH, evals_per_epoch=0,
                         print_freq=print_freq)
     with tempfile.TemporaryDirectory() as logdir:
