@@ -39,14 +39,19 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def hashed_units(ids: np.ndarray, key: int, count: int) -> np.ndarray:
+    """[len(ids), count] float64 values uniform in [0, 1), a pure function of (key, id, column):
+    random-looking numbers per id that need no stored table."""
+    with np.errstate(over="ignore"):
+        base = _mix64(np.asarray(ids, dtype=np.int64).astype(np.uint64) * _GOLDEN + np.uint64(key))
+        columns = [_mix64(base + np.uint64(k + 1) * _GOLDEN) for k in range(count)]
+    bits = np.stack(columns, axis=1) >> np.uint64(11) if columns else np.zeros((len(base), 0), np.uint64)
+    return bits.astype(np.float64) * 2.0 ** -53
+
+
 def _hashed_uniform(ids: np.ndarray, key: int, dim: int) -> np.ndarray:
     """[len(ids), dim] values, uniform with mean 0 and variance 1, a pure function of (key, id)."""
-    with np.errstate(over="ignore"):
-        base = _mix64(np.asarray(ids, dtype=np.uint64) * _GOLDEN + np.uint64(key))
-        columns = [_mix64(base + np.uint64(k + 1) * _GOLDEN) for k in range(dim)]
-    bits = np.stack(columns, axis=1) >> np.uint64(11)
-    unit = bits.astype(np.float64) * 2.0 ** -53
-    return ((2.0 * unit - 1.0) * math.sqrt(3.0)).astype(np.float32)
+    return ((2.0 * hashed_units(ids, key, dim) - 1.0) * math.sqrt(3.0)).astype(np.float32)
 
 
 def power_law_ids(rng: np.random.Generator, cardinality: int, alpha: float, shape: Tuple[int, ...]) -> np.ndarray:
