@@ -568,7 +568,7 @@ class FeatureSpec:
 
 def get_default_feature_spec(number_of_numerical_features: int,
                              categorical_feature_cardinalities: Sequence[int],
-                             base_directory: str = ".") -> FeatureSpec:
+                             base_directory: str = ".", hotness: Optional[Sequence[int]] = None) -> FeatureSpec:
     """Module-level spelling of `FeatureSpec.get_default_feature_spec` (the reference's name)."""
     return FeatureSpec.get_default_feature_spec(number_of_numerical_features,
-                                                categorical_feature_cardinalities, base_directory)
+                                                categorical_feature_cardinalities, base_directory, hotness)
