@@ -114,7 +114,7 @@ class SyntheticTeacher:
         """The teacher of a spec's features: their cardinalities, hotness, poolings and alphas."""
         return cls(len(spec.numerical_names), spec.cardinalities, seed, spec.hotness, spec.poolings, spec.alphas)
 
-    def _values(self, kind: int, feature: int, ids: np.ndarray, dim: int) -> np.ndarray:
+    def feature_values(self, kind: int, feature: int, ids: np.ndarray, dim: int) -> np.ndarray:
         """Teacher values [n, dim] of one feature's ids [n] or [n, h] (pooled with its pooling);
         small tables are built once and gathered."""
         key = (self.seed * 1_000_003 + kind) * 1_000_003 + feature
@@ -138,11 +138,11 @@ class SyntheticTeacher:
             total += standardised @ self.numerical_weights
         variance = self._pooled_variance
         if categoricals:
-            unary = sum(self._values(1, i, ids, 1)[:, 0] for i, ids in enumerate(categoricals))
+            unary = sum(self.feature_values(1, i, ids, 1)[:, 0] for i, ids in enumerate(categoricals))
             total += unary / math.sqrt(sum(variance))
         if self.pairs:
             scale = self.TEACHER_DIM ** -0.5  # entries of variance 1/sqrt(d) give unit-variance dots
-            embeddings = {i: self._values(2, i, ids, self.TEACHER_DIM)
+            embeddings = {i: self.feature_values(2, i, ids, self.TEACHER_DIM)
                           for i, ids in enumerate(categoricals)}
             pairwise = sum(np.einsum("nd,nd->n", embeddings[i], embeddings[j]) for i, j in self.pairs)
             total += pairwise * scale / math.sqrt(sum(variance[i] * variance[j] for i, j in self.pairs))
