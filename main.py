@@ -761,7 +761,9 @@ def run(argv) -> int:
 
 
 # V5's defaults shared by dlrm.py and dcnv2.py where they differ from main.py's (V3/V4) ones.
-V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9, "row_slice_threshold": 10 * 10**9}
+# V5's synthetic hotness is 26 x 20; one value here applies to every table (the same at 26 tables).
+V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9, "row_slice_threshold": 10 * 10**9,
+               "synthetic_dataset_hotness": ["20"]}
 
 
 def main(defaults: Optional[Dict[str, Any]] = None) -> None:
