@@ -2,8 +2,11 @@
 
 Every element is `(features, labels)`:
   features = {'numerical_features': [local_b, n_num] compute dtype,
-              'categorical_features': tuple of int ids, one per feature of the rank's
-                                      `batch.TableReads`, [global_b] or [local_b] as it says},
+              'categorical_features': tuple of int32 ids, one per feature of the rank's
+                                      `batch.TableReads`, for [global_b] or [local_b] rows as it
+                                      says: [rows] one-hot, [rows, h] for a feature of hotness h
+                                      (split-binary, synthetic), tf.RaggedTensor [rows, (ids)]
+                                      (split-TFRecords multi-hot; see batch.py)},
   labels   = float32 [local_b, 1].
 A rank's local slice of a global batch is the one of `batch.local_slice`.
 Training drops the last partial batch; evaluation covers every test sample (split-TFRecords data
@@ -96,13 +99,15 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
                       cardinalities: Sequence[int] = (1000,) * 26,
                       allow_external_paths: bool = False,
                       hugectr_cardinalities: Optional[Sequence[int]] = None,
-                      hugectr_dense_log: Optional[bool] = None) -> FeatureSpec:
+                      hugectr_dense_log: Optional[bool] = None,
+                      hotness: Optional[Sequence[int]] = None) -> FeatureSpec:
     """The validated spec of the dataset, or the default spec of the synthetic dimensions.
 
     A tf_raw spec's files must lie inside `dataset_path` unless `allow_external_paths`; the files
     of a split-TFRecords dataset, and of a spec shaping synthetic data, are not the spec's business.
     HugeCTR raw and SOK split folders have no spec file: `hugectr_data.load_spec` derives it (the
-    hugectr_ arguments describe a HugeCTR raw folder without metadata.json)."""
+    hugectr_ arguments describe a HugeCTR raw folder without metadata.json). `hotness` (one per
+    table, default 1) shapes the default synthetic spec's ids per sample."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
     hugectr_data.check_raw_options(dataset_type, hugectr_cardinalities, hugectr_dense_log)
@@ -118,7 +123,10 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
         spec.check_feature_spec(chunk_type=SPLIT_BINARY if dataset_type == "tf_raw" else None,
                                 allow_external_paths=allow_external_paths)
         return spec
-    return FeatureSpec.get_default_feature_spec(num_numerical_features, list(cardinalities))
+    if hotness is not None and len(hotness) != len(cardinalities):
+        raise ValueError(f"--synthetic_dataset_hotness gives {len(hotness)} values, but "
+                         f"--synthetic_dataset_cardinalities {len(cardinalities)} tables; give one per table")
+    return FeatureSpec.get_default_feature_spec(num_numerical_features, list(cardinalities), hotness=hotness)
 
 
 def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPipelines:
@@ -158,7 +166,7 @@ def _synthetic_pipelines(spec: FeatureSpec, config: PipelineConfig, reads: Table
     if config.synthetic_train_batches < 1 or config.synthetic_eval_batches < 1:
         raise ValueError(f"synthetic data needs at least one train and one eval batch, got "
                          f"{config.synthetic_train_batches} and {config.synthetic_eval_batches}")
-    teacher = synthetic_data.SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, config.seed)
+    teacher = synthetic_data.SyntheticTeacher.for_spec(spec, config.seed)
     rng = np.random.default_rng(config.seed)
     splits = [synthetic_data.make_synthetic_split(teacher, batch, count, rng)
               for batch, count in ((config.train_batch_size, config.synthetic_train_batches),

@@ -23,7 +23,8 @@ import re
 import sys
 import threading
 import weakref
-from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -38,13 +39,50 @@ BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without
 PREFETCH_BATCHES = 2
 
 
-# One batch as the dataset writers take it: numericals [n, n_num] float16 (None without numerical
-# features), labels [n] of bytes 0/1, one id array [n] per categorical feature.
-Samples = Tuple[Optional[np.ndarray], np.ndarray, List[np.ndarray]]
-
-
 class DataError(ValueError):
     """The data (not the spec) is unusable: bad stored values, a batch larger than the data, ..."""
+
+
+@dataclass(frozen=True)
+class RaggedIds:
+    """A variable number of ids per sample (split-TFRecords multi-hot): sample i holds
+    `values[offsets[i]:offsets[i + 1]]`, offsets being the running sum of `row_lengths`."""
+    values: np.ndarray
+    row_lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.row_lengths)
+
+    @classmethod
+    def from_fixed(cls, ids: np.ndarray) -> "RaggedIds":
+        """Rows of `ids` [n, h] (or [n]: one id each), every one of its h ids."""
+        ids = np.asarray(ids)
+        ids = ids.reshape(len(ids), -1)
+        return cls(ids.reshape(-1), np.full(len(ids), ids.shape[1], np.int64))
+
+    def rows(self, lo: int, hi: int) -> "RaggedIds":
+        """Samples [lo, hi)."""
+        start = int(self.row_lengths[:lo].sum())
+        lengths = self.row_lengths[lo:hi]
+        return RaggedIds(self.values[start:start + int(lengths.sum())], lengths)
+
+    def to_fixed(self, hotness: int, feature: str) -> np.ndarray:
+        """The ids as [n, hotness] (or [n] for hotness 1); a DataError naming `feature` unless every
+        sample has exactly `hotness` ids (a fixed-hotness format pads nothing)."""
+        wrong = np.flatnonzero(self.row_lengths != hotness)
+        if wrong.size:
+            sample = int(wrong[0])
+            raise DataError(f"feature '{feature}' has {self.row_lengths[sample]} ids at sample {sample} (of "
+                            f"{len(self)}); split-binary stores exactly its hotness {hotness} ids per sample "
+                            f"and pads nothing")
+        return self.values.reshape(len(self), hotness) if hotness != 1 else self.values
+
+
+# One batch as the dataset writers take it: numericals [n, n_num] float16 (None without numerical
+# features), labels [n] of bytes 0/1, one id array per categorical feature: [n] (one-hot), [n, h]
+# (fixed hotness h) or RaggedIds (split-TFRecords multi-hot).
+Ids = Union[np.ndarray, RaggedIds]
+Samples = Tuple[Optional[np.ndarray], np.ndarray, List[Ids]]
 
 
 # ------------------------------------------------------------------------------ value checks
@@ -60,9 +98,13 @@ def numerical_error(path: str, feature: str, mapping: str, sample: int, value: n
                      f"{value} at sample {sample}; numerical features must be finite")
 
 
-def id_error(path: str, feature: str, mapping: str, sample: int, value: int, cardinality: int) -> DataError:
-    return DataError(f"{path}: feature '{feature}' (mapping '{mapping}') has id "
-                     f"{value} at sample {sample}, outside [0, {cardinality}) given by its cardinality")
+def id_error(path: str, feature: str, mapping: str, sample: int, value: int, cardinality: int,
+             position: int = 0, ids_in_sample: Optional[int] = None) -> DataError:
+    """An id outside its table; for a multi-hot sample (`ids_in_sample` given), which of its ids
+    (0-based `position`)."""
+    which = f" (id {position + 1} of {ids_in_sample})" if ids_in_sample is not None else ""
+    return DataError(f"{path}: feature '{feature}' (mapping '{mapping}') has id {value} at sample "
+                     f"{sample}{which}, outside [0, {cardinality}) given by its cardinality")
 
 
 def truncated_error(path: str, byte: int) -> DataError:
@@ -96,20 +138,31 @@ def unsigned_cardinalities(cardinalities: Sequence[int], dtype: np.dtype) -> np.
 
 
 def check_ids(block: np.ndarray, cardinalities: np.ndarray, paths: Sequence[str],
-              features: Sequence[str], mapping: str, first_sample: int) -> None:
-    """Ids [features, samples] lie in [0, cardinality) of their feature, else a DataError.
+              features: Sequence[str], mapping: str, first_sample: int,
+              row_lengths: Optional[np.ndarray] = None) -> None:
+    """Ids [features, samples] (or [features, samples, hotness]: every id of a multi-hot feature)
+    lie in [0, cardinality) of their feature, else a DataError. Ragged ids are one feature's
+    values [1, total ids] with their `row_lengths`, which place a bad id's sample.
 
     Read as unsigned, a negative id is huge, so one maximum per feature checks both bounds.
     """
-    if not block.shape[1]:
+    if not block.size:
         return
-    unsigned = block.view(cardinalities.dtype)
+    per_sample = int(np.prod(block.shape[2:], dtype=np.int64))
+    flat = block.reshape(len(block), -1)
+    unsigned = flat.view(cardinalities.dtype)
     bad_features = np.flatnonzero(unsigned.max(axis=1) >= cardinalities)
     if bad_features.size:
         row = int(bad_features[0])
-        sample = int(np.flatnonzero(unsigned[row] >= cardinalities[row])[0])
-        raise id_error(paths[row], features[row], mapping, first_sample + sample, block[row, sample],
-                       cardinalities[row])
+        index = int(np.flatnonzero(unsigned[row] >= cardinalities[row])[0])
+        sample, position = divmod(index, per_sample)
+        of = per_sample if per_sample != 1 else None
+        if row_lengths is not None:
+            ends = np.cumsum(row_lengths)
+            sample = int(np.searchsorted(ends, index, side="right"))
+            position, of = index - int(ends[sample] - row_lengths[sample]), int(row_lengths[sample])
+        raise id_error(paths[row], features[row], mapping, first_sample + sample, flat[row, index],
+                       cardinalities[row], position, of)
 
 
 # Errors raised inside a tf.data pipeline reach the consumer as a TensorFlow error carrying a
@@ -234,17 +287,19 @@ class BatchReader:
     """The tf.data side of a reader that serves global batch k of one mapping as numpy arrays.
 
     A subclass reads (`_read`) one batch as: labels [local rows] bool, numericals [local rows,
-    n_num] float16 (only with numerical features), then one [features, rows] block per
-    categorical dtype group of `groups` ((dtype, [positions in categorical_features])), rows
-    being those `reads.rows` gives; this class turns those arrays into the (features, labels)
-    element, graph side. With `drop_remainder` the last partial batch is dropped (training);
-    otherwise it is served with fewer rows (evaluation covers every sample).
+    n_num] float16 (only with numerical features), then one block per categorical group of
+    `groups` ((dtype, [positions in categorical_features]), members of one dtype and one hotness
+    h): [features, rows] for one-hot features, [features, rows, h] for multi-hot ones, rows being
+    those `reads.rows` gives; this class turns those arrays into the (features, labels) element,
+    graph side: ids [rows] or [rows, h] int32. `hotness` gives each feature's h (default all 1).
+    With `drop_remainder` the last partial batch is dropped (training); otherwise it is served with
+    fewer rows (evaluation covers every sample).
     """
 
     def __init__(self, num_samples: int, global_batch_size: int, *, rank: int, world_size: int,
                  reads: TableReads, drop_remainder: bool, numerical_dtype: tf.DType,
                  categorical_features: Sequence[str], num_numerical: int,
-                 groups: Sequence[Tuple[np.dtype, List[int]]]):
+                 groups: Sequence[Tuple[np.dtype, List[int]]], hotness: Optional[Sequence[int]] = None):
         self.num_samples = num_samples
         self.global_batch_size = global_batch_size
         self.rank = rank
@@ -255,6 +310,7 @@ class BatchReader:
         self.categorical_features = list(categorical_features)
         self.num_numerical = num_numerical
         self._groups = list(groups)
+        self.hotness = list(hotness) if hotness is not None else [1] * len(self.categorical_features)
         if drop_remainder:
             self.num_batches = num_samples // global_batch_size
         else:
@@ -282,7 +338,8 @@ class BatchReader:
 
     def read_batch(self, batch_index: int) -> List[np.ndarray]:
         """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), then one
-        [features, rows] block per categorical dtype group. Bad data raises DataError."""
+        [features, rows] (or [features, rows, h]) block per categorical group. Bad data raises
+        DataError."""
         arrays, error = self._read(batch_index)
         if error is not None:
             raise error
@@ -290,8 +347,8 @@ class BatchReader:
 
     def read_samples(self, batch_index: int) -> Samples:
         """One batch as `SplitBinaryWriter.append` takes it: numericals [n, n_num] float16 (None
-        without numerical features), labels [n] bool, one id array per feature read. Bad data
-        raises DataError."""
+        without numerical features), labels [n] bool, one id array per feature read ([rows], or
+        [rows, h] for a multi-hot feature). Bad data raises DataError."""
         arrays = self.read_batch(batch_index)
         labels, numerical = arrays[0], (arrays[1] if self.num_numerical else None)
         ids: List[np.ndarray] = [np.empty(0)] * len(self.categorical_features)
@@ -327,7 +384,8 @@ class BatchReader:
         blocks = raw[len(raw) - len(self._groups):]
         for (_, members), block in zip(self._groups, blocks):
             for position, ids in zip(members, tf.unstack(tf.cast(block, tf.int32), num=len(members))):
-                ids.set_shape([categorical_size])
+                hotness = self.hotness[position]
+                ids.set_shape([categorical_size] + ([hotness] if hotness != 1 else []))
                 categorical[position] = ids
         features = {NUMERICAL_KEY: numerical, CATEGORICAL_KEY: tuple(categorical)}
         return features, labels
@@ -358,14 +416,15 @@ class SplitBinaryReader(BatchReader):
     The categorical features and rows of `reads` (`ShardingPlan.reads`; default: every feature,
     local rows) are read; numerical features and labels always for the rank's local slice.
 
+    A feature of hotness h is stored as [samples, h] ids row-major and served as [b, h].
     The pipeline (`dataset`) reads each batch with the compiled `ReadFileRows` op when the op
     library is built (`read_op` None; True insists, False never): one op preads every file's rows
     straight into the batch's tensors, checking and converting each chunk while it is in cache.
     Otherwise, and for `read_batch`/`read_samples`, Python preads into one aligned arena: the
-    labels, the numericals, and one [features, rows] block per categorical dtype. With
-    `check_values` (the default) every value read is checked, with the same rules and messages
-    either way (`check_labels`, `check_numericals`, `check_ids`); turning it off only serves to
-    measure what it costs.
+    labels, the numericals, and one block per categorical dtype and hotness ([features, rows]
+    one-hot, [features, rows, h] multi-hot). With `check_values` (the default) every value read is
+    checked, with the same rules and messages either way (`check_labels`, `check_numericals`,
+    `check_ids`); turning it off only serves to measure what it costs.
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
@@ -380,20 +439,16 @@ class SplitBinaryReader(BatchReader):
         reads.check(len(spec.categorical_names))
         names = spec.categorical_names
         categorical_features = [names[i] for i in reads.tables]
-        # Categorical features grouped by dtype: (dtype, [positions in categorical_features]).
-        groups: List[Tuple[np.dtype, List[int]]] = []
+        hotness = [spec.values_per_sample(name) for name in categorical_features]
+        # Categorical features grouped by dtype and hotness: {(dtype, h): [positions in categorical_features]}.
+        grouped: Dict[Tuple[np.dtype, int], List[int]] = {}
         for position, name in enumerate(categorical_features):
-            dtype = spec.dtype_of(name)
-            group = next((g for g in groups if g[0] == dtype), None)
-            if group is None:
-                groups.append((dtype, [position]))
-            else:
-                group[1].append(position)
+            grouped.setdefault((spec.dtype_of(name), hotness[position]), []).append(position)
         super().__init__(num_samples if num_samples is not None else spec.check_files([mapping])[mapping],
                          global_batch_size, rank=rank, world_size=world_size, reads=reads,
                          drop_remainder=drop_remainder, numerical_dtype=numerical_dtype,
                          categorical_features=categorical_features, num_numerical=len(spec.numerical_names),
-                         groups=groups)
+                         groups=[(dtype, members) for (dtype, _), members in grouped.items()], hotness=hotness)
         self.numerical_features = spec.numerical_names
         self.label_feature = spec.label_name
 
@@ -403,8 +458,6 @@ class SplitBinaryReader(BatchReader):
         self._categorical_paths = [spec.file_of(mapping, name) for name in self.categorical_features]
         cardinalities = dict(zip(names, spec.cardinalities))
         self._categorical_cardinalities = [cardinalities[name] for name in self.categorical_features]
-        hotness = dict(zip(names, spec.hotness))
-        self._categorical_hotness = [hotness[name] for name in self.categorical_features]
         self._categorical_dtypes = [tf.as_dtype(spec.dtype_of(name)) for name in self.categorical_features]
         self._group_cardinalities = [
             unsigned_cardinalities([cardinalities[self.categorical_features[p]] for p in members], dtype)
@@ -417,7 +470,7 @@ class SplitBinaryReader(BatchReader):
         largest_local = max(local_sizes(global_batch_size, world_size))
         largest_categorical = largest_local if not self.reads.global_batch else global_batch_size
         arena_bytes = (_round_up(largest_local) + _round_up(largest_local * self.num_numerical * 2)
-                       + sum(_round_up(len(members) * largest_categorical * dtype.itemsize)
+                       + sum(_round_up(len(members) * largest_categorical * self.hotness[members[0]] * dtype.itemsize)
                              for dtype, members in self._groups))
         self._pool = _ArenaPool(arena_bytes + BUFFER_ALIGNMENT)
 
@@ -436,7 +489,8 @@ class SplitBinaryReader(BatchReader):
         labels = carve((local_rows,), np.dtype(LABEL_DTYPE))
         numerical = (carve((local_rows, self.num_numerical), np.dtype(NUMERICAL_DTYPE))
                      if self.num_numerical else None)
-        blocks = [carve((len(members), categorical_rows), dtype) for dtype, members in self._groups]
+        blocks = [carve((len(members), categorical_rows) + self._id_shape(members), dtype)
+                  for dtype, members in self._groups]
         arrays = [labels] + ([numerical] if numerical is not None else []) + blocks
         try:
             self._pread(self._label_path, labels, local_first)
@@ -460,6 +514,11 @@ class SplitBinaryReader(BatchReader):
         for (_, members), block, cardinalities in zip(self._groups, blocks, self._group_cardinalities):
             check_ids(block, cardinalities, [self._categorical_paths[p] for p in members],
                       [self.categorical_features[p] for p in members], self.mapping, categorical_first)
+
+    def _id_shape(self, members: Sequence[int]) -> Tuple[int, ...]:
+        """The per-sample shape of a group's ids: () one-hot, (h,) multi-hot."""
+        hotness = self.hotness[members[0]]
+        return (hotness,) if hotness != 1 else ()
 
     def _pread(self, path: str, buffer: np.ndarray, first_sample: int) -> None:
         sample_bytes = buffer.nbytes // max(len(buffer), 1)
@@ -486,7 +545,7 @@ class SplitBinaryReader(BatchReader):
             numerical = tf.zeros([tf.shape(labels)[0], 0], self.numerical_dtype)
         numerical.set_shape([local_size, self.num_numerical])
         categorical = []
-        for ids, hotness in zip(values[numbered:], self._categorical_hotness):
+        for ids, hotness in zip(values[numbered:], self.hotness):
             ids = tf.reshape(ids, [-1]) if hotness == 1 else ids
             ids.set_shape([categorical_size] + ([] if hotness == 1 else [hotness]))
             categorical.append(ids)
@@ -497,7 +556,7 @@ class SplitBinaryReader(BatchReader):
         reads = [(self._label_path, 1, tf.as_dtype(LABEL_DTYPE), "label", 0, tf.float32)]
         if self.num_numerical:
             reads.append((self._numerical_path, self.num_numerical, tf.float16, "finite", 0, self.numerical_dtype))
-        for path, hotness, dtype, cardinality in zip(self._categorical_paths, self._categorical_hotness,
+        for path, hotness, dtype, cardinality in zip(self._categorical_paths, self.hotness,
                                                      self._categorical_dtypes, self._categorical_cardinalities):
             reads.append((path, hotness, dtype, "ids", cardinality, tf.int32))
         paths, widths, stored, checks, bounds, out = zip(*reads)
@@ -518,7 +577,8 @@ class SplitBinaryReader(BatchReader):
                                    np.uint16(value).view(np.float16))
         feature = read - 1 - bool(self.num_numerical)
         return id_error(paths[read], self.categorical_features[feature], self.mapping, sample, value,
-                        self._categorical_cardinalities[feature])
+                        self._categorical_cardinalities[feature], column,
+                        self.hotness[feature] if self.hotness[feature] != 1 else None)
 
 
 def _round_up(nbytes: int) -> int:
@@ -564,8 +624,8 @@ def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
         for name, cardinality in zip(spec.categorical_names, spec.cardinalities):
             path = spec.file_of(mapping, name)
             dtype = spec.dtype_of(name)
-            for start, ids in _file_chunks(path, dtype, 1, chunk_bytes):
-                check_ids(ids.reshape(1, -1), unsigned_cardinalities([cardinality], dtype), [path],
+            for start, ids in _file_chunks(path, dtype, spec.values_per_sample(name), chunk_bytes):
+                check_ids(ids[None], unsigned_cardinalities([cardinality], dtype), [path],
                           [name], mapping, start)
 
 
@@ -650,15 +710,20 @@ class SplitBinaryWriter(StagedWriter):
         return self._files[relative]
 
     def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
-               categoricals: Sequence[np.ndarray]) -> None:
-        """Append samples: numerical [n, n_num], labels [n] (0/1), one id array per categorical."""
+               categoricals: Sequence[Ids]) -> None:
+        """Append samples: numerical [n, n_num], labels [n] (0/1), one id array per categorical:
+        [n] for a one-hot feature, [n, h] (or RaggedIds of exactly h ids per sample) for one of
+        hotness h; another shape is a ValueError naming the feature."""
         spec = self.spec
+        labels = np.asarray(labels)
+        fixed = [fixed_ids(ids, spec.values_per_sample(name), name, len(labels))
+                 for name, ids in zip(spec.categorical_names, categoricals, strict=True)]
         if spec.numerical_names:
             numerical = np.ascontiguousarray(numerical, dtype=NUMERICAL_DTYPE)
             numerical.tofile(self._file(mapping, spec.numerical_names[0]))
-        np.asarray(labels).astype(LABEL_DTYPE).tofile(self._file(mapping, spec.label_name))
-        for name, ids in zip(spec.categorical_names, categoricals):
-            np.asarray(ids).astype(spec.dtype_of(name)).tofile(self._file(mapping, name))
+        labels.astype(LABEL_DTYPE).tofile(self._file(mapping, spec.label_name))
+        for name, ids in zip(spec.categorical_names, fixed):
+            ids.astype(spec.dtype_of(name)).tofile(self._file(mapping, name))
 
     def commit(self) -> str:
         """Complete the folder (empty files for mappings without samples, the spec), rename it
@@ -672,6 +737,19 @@ class SplitBinaryWriter(StagedWriter):
         self.spec.to_yaml(os.path.join(self._staging, self.spec_file_name))
         self._publish()
         return os.path.join(self.destination, self.spec_file_name)
+
+
+def fixed_ids(ids: Ids, hotness: int, feature: str, num_samples: int) -> np.ndarray:
+    """`ids` of `num_samples` samples as [n] (hotness 1) or [n, hotness] for a fixed-hotness
+    format; ValueError (DataError for ragged rows of another length) naming `feature` otherwise."""
+    if isinstance(ids, RaggedIds):
+        ids = ids.to_fixed(hotness, feature)
+    ids = np.asarray(ids)
+    expected = (num_samples,) + ((hotness,) if hotness != 1 else ())
+    if ids.shape != expected:
+        raise ValueError(f"feature '{feature}' (hotness {hotness}) needs ids of shape {list(expected)}, "
+                         f"got {list(ids.shape)}")
+    return ids
 
 
 def _dataset_files(spec: FeatureSpec) -> List[str]:

@@ -15,6 +15,7 @@ feature's embeddings are combined into one vector per sample.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ HOTNESS_SELECTOR = "hotness"
 ALPHA_SELECTOR = "alpha"
 POOLING_SELECTOR = "pooling"
 POOLINGS = ("sum", "mean")  # the first is the default
+MULTI_HOT_SELECTORS = (HOTNESS_SELECTOR, ALPHA_SELECTOR, POOLING_SELECTOR)
+CATEGORICAL_SELECTORS = (DTYPE_SELECTOR, CARDINALITY_SELECTOR, *MULTI_HOT_SELECTORS)
 TYPE_SELECTOR = "type"
 FEATURES_SELECTOR = "features"
 FILES_SELECTOR = "files"
@@ -220,8 +223,10 @@ class FeatureSpec:
     @classmethod
     def get_default_feature_spec(cls, number_of_numerical_features: int,
                                  categorical_feature_cardinalities: Sequence[int],
-                                 base_directory: str = ".") -> "FeatureSpec":
-        """The Criteo-style spec of §4.3: num_i, cat_i.bin, label; one file per chunk."""
+                                 base_directory: str = ".",
+                                 hotness: Optional[Sequence[int]] = None) -> "FeatureSpec":
+        """The Criteo-style spec of §4.3: num_i, cat_i.bin, label; one file per chunk. `hotness`
+        (one per categorical feature) marks the multi-hot ones (a feature of hotness 1 gets no key)."""
         numerical_names = [f"num_{i}" for i in range(number_of_numerical_features)]
         categorical_names = [f"cat_{i}.bin" for i in range(len(categorical_feature_cardinalities))]
         features: Dict[str, Dict[str, Any]] = {name: {DTYPE_SELECTOR: NUMERICAL_DTYPE}
@@ -229,6 +234,9 @@ class FeatureSpec:
         for name, card in zip(categorical_names, categorical_feature_cardinalities):
             features[name] = {DTYPE_SELECTOR: get_categorical_feature_type(int(card)),
                               CARDINALITY_SELECTOR: int(card)}
+        for name, ids_per_sample in zip(categorical_names, hotness or []):
+            if ids_per_sample != 1:
+                features[name][HOTNESS_SELECTOR] = int(ids_per_sample)
         features["label"] = {DTYPE_SELECTOR: LABEL_DTYPE}
         sources: Dict[str, List[Dict[str, Any]]] = {}
         for mapping in MAPPINGS:
@@ -289,12 +297,42 @@ class FeatureSpec:
         return [int(self.feature_spec[name].get(HOTNESS_SELECTOR, 1)) for name in self.categorical_names]
 
     @property
+    def alphas(self) -> List[float]:
+        """The power-law exponent of each categorical feature's synthetic ids (V5's `alpha`)."""
+        return [float(self.feature_spec[name].get(ALPHA_SELECTOR, DEFAULT_ALPHA)) for name in self.categorical_names]
+
+    @property
     def poolings(self) -> List[str]:
         """How each categorical feature's embeddings are pooled per sample: 'sum' or 'mean'."""
         return [str(self.feature_spec[name].get(POOLING_SELECTOR, POOLINGS[0])) for name in self.categorical_names]
 
     def dtype_of(self, feature: str) -> np.dtype:
         return np.dtype(self.feature_spec[feature][DTYPE_SELECTOR])
+
+    def values_per_sample(self, feature: str) -> int:
+        """Stored values of `feature` per sample: a categorical feature's hotness, else 1."""
+        if feature in self.categorical_names:
+            return int(self.feature_spec[feature].get(HOTNESS_SELECTOR, 1))
+        return 1
+
+    def take_multi_hot_properties(self, source: "FeatureSpec") -> "FeatureSpec":
+        """Copy `hotness`, `alpha` and `pooling` of `source`'s categorical features onto this spec's,
+        feature by feature in channel order (a converted dataset keeps them); returns self."""
+        for name, source_name in zip(self.categorical_names, source.categorical_names, strict=True):
+            for key in MULTI_HOT_SELECTORS:
+                if key in source.feature_spec[source_name]:
+                    self.feature_spec[name][key] = source.feature_spec[source_name][key]
+        return self
+
+    def refuse_multi_hot(self, format_name: str) -> None:
+        """FeatureSpecError naming the first multi-hot feature, if any: `format_name` stores one id
+        per sample and feature."""
+        for name, ids_per_sample in zip(self.categorical_names, self.hotness):
+            if ids_per_sample != 1:
+                raise FeatureSpecError(f"{self._where()}: categorical feature '{name}' has hotness "
+                                       f"{ids_per_sample}, but {format_name} holds one id per sample and "
+                                       f"feature; multi-hot data needs split-binary (tf_raw), split_tfrecords "
+                                       f"or synthetic data")
 
     def file_of(self, mapping: str, feature: str) -> str:
         """Absolute path of the file holding `feature` in `mapping`."""
@@ -316,22 +354,25 @@ class FeatureSpec:
     # ----------------------------------------------------------- validation
     def check_feature_spec(self, chunk_type: Optional[str] = SPLIT_BINARY,
                            allow_external_paths: bool = False) -> None:
-        """Every rule of §4.2 plus: cardinality fits the dtype, hotness 1, no file serves two chunks
-        of a mapping, and (unless `allow_external_paths`) every file lies inside the spec's folder.
-        `chunk_type` None checks a spec whose files are not its business (synthetic data, a
-        split-TFRecords folder): features, channels and dtypes only. Raises FeatureSpecError."""
+        """Every rule of §4.2 plus: cardinality fits the dtype, hotness/alpha/pooling well formed (and
+        hotness 1 in CSV files), no file serves two chunks of a mapping, and (unless
+        `allow_external_paths`) every file lies inside the spec's folder. `chunk_type` None checks a
+        spec whose files are not its business (synthetic data, a split-TFRecords folder): features,
+        channels and dtypes only. Raises FeatureSpecError."""
         where = self._where()
         self._check_features(where, chunk_type)
         self._check_channels(where)
         for name in self.categorical_names:
+            self._check_hotness(where, name)
             card = self.feature_spec[name].get(CARDINALITY_SELECTOR)
             if chunk_type == CSV and card == AUTO_CARDINALITY:
                 continue
             if isinstance(card, bool) or not isinstance(card, int) or card <= 0:
                 raise FeatureSpecError(f"{where}: categorical feature '{name}' needs a positive integer "
                                        f"cardinality, got {card!r}")
-            self._check_hotness(where, name)
-        if chunk_type != CSV:
+        if chunk_type == CSV:
+            self.refuse_multi_hot("a CSV dataset (one column per feature)")
+        else:
             self._check_dtypes(where)
         if chunk_type is None:
             return
@@ -341,14 +382,19 @@ class FeatureSpec:
         self._check_mappings(where, chunk_type, allow_external_paths)
 
     def _check_hotness(self, where: str, name: str) -> None:
+        """hotness, alpha and pooling well formed; a misspelt key (`hotnes: 3`) would silently
+        mean one-hot, so a categorical feature's keys must be known ones."""
         props = self.feature_spec[name]
+        unknown = sorted(set(props) - set(CATEGORICAL_SELECTORS), key=str)
+        if unknown:
+            close = difflib.get_close_matches(str(unknown[0]), CATEGORICAL_SELECTORS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise FeatureSpecError(f"{where}: categorical feature '{name}' has unknown key "
+                                   f"{unknown[0]!r}{hint}; known are {list(CATEGORICAL_SELECTORS)}")
         hotness = props.get(HOTNESS_SELECTOR, 1)
         if isinstance(hotness, bool) or not isinstance(hotness, int) or hotness < 1:
             raise FeatureSpecError(f"{where}: categorical feature '{name}' has hotness {hotness!r}; it "
                                    f"must be a positive integer (ids per sample)")
-        if hotness != 1:
-            raise FeatureSpecError(f"{where}: categorical feature '{name}' has hotness {hotness}; "
-                                   f"multi-hot features are not supported yet (hotness must be 1)")
         alpha = props.get(ALPHA_SELECTOR, DEFAULT_ALPHA)
         if (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not np.isfinite(alpha)
                 or alpha <= 0):
@@ -502,11 +548,14 @@ class FeatureSpec:
                 if twin != path:
                     raise FeatureSpecError(f"{path}: file of feature(s) {features} (mapping '{mapping}') "
                                            f"is the same file on disk as {twin}; {_OWN_FILE_RULE}")
-                record = sum(self.dtype_of(f).itemsize for f in features)
+                record = sum(self.dtype_of(f).itemsize * self.values_per_sample(f) for f in features)
                 size = os.path.getsize(path)
                 if size % record:
+                    hotness = self.values_per_sample(features[0])
+                    layout = (f" ({hotness} ids per sample of {self.dtype_of(features[0])})"
+                              if hotness != 1 else "")
                     raise FeatureSpecError(f"{path}: size {size} B is not a whole number of {record}-byte "
-                                           f"records of feature(s) {features}; the file is truncated")
+                                           f"records of feature(s) {features}{layout}; the file is truncated")
                 per_file[path] = size // record
             if len(set(per_file.values())) > 1:
                 listing = ", ".join(f"{os.path.relpath(p, self.base_directory)}={n}"
@@ -519,7 +568,7 @@ class FeatureSpec:
 
 def get_default_feature_spec(number_of_numerical_features: int,
                              categorical_feature_cardinalities: Sequence[int],
-                             base_directory: str = ".") -> FeatureSpec:
+                             base_directory: str = ".", hotness: Optional[Sequence[int]] = None) -> FeatureSpec:
     """Module-level spelling of `FeatureSpec.get_default_feature_spec` (the reference's name)."""
     return FeatureSpec.get_default_feature_spec(number_of_numerical_features,
-                                                categorical_feature_cardinalities, base_directory)
+                                                categorical_feature_cardinalities, base_directory, hotness)

@@ -120,6 +120,9 @@ flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
 flags.DEFINE_integer("synthetic_dataset_train_batches", 64008, "Synthetic train length in batches")
 flags.DEFINE_integer("synthetic_dataset_valid_batches", 1350, "Synthetic eval length in batches")
 flags.DEFINE_list("synthetic_dataset_cardinalities", 26 * ["1000"], "Synthetic table sizes")
+flags.DEFINE_list("synthetic_dataset_hotness", ["1"],
+                  "Synthetic ids per sample (V5): one value for every table, or one per table; a table above "
+                  "1 gets V5's power-law ids, [batch, hotness] per feature")
 flags.DEFINE_integer("synthetic_dataset_num_numerical_features", 13, "Synthetic numerical feature count")
 flags.DEFINE_enum("dist_strategy", "memory_balanced", list(STRATEGIES),
                   "Table placement of the model-parallel embeddings (the sharding planner's strategies)")
@@ -203,7 +206,8 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("cpu_offloading_threshold_gb", _optional(_at_least(0)), ">= 0"),
 )
-LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities", "hugectr_cardinalities")
+LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities", "synthetic_dataset_hotness",
+              "hugectr_cardinalities")
 
 
 def embedding_dims(value: str) -> Union[int, List[int]]:
@@ -391,6 +395,12 @@ def configure_tensorflow(local_rank: int) -> Precision:
     return precision
 
 
+def synthetic_hotness(values: List[str], num_tables: int) -> List[int]:
+    """--synthetic_dataset_hotness as one value per table (a single value applies to every table)."""
+    hotness = _ints(values)
+    return hotness * num_tables if len(hotness) == 1 else hotness
+
+
 def load_feature_spec():
     """The dataset's spec, or the default spec of the synthetic-data flags."""
     from dataloader import load_feature_spec as load
@@ -399,6 +409,7 @@ def load_feature_spec():
                 feature_spec_name=FLAGS.feature_spec, use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec,
                 num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
                 cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities),
+                hotness=synthetic_hotness(FLAGS.synthetic_dataset_hotness, len(FLAGS.synthetic_dataset_cardinalities)),
                 allow_external_paths=FLAGS.allow_external_data_paths,
                 hugectr_cardinalities=_ints(FLAGS.hugectr_cardinalities) if FLAGS.hugectr_cardinalities else None,
                 hugectr_dense_log=FLAGS.hugectr_dense_log if FLAGS["hugectr_dense_log"].present else None)
@@ -750,7 +761,9 @@ def run(argv) -> int:
 
 
 # V5's defaults shared by dlrm.py and dcnv2.py where they differ from main.py's (V3/V4) ones.
-V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9, "row_slice_threshold": 10 * 10**9}
+# V5's synthetic hotness is 26 x 20; one value here applies to every table (the same at 26 tables).
+V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9, "row_slice_threshold": 10 * 10**9,
+               "synthetic_dataset_hotness": ["20"]}
 
 
 def main(defaults: Optional[Dict[str, Any]] = None) -> None:

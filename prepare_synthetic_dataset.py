@@ -78,7 +78,7 @@ def output_spec(output_dir: str, feature_spec_path: Optional[str], variant: Opti
                                        f"main.py needs at least one")
         if spec.source_spec is None:  # a spec without files (V5): the default layout of its dimensions
             return FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
-                                                        output_dir)
+                                                        output_dir).take_multi_hot_properties(spec)
         spec.base_directory, spec.path = os.path.abspath(output_dir), None
         return spec
     if variant:

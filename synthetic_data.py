@@ -7,19 +7,24 @@ any dataset writer (`write_teacher_samples`, what `dataloading.transcribe` does)
 memory as per-rank tf.data pipelines (`make_synthetic_split`, `synthetic_dataset`, what
 `--dataset_type synthetic` uses). The teacher's AUC is the evaluation's own exact AUC
 (`metrics.exact_auc`), so the data layer (`datasets`) imports no evaluation code.
+
+Ids follow the FeatureSpec: a one-hot feature's ids are uniform over [0, cardinality) (V4's
+synthetic data); a feature of hotness h > 1 gets h ids per sample ([n, h]) drawn from V5's
+power law with the feature's exponent `alpha` (`power_law_ids`), and the teacher pools their
+values with the feature's `pooling`, as the model's embedding layer does.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional, Protocol, Sequence
+from typing import Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
 from datasets import PREFETCH_BATCHES, SplitBinaryWriter
-from feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from feature_spec import DEFAULT_ALPHA, POOLINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 from metrics import exact_auc
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -34,14 +39,33 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def hashed_units(ids: np.ndarray, key: int, count: int) -> np.ndarray:
+    """[len(ids), count] float64 values uniform in [0, 1), a pure function of (key, id, column):
+    random-looking numbers per id that need no stored table."""
+    with np.errstate(over="ignore"):
+        base = _mix64(np.asarray(ids, dtype=np.int64).astype(np.uint64) * _GOLDEN + np.uint64(key))
+        columns = [_mix64(base + np.uint64(k + 1) * _GOLDEN) for k in range(count)]
+    bits = np.stack(columns, axis=1) >> np.uint64(11) if columns else np.zeros((len(base), 0), np.uint64)
+    return bits.astype(np.float64) * 2.0 ** -53
+
+
 def _hashed_uniform(ids: np.ndarray, key: int, dim: int) -> np.ndarray:
     """[len(ids), dim] values, uniform with mean 0 and variance 1, a pure function of (key, id)."""
-    with np.errstate(over="ignore"):
-        base = _mix64(np.asarray(ids, dtype=np.uint64) * _GOLDEN + np.uint64(key))
-        columns = [_mix64(base + np.uint64(k + 1) * _GOLDEN) for k in range(dim)]
-    bits = np.stack(columns, axis=1) >> np.uint64(11)
-    unit = bits.astype(np.float64) * 2.0 ** -53
-    return ((2.0 * unit - 1.0) * math.sqrt(3.0)).astype(np.float32)
+    return ((2.0 * hashed_units(ids, key, dim) - 1.0) * math.sqrt(3.0)).astype(np.float32)
+
+
+def power_law_ids(rng: np.random.Generator, cardinality: int, alpha: float, shape: Tuple[int, ...]) -> np.ndarray:
+    """Ids in [0, cardinality), id k drawn with probability about proportional to (k + 1)^-alpha
+    (V5's synthetic ids): the continuous power law on [1, cardinality + 1) by its inverse CDF,
+    floored, less one. Larger alpha, more skew towards small ids."""
+    unit = rng.random(shape)
+    top = float(cardinality) + 1.0
+    if abs(alpha - 1.0) < 1e-9:
+        k = np.power(top, unit)
+    else:
+        gamma = 1.0 - alpha
+        k = np.power((top ** gamma - 1.0) * unit + 1.0, 1.0 / gamma)
+    return np.clip(np.floor(k).astype(np.int64) - 1, 0, cardinality - 1)
 
 
 class SyntheticTeacher:
@@ -52,31 +76,58 @@ class SyntheticTeacher:
       * unary:     sum_i u_i[x_i] / sqrt(m), one random scalar per categorical id;
       * pairwise:  sum over the ring of pairs (i, i+1 mod m) of <e_i[x_i], e_j[x_j]> / sqrt(P),
                    with TEACHER_DIM-wide random embeddings (a DLRM's dot interaction).
-    Each component has unit variance; the scale puts the teacher's AUC near 0.8. Teacher values
-    are hashes of (seed, feature, id), so any cardinality works without storing tables.
+    A multi-hot feature (`hotness` h > 1, ids [n, h]) pools its ids' values with its `pooling`:
+    their sum, or their mean. Each component has unit variance (the pooled values' variance, h for
+    a sum and 1/h for a mean of distinct ids, is divided out per component, not per feature, so
+    summed features weigh more than averaged ones); the scale puts the teacher's AUC near 0.8.
+    Teacher values are hashes of (seed, feature, id), so any cardinality works without storing
+    tables.
     """
 
     TEACHER_DIM = 4
     LOGIT_SCALE = 1.3
 
-    def __init__(self, num_numerical: int, cardinalities: Sequence[int], seed: int):
+    def __init__(self, num_numerical: int, cardinalities: Sequence[int], seed: int,
+                 hotness: Optional[Sequence[int]] = None, poolings: Optional[Sequence[str]] = None,
+                 alphas: Optional[Sequence[float]] = None):
         self.num_numerical = num_numerical
         self.cardinalities = [int(c) for c in cardinalities]
         self.seed = int(seed)
+        m = len(self.cardinalities)
+        self.hotness = [int(h) for h in hotness] if hotness is not None else [1] * m
+        self.poolings = list(poolings) if poolings is not None else [POOLINGS[0]] * m
+        self.alphas = [float(a) for a in alphas] if alphas is not None else [DEFAULT_ALPHA] * m
+        if not len(self.hotness) == len(self.poolings) == len(self.alphas) == m:
+            raise ValueError(f"the teacher needs one hotness, pooling and alpha per table ({m}), got "
+                             f"{len(self.hotness)}, {len(self.poolings)} and {len(self.alphas)}")
+        # Variance of a feature's pooled values of distinct ids (unit-variance values per id).
+        self._pooled_variance = [float(h) if pooling == "sum" else 1.0 / h
+                                 for h, pooling in zip(self.hotness, self.poolings)]
         rng = np.random.default_rng([self.seed, 0x7EAC])
         weights = rng.standard_normal(num_numerical)
         self.numerical_weights = (weights / max(np.linalg.norm(weights), 1e-12)).astype(np.float32)
-        m = len(self.cardinalities)
         self.pairs = [(i, (i + 1) % m) for i in range(m)] if m > 2 else ([(0, 1)] if m == 2 else [])
         self.num_components = (num_numerical > 0) + (m > 0) + (len(self.pairs) > 0)
 
-    def _values(self, kind: int, feature: int, ids: np.ndarray, dim: int) -> np.ndarray:
-        """Teacher values of one feature's ids; small tables are built once and gathered."""
+    @classmethod
+    def for_spec(cls, spec: FeatureSpec, seed: int) -> "SyntheticTeacher":
+        """The teacher of a spec's features: their cardinalities, hotness, poolings and alphas."""
+        return cls(len(spec.numerical_names), spec.cardinalities, seed, spec.hotness, spec.poolings, spec.alphas)
+
+    def feature_values(self, kind: int, feature: int, ids: np.ndarray, dim: int) -> np.ndarray:
+        """Teacher values [n, dim] of one feature's ids [n] or [n, h] (pooled with its pooling);
+        small tables are built once and gathered."""
         key = (self.seed * 1_000_003 + kind) * 1_000_003 + feature
         cardinality = self.cardinalities[feature]
+        ids = np.asarray(ids)
         if cardinality <= ids.size:
-            return _hashed_uniform(np.arange(cardinality), key, dim)[ids]
-        return _hashed_uniform(ids, key, dim)
+            values = _hashed_uniform(np.arange(cardinality), key, dim)[ids.reshape(-1)]
+        else:
+            values = _hashed_uniform(ids.reshape(-1), key, dim)
+        if ids.ndim == 1:
+            return values
+        per_id = values.reshape(ids.shape + (dim,))
+        return per_id.sum(axis=1) if self.poolings[feature] == "sum" else per_id.mean(axis=1)
 
     def logits(self, numerical: np.ndarray, categoricals: Sequence[np.ndarray]) -> np.ndarray:
         """Teacher logits of samples (numericals as stored, i.e. float16-rounded)."""
@@ -85,21 +136,25 @@ class SyntheticTeacher:
         if self.num_numerical:
             standardised = (np.asarray(numerical, np.float32) - 0.5) * math.sqrt(12.0)
             total += standardised @ self.numerical_weights
+        variance = self._pooled_variance
         if categoricals:
-            unary = sum(self._values(1, i, ids, 1)[:, 0] for i, ids in enumerate(categoricals))
-            total += unary / math.sqrt(len(categoricals))
+            unary = sum(self.feature_values(1, i, ids, 1)[:, 0] for i, ids in enumerate(categoricals))
+            total += unary / math.sqrt(sum(variance))
         if self.pairs:
             scale = self.TEACHER_DIM ** -0.5  # entries of variance 1/sqrt(d) give unit-variance dots
-            embeddings = {i: self._values(2, i, ids, self.TEACHER_DIM)
+            embeddings = {i: self.feature_values(2, i, ids, self.TEACHER_DIM)
                           for i, ids in enumerate(categoricals)}
             pairwise = sum(np.einsum("nd,nd->n", embeddings[i], embeddings[j]) for i, j in self.pairs)
-            total += pairwise * scale / math.sqrt(len(self.pairs))
+            total += pairwise * scale / math.sqrt(sum(variance[i] * variance[j] for i, j in self.pairs))
         return total * (self.LOGIT_SCALE / math.sqrt(max(self.num_components, 1)))
 
     def sample(self, num_samples: int, rng: np.random.Generator):
-        """Draw samples: (numerical float16 [n, n_num], labels bool [n], ids list, probabilities)."""
+        """Draw samples: (numerical float16 [n, n_num], labels bool [n], ids list, probabilities);
+        a one-hot feature's ids [n] uniform, a multi-hot one's [n, h] from its power law."""
         numerical = rng.random((num_samples, self.num_numerical), dtype=np.float32).astype(np.float16)
-        categoricals = [rng.integers(0, c, num_samples, dtype=np.int64) for c in self.cardinalities]
+        categoricals = [rng.integers(0, c, num_samples, dtype=np.int64) if h == 1
+                        else power_law_ids(rng, c, alpha, (num_samples, h))
+                        for c, h, alpha in zip(self.cardinalities, self.hotness, self.alphas)]
         probabilities = 1.0 / (1.0 + np.exp(-self.logits(numerical, categoricals)))
         labels = rng.random(num_samples, dtype=np.float32) < probabilities
         return numerical, labels, categoricals, probabilities
@@ -138,7 +193,7 @@ def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_
     """Write teacher-labelled split-binary data for `spec` (all or nothing, see SplitBinaryWriter);
     store and return the test teacher AUC."""
     with SplitBinaryWriter(spec, overwrite=overwrite, output_name=output_name) as writer:
-        teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
+        teacher = SyntheticTeacher.for_spec(spec, seed)
         chunks = {mapping: [min(chunk_samples, total - start) for start in range(0, total, chunk_samples)]
                   for mapping, total in ((TRAIN_MAPPING, num_train_samples), (TEST_MAPPING, num_test_samples))}
         teacher_auc = write_teacher_samples(writer, teacher, np.random.default_rng(seed), chunks)
@@ -152,7 +207,7 @@ class SyntheticSplit:
     """An in-memory pool of global batches, cycled to the requested number of batches."""
     numerical: np.ndarray          # [pool_batches, b, n_num] float16
     labels: np.ndarray             # [pool_batches, b] bool
-    categoricals: List[np.ndarray]  # each [pool_batches, b] int32
+    categoricals: List[np.ndarray]  # each [pool_batches, b] int32, [pool_batches, b, h] if multi-hot
     num_batches: int
     teacher_auc: Optional[float]
 
@@ -164,7 +219,7 @@ def make_synthetic_split(teacher: SyntheticTeacher, global_batch_size: int, num_
                          rng: np.random.Generator,
                          max_pool_bytes: int = MAX_SYNTHETIC_POOL_BYTES) -> SyntheticSplit:
     """Draw as many distinct batches as fit in `max_pool_bytes` (cycled beyond that)."""
-    sample_bytes = 2 * teacher.num_numerical + 1 + 4 * len(teacher.cardinalities)
+    sample_bytes = 2 * teacher.num_numerical + 1 + 4 * sum(teacher.hotness)
     affordable = max(1, max_pool_bytes // (sample_bytes * global_batch_size))
     pool_batches = max(1, min(num_batches, affordable))
     numerical, labels, ids, probabilities = teacher.sample(pool_batches * global_batch_size, rng)
@@ -174,13 +229,14 @@ def make_synthetic_split(teacher: SyntheticTeacher, global_batch_size: int, num_
     auc = exact_auc(labels, probabilities, weights) if 0 < labels.sum() < labels.size else None
     return SyntheticSplit(numerical=numerical.reshape(shape + (teacher.num_numerical,)),
                           labels=labels.reshape(shape),
-                          categoricals=[i.astype(np.int32).reshape(shape) for i in ids],
+                          categoricals=[i.astype(np.int32).reshape(shape + i.shape[1:]) for i in ids],
                           num_batches=num_batches, teacher_auc=auc)
 
 
 def synthetic_dataset(split: SyntheticSplit, reads: TableReads, rank: int, world_size: int,
                       numerical_dtype: tf.DType) -> tf.data.Dataset:
-    """The split as (features, labels) batches for one rank, same layout as SplitBinaryReader."""
+    """The split as (features, labels) batches for one rank, same layout as SplitBinaryReader
+    (ids [rows] one-hot, [rows, h] multi-hot)."""
     global_batch = split.labels.shape[1]
     lo, hi = local_slice(global_batch, rank, world_size)
     cat_lo, cat_hi = reads.rows(global_batch, rank, world_size)

@@ -13,6 +13,13 @@ cap them (-1: all; synthetic: 64008 and 1350 batches). Without a cap, a file des
 hugectr_raw) also receives the last partial batch, so every sample arrives; split_tfrecords
 records hold whole batches only.
 
+Multi-hot features (FeatureSpec `hotness` > 1) carry over between tf_raw, split_tfrecords and
+synthetic data: a split-binary feature's [samples, h] ids become split-TFRecords ragged rows of
+length h; a ragged feature becomes split-binary [samples, h] only when every sample holds exactly
+h ids (nothing is padded: a shorter or empty row stops the copy with a DataError naming the
+feature). The destination spec keeps each feature's hotness, alpha and pooling. hugectr_raw holds
+one id per feature and refuses a multi-hot source.
+
 The source is read one batch at a time, every value checked, and the destination is written in a
 hidden sibling folder renamed into place when complete. The destination must not overlap the
 source; if it holds anything it is refused unless --overwrite, and even then unless it holds only
@@ -83,9 +90,10 @@ def _destination(dst_type: str, spec: FeatureSpec, dst_path: str, dst_feature_sp
         if len(spec.numerical_names) != hugectr_data.NUM_DENSE:
             raise ValueError(f"{spec.path or spec.base_directory}: HugeCTR raw records hold {hugectr_data.NUM_DENSE} "
                              f"dense values; the source has {len(spec.numerical_names)} numerical features")
+        spec.refuse_multi_hot("a hugectr_raw destination")
         return hugectr_data.HugeCTRRawWriter(dst_path, spec.cardinalities, overwrite, DST_FLAG)
     out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
-                                               os.path.abspath(dst_path))
+                                               os.path.abspath(dst_path)).take_multi_hot_properties(spec)
     out.metadata = {key: value for key, value in spec.metadata.items() if key != hugectr_data.FORMAT_KEY}
     return SplitBinaryWriter(out, overwrite, dst_feature_spec, DST_FLAG)
 
@@ -133,7 +141,7 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
         if src_type == "synthetic":
             written = {mapping: SYNTHETIC_BATCHES[mapping] if limit < 0 else limit
                        for mapping, limit in limits.items()}
-            teacher = SyntheticTeacher(len(spec.numerical_names), spec.cardinalities, seed)
+            teacher = SyntheticTeacher.for_spec(spec, seed)
             chunks = {mapping: itertools.repeat(src_batch_size, count) for mapping, count in written.items()}
             auc = write_teacher_samples(writer, teacher, np.random.default_rng(seed), chunks)
             if dst_type != hugectr_data.HUGECTR_RAW:  # HugeCTR raw has no place for it

@@ -161,15 +161,15 @@ def test_transcribe_refuses_bad_input_with_one_error_line(tf_raw_dataset, tmp_pa
     assert not (tmp_path / "x").exists()
 
 
-def test_transcribe_refuses_a_multi_hot_spec_and_a_wrong_prebatch(tmp_path, capsys):
-    spec = FeatureSpec.get_fileless_feature_spec(2, [10, 20], str(tmp_path / "src"))
+def test_transcribe_refuses_multi_hot_into_hugectr_raw_and_a_wrong_prebatch(tmp_path, capsys):
+    spec = FeatureSpec.get_fileless_feature_spec(13, [10, 20], str(tmp_path / "src"))
     spec.feature_spec["cat_1"]["hotness"] = 20
     path = spec.to_yaml()
     assert_one_error(run_module("transcribe", "--src_dataset_type", "synthetic", "--src_dataset_path",
-                                tmp_path / "src", "--dst_dataset_path", tmp_path / "out"),
-                     path, "'cat_1' has hotness 20; multi-hot features are not supported yet")
-    spec.feature_spec["cat_1"]["hotness"] = 1
-    spec.to_yaml()
+                                tmp_path / "src", "--dst_dataset_path", tmp_path / "out", "--dst_dataset_type",
+                                "hugectr_raw"),
+                     path, "'cat_1' has hotness 20, but a hugectr_raw destination holds one id per sample")
+    assert not (tmp_path / "out").exists()
     result = transcribe_here(capsys, "--src_dataset_type", "synthetic", "--src_dataset_path", tmp_path / "src",
                              "--dst_dataset_path", tmp_path / "out", "--src_batch_size", 32,
                              "--dst_prebatch_size", 32, "--max_batches_train", 2, "--max_batches_test", 1)

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(not op_package.is_built(), reason="the op librar
                                 "tensorflow-dot-based-interact cpu)")
 
 NUM_NUMERICAL = 3
-CARDINALITIES = [100, 5000, 7, 70000]  # int8, int16, int8 and int32 files
+CARDINALITIES = [100, 5000, 7, 70000, 300]  # int8, int16, int8, int32 and int16 files
+HOTNESS = [1, 1, 1, 1, 3]  # the last feature is multi-hot: [samples, 3] ids
 TRAIN, TEST = 500, 203
 BATCH = 128
 
@@ -27,7 +28,7 @@ BATCH = 128
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     directory = tmp_path_factory.mktemp("read_op")
-    spec = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(directory))
+    spec = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(directory), hotness=HOTNESS)
     synthetic_data.write_synthetic_dataset(spec, TRAIN, TEST, seed=3)
     return dataloader.load_feature_spec(dataset_path=str(directory))
 
@@ -41,7 +42,7 @@ def elements(spec, read_op, mapping="train", **options):
     dict(),
     dict(numerical_dtype=tf.bfloat16),
     dict(numerical_dtype=tf.float16, rank=1, world_size=3),
-    dict(rank=2, world_size=3, reads=TableReads((1, 3), global_batch=True)),
+    dict(rank=2, world_size=3, reads=TableReads((1, 3, 4), global_batch=True)),
     dict(drop_remainder=False, rank=1, world_size=2),
 ], ids=["one rank", "bf16 numericals", "f16, rank 1 of 3", "model-parallel rows", "partial last batch"])
 def test_the_op_serves_the_python_reads_elements(spec, options):
@@ -84,8 +85,19 @@ def test_a_file_cut_short_after_opening_is_named_with_the_byte_it_ends_at(spec, 
                                                       f"was truncated while reading")
 
 
+def test_a_bad_id_of_a_multi_hot_sample_is_named_alike(spec, tmp_path):
+    copy = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(tmp_path), hotness=HOTNESS)
+    synthetic_data.write_synthetic_dataset(copy, TRAIN, TEST, seed=3)
+    corrupt(tmp_path / "train" / "cat_4.bin", np.int16, 3, 260, 300, column=2)
+    copy = dataloader.load_feature_spec(dataset_path=str(tmp_path))
+    outcomes = [consume(datasets.SplitBinaryReader(copy, "train", BATCH, read_op=read_op).dataset())
+                for read_op in (True, False)]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == 2 and "has id 300 at sample 260 (id 3 of 3), outside [0, 300)" in outcomes[0][1]
+
+
 def test_unchecked_reads_let_bad_values_through_alike(spec, tmp_path):
-    copy = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(tmp_path))
+    copy = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(tmp_path), hotness=HOTNESS)
     synthetic_data.write_synthetic_dataset(copy, TRAIN, TEST, seed=3)
     corrupt(tmp_path / "train" / "cat_3.bin", np.int32, 1, 7, 123456)
     copy = dataloader.load_feature_spec(dataset_path=str(tmp_path))

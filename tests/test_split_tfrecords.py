@@ -121,10 +121,11 @@ def test_a_v5_spec_with_an_int8_label_and_hotness_loads(tmp_path):
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("hotness", 20, "has hotness 20; multi-hot features are not supported yet"),
     ("hotness", 0, "has hotness 0; it must be a positive integer"),
+    ("pooling", "avg", "has pooling 'avg'; it must be one of ['sum', 'mean']"),
+    ("hotnes", 3, "has unknown key 'hotnes' (did you mean 'hotness'?)"),
     ("alpha", "x", "has alpha 'x'; it must be a positive number")])
-def test_a_spec_with_bad_hotness_or_alpha_is_refused(tmp_path, key, value, words):
+def test_a_spec_with_bad_hotness_pooling_or_alpha_is_refused(tmp_path, key, value, words):
     spec = FeatureSpec.get_fileless_feature_spec(1, [10, 20], str(tmp_path))
     spec.feature_spec["cat_1"][key] = value
     path = spec.to_yaml()
@@ -180,7 +181,7 @@ BAD_DATA = {
                      "batch 1 holds 10 values, not a prebatch of 64 samples x 1 features"),
     "wrong dtype": ("train/categorical_1/data_0.tfrecords",
                     lambda p: _rewrite_record(p, 0, lambda a: a.astype(np.int64)),
-                    "record 0 holds int64 values, but format.json says int32"),
+                    "record 0 holds int64 values in 'data', but format.json says int32"),
 }
 
 
@@ -204,7 +205,7 @@ def test_bad_data_is_one_error_naming_the_file(tmp_path, case):
     (lambda root: json.dump({"format": "tfrecords", "dtype": "int32", "multihot": True, "feature_name": "data",
                              "num_features": 1, "batches_per_file": 3},
                             open(os.path.join(root, "train", "categorical_0", "format.json"), "w")),
-     "categorical_0/format.json: multi-hot (ragged) features are not supported yet"),
+     "categorical_0/format.json: a multi-hot (ragged) folder, but feature 'cat_0.bin' has hotness 1"),
     (lambda root: os.rename(os.path.join(root, "train", "categorical_2"), os.path.join(root, "train", "other")),
      "train/categorical_2: feature folder not found"),
     (lambda root: os.rename(os.path.join(root, "train", "label", "data_0.tfrecords"),
