@@ -323,11 +323,11 @@ const ExtraCase kExtraCases[] = {
 
 void Usage(FILE* stream) {
   std::fprintf(stream,
-               "usage: dbi_harness --output DIR [--repeats N] [--batch B] [--quick]\n"
+               "usage: dbi_harness --output DIR [--repeats N] [--batch B] [--quick] [--max-batch M]\n"
                "Runs the dot-interaction CUDA kernels: writes correctness cases (.npy) and\n"
                "DIR/manifest.json with bandwidth measurements at (B, 27, 128), B = 65536 by\n"
                "default; check_harness.py verifies them. --quick: correctness only, batches\n"
-               "capped at 64 (for compute-sanitizer).\n");
+               "capped at 64 (for compute-sanitizer). --max-batch: cap at M instead.\n");
 }
 
 }  // namespace
@@ -337,6 +337,7 @@ int main(int argc, char** argv) {
   int repeats = 50;
   int64_t batch = 65536;
   bool quick = false;
+  int64_t max_batch = 0;  // 0: no cap
   for (int a = 1; a < argc; ++a) {
     const std::string argument = argv[a];
     if (argument == "--help" || argument == "-h") {
@@ -355,6 +356,8 @@ int main(int argc, char** argv) {
       directory = argv[++a];
     } else if (argument == "--repeats") {
       repeats = std::max(1, std::atoi(argv[++a]));
+    } else if (argument == "--max-batch") {
+      max_batch = std::max<int64_t>(1, std::atoll(argv[++a]));
     } else if (argument == "--batch") {
       batch = std::max<int64_t>(1, std::atoll(argv[++a]));
     } else {
@@ -378,14 +381,16 @@ int main(int argc, char** argv) {
   Check(cudaRuntimeGetVersion(&runtime_version), "cudaRuntimeGetVersion");
   Check(cudaDriverGetVersion(&driver_version), "cudaDriverGetVersion");
 
+  if (quick && max_batch == 0) max_batch = 64;
+  const auto case_batch = [&](int64_t wanted) { return max_batch > 0 ? std::min(wanted, max_batch) : wanted; };
   std::vector<std::string> cases;
   for (const Shape3& s : kCorrectnessShapes) {
-    const dbi::InteractShape shape = MakeShape(quick ? std::min<int64_t>(s.batch, 64) : s.batch, s.num_vectors, s.dim);
+    const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
     for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, true, 0));
   }
   for (const ExtraCase& extra : kExtraCases) {
     const Shape3& s = extra.shape;
-    const dbi::InteractShape shape = MakeShape(quick ? std::min<int64_t>(s.batch, 64) : s.batch, s.num_vectors, s.dim);
+    const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
     for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, extra.fold, extra.offset));
   }
   std::vector<std::string> bandwidth;
