@@ -221,6 +221,12 @@ using Accumulator = wmma::fragment<wmma::accumulator, kTile, kTile, Mma<T>::kK, 
 
 constexpr int kLoadBatch = 8;  // 16-byte loads in flight per lane
 
+// This warp's `bytes` of the block's dynamic shared memory (one region per sample).
+__device__ __forceinline__ unsigned char* WarpSharedRegion(int64_t bytes) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  return shared + WarpInBlock() * bytes;
+}
+
 // Stages columns [first_column, first_column + width) of a sample's rows into `chunk` (width:
 // up to 64 columns of the 16-padded D), zero past F rows and past D columns. With `row0_output`,
 // row 0's values are also stored there (the forward's copy of the bottom-MLP output).
@@ -292,11 +298,10 @@ template <typename T>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     ForwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, const T* __restrict__ input,
                             T* __restrict__ output) {
-  extern __shared__ __align__(128) unsigned char shared[];
   const int64_t sample = WarpSample();
   if (sample >= shape.batch) return;
+  unsigned char* region = WarpSharedRegion(layout.forward_bytes);
   const int lane = Lane();
-  unsigned char* region = shared + WarpInBlock() * layout.forward_bytes;
   T* chunk = reinterpret_cast<T*>(region);
   const T* values = input + sample * shape.num_vectors * shape.dim;
   T* row = output + sample * shape.output_width;
@@ -358,11 +363,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     BackwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, bool fold_bottom_mlp_grad,
                              const T* __restrict__ input, const T* __restrict__ upstream_grad, T* __restrict__ grad,
                              T* __restrict__ bottom_mlp_grad) {
-  extern __shared__ __align__(128) unsigned char shared[];
   const int64_t sample = WarpSample();
   if (sample >= shape.batch) return;
+  unsigned char* region = WarpSharedRegion(layout.backward_bytes);
   const int lane = Lane();
-  unsigned char* region = shared + WarpInBlock() * layout.backward_bytes;
   T* chunk = reinterpret_cast<T*>(region);
   T* coefficients = reinterpret_cast<T*>(region + layout.coefficient_offset);
   T* upstream = reinterpret_cast<T*>(region + layout.upstream_offset);
