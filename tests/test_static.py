@@ -261,7 +261,7 @@ def test_op_readme_states_the_kernel_layout(tmp_path: Path) -> None:
     """The op README's shared-memory table is kernel_layout.h's numbers for Criteo (27 x 128)."""
     probe = tensor_core_layouts(tmp_path)
     readme = (OP_DIR / "README.md").read_text()
-    for size, name in ((4, "TF32"), (2, "fp16")):
+    for size, name in ((4, "TF32"), (4, "3xTF32"), (2, "fp16")):
         layout = next(entry for entry in probe["layouts"] if entry[:3] == [size, 27, 128])
         forward_bytes, backward_bytes, a100, h100 = layout[10], layout[14], layout[15], layout[16]
         row = f"| {name} | {forward_bytes:,} | {backward_bytes:,} | {a100} | {h100} |"
@@ -310,7 +310,7 @@ def test_cuda_kernels_and_harness_pass_numpy_in_the_cpu_emulation(tmp_path: Path
     summary = json.loads((tmp_path / "emulation" / "interaction_emulated.json").read_text())
     assert summary["correctness"] == "all passed"
     kernels = {case["kernel_forward"] for case in summary["cases"]}
-    assert kernels == {"simt_fp32", "tensor_core_tf32", "tensor_core_fp16"}
+    assert kernels == {"simt_fp32", "tensor_core_tf32", "tensor_core_3xtf32", "tensor_core_fp16"}
     shapes = {tuple(case["shape"][1:]) for case in summary["cases"]}
     assert {(27, 128), (31, 255), (32, 256), (32, 257), (33, 33), (41, 257)} <= shapes
 

@@ -1,10 +1,11 @@
 // CUDA kernels of the dot interaction, one warp per sample and kSamplesPerBlock samples per block
 // (kernel_layout.h):
-// * tensor-core kernels (WMMA; TF32 for float, fp16 with fp32 accumulation for half) for the
-//   shapes of FitsTensorCores: the sample is staged in shared memory 64 columns at a time with
-//   16-byte loads, the output row is assembled in shared memory and written with 16-byte stores;
-// * a general SIMT kernel (fp32 arithmetic, any F and D) for every other shape, GPUs older than
-//   compute 8.0, and float when TF32 is not allowed.
+// * tensor-core kernels (WMMA with fp32 accumulation: fp16 for half; TF32 for float when TF32
+//   is allowed, else 3xTF32) for the shapes of FitsTensorCores: the sample is staged in shared
+//   memory 64 columns at a time with 16-byte loads, the output row is assembled in shared memory
+//   and written with 16-byte stores;
+// * a general SIMT kernel (fp32 arithmetic, any F and D) for every other shape and for GPUs
+//   older than compute 8.0.
 // No kernel finds a pair from its column: pairs are enumerated row by row, (i, j) for j < i, so
 // column D + i(i-1)/2 + j is integer arithmetic. Includes CUDA headers only.
 #include <cuda_fp16.h>
@@ -184,40 +185,84 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // tensor-core kernels are stubs that trap: the dispatcher never launches them below compute 8.0.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 
-// WMMA operand types per element type: fp16 (k = 16) or TF32 from fp32 storage (k = 8); both
-// are 32 bytes of k, as TensorCoreLayout::k_step says.
-template <typename T>
-struct Mma;
-
-template <>
-struct Mma<__half> {
+// How a kernel's operands reach the tensor cores, always with fp32 accumulation. Each k step
+// is 32 bytes of operands, as TensorCoreLayout::k_step says.
+// * Fp16Operands: half operands, WMMA 16x16x16.
+// * Tf32Operands: float rounded to TF32 (10 mantissa bits), WMMA 16x16x8; float when TF32 is
+//   allowed.
+// * SplitTf32Operands ("3xTF32"): float split into a TF32 head and a TF32 tail (x - head) and
+//   multiplied as tail*head + head*tail + head*head, which keeps about 21 of fp32's 24 mantissa
+//   bits per product; float when TF32 is not allowed.
+struct Fp16Operands {
+  using Element = __half;
   static constexpr int kK = 16;
+  using Sum = wmma::fragment<wmma::accumulator, kTile, kTile, kK, float>;
   template <typename Use, typename Layout>
-  using Operand = wmma::fragment<Use, kTile, kTile, kK, __half, Layout>;
-  template <typename Fragment>
-  __device__ static void Load(Fragment& fragment, const __half* source, unsigned stride) {
-    wmma::load_matrix_sync(fragment, source, stride);
+  struct Operand {
+    wmma::fragment<Use, kTile, kTile, kK, __half, Layout> value;
+  };
+  template <typename Use, typename Layout>
+  __device__ static void Load(Operand<Use, Layout>& operand, const __half* source, unsigned stride) {
+    wmma::load_matrix_sync(operand.value, source, stride);
+  }
+  template <typename LayoutA, typename LayoutB>
+  __device__ static void Multiply(Sum& sum, const Operand<wmma::matrix_a, LayoutA>& a,
+                                  const Operand<wmma::matrix_b, LayoutB>& b) {
+    wmma::mma_sync(sum, a.value, b.value, sum);
   }
 };
 
-template <>
-struct Mma<float> {
+struct Tf32Operands {
+  using Element = float;
   static constexpr int kK = 8;
+  using Sum = wmma::fragment<wmma::accumulator, kTile, kTile, kK, float>;
   template <typename Use, typename Layout>
-  using Operand = wmma::fragment<Use, kTile, kTile, kK, wmma::precision::tf32, Layout>;
-  template <typename Fragment>
-  __device__ static void Load(Fragment& fragment, const float* source, unsigned stride) {
-    wmma::load_matrix_sync(fragment, source, stride);
+  struct Operand {
+    wmma::fragment<Use, kTile, kTile, kK, wmma::precision::tf32, Layout> value;
+  };
+  template <typename Use, typename Layout>
+  __device__ static void Load(Operand<Use, Layout>& operand, const float* source, unsigned stride) {
+    wmma::load_matrix_sync(operand.value, source, stride);
 #pragma unroll
-    for (int t = 0; t < fragment.num_elements; ++t) fragment.x[t] = wmma::__float_to_tf32(fragment.x[t]);
+    for (int t = 0; t < operand.value.num_elements; ++t) operand.value.x[t] = wmma::__float_to_tf32(operand.value.x[t]);
+  }
+  template <typename LayoutA, typename LayoutB>
+  __device__ static void Multiply(Sum& sum, const Operand<wmma::matrix_a, LayoutA>& a,
+                                  const Operand<wmma::matrix_b, LayoutB>& b) {
+    wmma::mma_sync(sum, a.value, b.value, sum);
   }
 };
 
-static_assert(Mma<__half>::kK == 32 / sizeof(__half) && Mma<float>::kK == 32 / sizeof(float),
-              "TensorCoreLayout::k_step is 32 bytes of operands");
+struct SplitTf32Operands {
+  using Element = float;
+  static constexpr int kK = 8;
+  using Sum = wmma::fragment<wmma::accumulator, kTile, kTile, kK, float>;
+  template <typename Use, typename Layout>
+  struct Operand {
+    wmma::fragment<Use, kTile, kTile, kK, wmma::precision::tf32, Layout> head, tail;
+  };
+  template <typename Use, typename Layout>
+  __device__ static void Load(Operand<Use, Layout>& operand, const float* source, unsigned stride) {
+    wmma::load_matrix_sync(operand.head, source, stride);
+#pragma unroll
+    for (int t = 0; t < operand.head.num_elements; ++t) {
+      const float value = operand.head.x[t];
+      operand.head.x[t] = wmma::__float_to_tf32(value);
+      operand.tail.x[t] = wmma::__float_to_tf32(value - operand.head.x[t]);
+    }
+  }
+  template <typename LayoutA, typename LayoutB>
+  __device__ static void Multiply(Sum& sum, const Operand<wmma::matrix_a, LayoutA>& a,
+                                  const Operand<wmma::matrix_b, LayoutB>& b) {
+    wmma::mma_sync(sum, a.tail, b.head, sum);  // the small terms first
+    wmma::mma_sync(sum, a.head, b.tail, sum);
+    wmma::mma_sync(sum, a.head, b.head, sum);
+  }
+};
 
-template <typename T>
-using Accumulator = wmma::fragment<wmma::accumulator, kTile, kTile, Mma<T>::kK, float>;
+static_assert(Fp16Operands::kK == 32 / sizeof(__half) && Tf32Operands::kK == 32 / sizeof(float) &&
+                  SplitTf32Operands::kK == 32 / sizeof(float),
+              "TensorCoreLayout::k_step is 32 bytes of operands");
 
 constexpr int kLoadBatch = 8;  // 16-byte loads in flight per lane
 
@@ -294,7 +339,7 @@ __device__ void StoreChunk(const T* chunk, const InteractShape& shape, const Ten
 // Forward: the lower Gram tiles (0,0), (1,0), (1,1) of the 16-padded rows accumulate over the
 // chunks; then they go to shared memory, the pair values into the output stage, and the stage
 // to the output row.
-template <typename T>
+template <typename Operands, typename T = typename Operands::Element>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     ForwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, const T* __restrict__ input,
                             T* __restrict__ output) {
@@ -307,7 +352,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   T* row = output + sample * shape.output_width;
   const bool two_tiles = layout.rows > kTile;  // warp-uniform, as WMMA needs
 
-  Accumulator<T> gram00, gram10, gram11;
+  typename Operands::Sum gram00, gram10, gram11;
   wmma::fill_fragment(gram00, 0.0f);
   wmma::fill_fragment(gram10, 0.0f);
   wmma::fill_fragment(gram11, 0.0f);
@@ -315,18 +360,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     LoadChunk(values, shape, layout, first_column, chunk, row, lane);
     __syncwarp();
     const int width = min(kChunkColumns, layout.padded_dim - first_column);
-    for (int k = 0; k < width; k += Mma<T>::kK) {
-      typename Mma<T>::template Operand<wmma::matrix_a, wmma::row_major> upper_a, lower_a;
-      typename Mma<T>::template Operand<wmma::matrix_b, wmma::col_major> upper_b, lower_b;
-      Mma<T>::Load(upper_a, chunk + k, layout.chunk_stride);
-      Mma<T>::Load(upper_b, chunk + k, layout.chunk_stride);
-      wmma::mma_sync(gram00, upper_a, upper_b, gram00);
+    for (int k = 0; k < width; k += Operands::kK) {
+      typename Operands::template Operand<wmma::matrix_a, wmma::row_major> upper_a, lower_a;
+      typename Operands::template Operand<wmma::matrix_b, wmma::col_major> upper_b, lower_b;
+      Operands::Load(upper_a, chunk + k, layout.chunk_stride);
+      Operands::Load(upper_b, chunk + k, layout.chunk_stride);
+      Operands::Multiply(gram00, upper_a, upper_b);
       if (two_tiles) {
         const T* lower = chunk + kTile * layout.chunk_stride + k;
-        Mma<T>::Load(lower_a, lower, layout.chunk_stride);
-        Mma<T>::Load(lower_b, lower, layout.chunk_stride);
-        wmma::mma_sync(gram10, lower_a, upper_b, gram10);
-        wmma::mma_sync(gram11, lower_a, lower_b, gram11);
+        Operands::Load(lower_a, lower, layout.chunk_stride);
+        Operands::Load(lower_b, lower, layout.chunk_stride);
+        Operands::Multiply(gram10, lower_a, upper_b);
+        Operands::Multiply(gram11, lower_a, lower_b);
       }
     }
     __syncwarp();  // the next chunk, or the Gram tiles, overwrite this one
@@ -358,7 +403,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // gradients (zero diagonal and padding), one 16-column tile of X at a time. A tile column's
 // result replaces that column of the chunk (no other tile reads it): in place for fp32, through
 // an fp32 scratch for fp16, where row 0 gets the pass-through before its single rounding.
-template <typename T>
+template <typename Operands, typename T = typename Operands::Element>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     BackwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, bool fold_bottom_mlp_grad,
                              const T* __restrict__ input, const T* __restrict__ upstream_grad, T* __restrict__ grad,
@@ -407,18 +452,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int width = min(kChunkColumns, layout.padded_dim - first_column);
     const int valid = min(width, dim - first_column);
     for (int tile_column = 0; tile_column < width; tile_column += kTile) {
-      Accumulator<T> upper, lower;
+      typename Operands::Sum upper, lower;
       wmma::fill_fragment(upper, 0.0f);
       wmma::fill_fragment(lower, 0.0f);
-      for (int k = 0; k < layout.rows; k += Mma<T>::kK) {
-        typename Mma<T>::template Operand<wmma::matrix_a, wmma::row_major> a;
-        typename Mma<T>::template Operand<wmma::matrix_b, wmma::row_major> b;
-        Mma<T>::Load(b, chunk + k * layout.chunk_stride + tile_column, layout.chunk_stride);
-        Mma<T>::Load(a, coefficients + k, layout.coefficient_stride);
-        wmma::mma_sync(upper, a, b, upper);
+      for (int k = 0; k < layout.rows; k += Operands::kK) {
+        typename Operands::template Operand<wmma::matrix_a, wmma::row_major> a;
+        typename Operands::template Operand<wmma::matrix_b, wmma::row_major> b;
+        Operands::Load(b, chunk + k * layout.chunk_stride + tile_column, layout.chunk_stride);
+        Operands::Load(a, coefficients + k, layout.coefficient_stride);
+        Operands::Multiply(upper, a, b);
         if (two_tiles) {
-          Mma<T>::Load(a, coefficients + kTile * layout.coefficient_stride + k, layout.coefficient_stride);
-          wmma::mma_sync(lower, a, b, lower);
+          Operands::Load(a, coefficients + kTile * layout.coefficient_stride + k, layout.coefficient_stride);
+          Operands::Multiply(lower, a, b);
         }
       }
       __syncwarp();  // every row of this tile column is read before it is overwritten
@@ -454,13 +499,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 #else
 
-template <typename T>
+struct Fp16Operands {
+  using Element = __half;
+};
+struct Tf32Operands {
+  using Element = float;
+};
+struct SplitTf32Operands {
+  using Element = float;
+};
+
+template <typename Operands, typename T = typename Operands::Element>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     ForwardTensorCoreKernel(InteractShape, TensorCoreLayout, const T* __restrict__, T* __restrict__) {
   __trap();
 }
 
-template <typename T>
+template <typename Operands, typename T = typename Operands::Element>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     BackwardTensorCoreKernel(InteractShape, TensorCoreLayout, bool, const T* __restrict__, const T* __restrict__,
                              T* __restrict__, T* __restrict__) {
@@ -479,13 +534,14 @@ struct DeviceInfo {
 
 constexpr int kMaxDevices = 64;
 
-template <typename T>
+template <typename Operands>
 cudaError_t AllowTensorCoreSharedMemory() {
-  const int bytes = static_cast<int>(kSamplesPerBlock * MaxTensorCoreSampleBytes(sizeof(T)));
+  const int bytes =
+      static_cast<int>(kSamplesPerBlock * MaxTensorCoreSampleBytes(sizeof(typename Operands::Element)));
   const cudaError_t forward =
-      cudaFuncSetAttribute(ForwardTensorCoreKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      cudaFuncSetAttribute(ForwardTensorCoreKernel<Operands>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (forward != cudaSuccess) return forward;
-  return cudaFuncSetAttribute(BackwardTensorCoreKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return cudaFuncSetAttribute(BackwardTensorCoreKernel<Operands>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 // Compute capability of `device` (current), and on 8.0+ the tensor-core kernels allowed the
@@ -493,8 +549,9 @@ cudaError_t AllowTensorCoreSharedMemory() {
 DeviceInfo QueryDevice(int device) {
   DeviceInfo info;
   cudaError_t status = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device);
-  if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<float>();
-  if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<__half>();
+  if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<Fp16Operands>();
+  if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<Tf32Operands>();
+  if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<SplitTf32Operands>();
   if (status != cudaSuccess) info.error = cudaGetErrorString(status);
   return info;
 }
@@ -517,15 +574,28 @@ bool Aligned(std::initializer_list<const void*> pointers, uintptr_t bytes) {
   return true;
 }
 
-// Tensor cores for shapes within FitsTensorCores on compute 8.0+ with 16-byte aligned buffers
-// (fp32 only when TF32 is allowed); the SIMT kernel otherwise.
+// Tensor cores for shapes within FitsTensorCores on compute 8.0+ with 16-byte aligned buffers:
+// fp16, TF32 for float when allowed, else 3xTF32; the SIMT kernel otherwise.
 template <typename T>
 KernelKind ChooseKernel(const InteractShape& shape, bool allow_tf32, int major,
                         std::initializer_list<const void*> buffers) {
   const bool tensor_cores = major >= 8 && FitsTensorCores(shape.num_vectors, shape.dim, sizeof(T)) &&
                             Aligned(buffers, kVectorBytes);
-  if (std::is_same<T, __half>::value) return tensor_cores ? KernelKind::kFp16TensorCore : KernelKind::kSimt;
-  return tensor_cores && allow_tf32 ? KernelKind::kTf32TensorCore : KernelKind::kSimt;
+  if (!tensor_cores) return KernelKind::kSimt;
+  if (std::is_same<T, __half>::value) return KernelKind::kFp16TensorCore;
+  return allow_tf32 ? KernelKind::kTf32TensorCore : KernelKind::kSplitTf32TensorCore;
+}
+
+// Calls launch(Operands{}) with the operand policy of a tensor-core kernel kind.
+template <typename T, typename Launch>
+void WithOperands(KernelKind kernel, Launch launch) {
+  if constexpr (std::is_same<T, __half>::value) {
+    launch(Fp16Operands{});
+  } else if (kernel == KernelKind::kTf32TensorCore) {
+    launch(Tf32Operands{});
+  } else {
+    launch(SplitTf32Operands{});
+  }
 }
 
 // The SIMT kernel's 4-element vectors: D a multiple of 4 and every buffer aligned to them.
@@ -553,8 +623,11 @@ LaunchResult Forward(const InteractShape& shape, const T* input, T* output, bool
                                                                          input, output);
   } else {
     const TensorCoreLayout layout = MakeTensorCoreLayout(shape.num_vectors, shape.dim, sizeof(T));
-    ForwardTensorCoreKernel<T><<<Blocks(shape), kThreadsPerBlock, kSamplesPerBlock * layout.forward_bytes, stream>>>(
-        shape, layout, input, output);
+    WithOperands<T>(kernel, [&](auto operands) {
+      using Operands = decltype(operands);
+      ForwardTensorCoreKernel<Operands><<<Blocks(shape), kThreadsPerBlock, kSamplesPerBlock * layout.forward_bytes, stream>>>(
+          shape, layout, input, output);
+    });
   }
   return Finish(kernel);
 }
@@ -571,8 +644,11 @@ LaunchResult Backward(const InteractShape& shape, bool fold_bottom_mlp_grad, con
         shape, SimtVectors<T>(shape, buffers), fold_bottom_mlp_grad, input, upstream_grad, grad, bottom_mlp_grad);
   } else {
     const TensorCoreLayout layout = MakeTensorCoreLayout(shape.num_vectors, shape.dim, sizeof(T));
-    BackwardTensorCoreKernel<T><<<Blocks(shape), kThreadsPerBlock, kSamplesPerBlock * layout.backward_bytes, stream>>>(
-        shape, layout, fold_bottom_mlp_grad, input, upstream_grad, grad, bottom_mlp_grad);
+    WithOperands<T>(kernel, [&](auto operands) {
+      using Operands = decltype(operands);
+      BackwardTensorCoreKernel<Operands><<<Blocks(shape), kThreadsPerBlock, kSamplesPerBlock * layout.backward_bytes, stream>>>(
+          shape, layout, fold_bottom_mlp_grad, input, upstream_grad, grad, bottom_mlp_grad);
+    });
   }
   return Finish(kernel);
 }
@@ -588,6 +664,8 @@ const char* KernelName(KernelKind kernel) {
       return "simt_fp32";
     case KernelKind::kTf32TensorCore:
       return "tensor_core_tf32";
+    case KernelKind::kSplitTf32TensorCore:
+      return "tensor_core_3xtf32";
     case KernelKind::kFp16TensorCore:
       return "tensor_core_fp16";
   }

@@ -19,9 +19,10 @@ struct Half {
 };
 
 // The kernel a launch used. Tensor cores (compute capability 8.0 and newer) take the shapes of
-// FitsTensorCores with 16-byte aligned buffers; other shapes, older GPUs, and fp32 when TF32 is
-// not allowed run the general SIMT kernel, so every shape gets a correct result.
-enum class KernelKind { kSimt, kTf32TensorCore, kFp16TensorCore };
+// FitsTensorCores with 16-byte aligned buffers: fp16 for half; for float TF32 when allowed, else
+// 3xTF32 (each operand split into two TF32 parts, about fp32's accuracy). Other shapes and older
+// GPUs run the general SIMT kernel, so every shape gets a correct result.
+enum class KernelKind { kSimt, kTf32TensorCore, kSplitTf32TensorCore, kFp16TensorCore };
 
 struct LaunchResult {
   KernelKind kernel;
