@@ -13,7 +13,7 @@ On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
      (2048, 27, 128), D = 255-257, F > 32, unaligned buffers) against the NumPy reference and
      times forward, backward and both at (N, 27, 128), N = 65536 by default, writing
      DIR/interaction_cuda.json (DIR defaults to bench/results) and printing a table;
-  3. runs the quick correctness cases under compute-sanitizer memcheck, racecheck and synccheck
+  3. runs the correctness cases at batch <= 8 under compute-sanitizer memcheck, racecheck and synccheck
      (skipped with --no-sanitizer or when compute-sanitizer is absent), logs in DIR.
 Exit status: 0 when everything passed; 1 when a check failed; 3 when NumPy is missing (the JSON
 then holds the bandwidth only); 2 for bad arguments or a missing tool.
@@ -75,7 +75,7 @@ if [[ "${SANITIZER}" == 1 ]]; then
     for tool in memcheck racecheck synccheck; do
       scratch="$(mktemp -d -p "${BUILD_DIR}")"
       log="${OUTPUT_DIR}/sanitizer_${tool}.log"
-      if compute-sanitizer --tool "${tool}" --error-exitcode 9 "${HARNESS}" --quick --output "${scratch}" >"${log}" 2>&1; then
+      if compute-sanitizer --tool "${tool}" --error-exitcode 9 "${HARNESS}" --quick --max-batch 8 --output "${scratch}" >"${log}" 2>&1; then
         echo "compute-sanitizer ${tool}: clean (${log})"
       else
         echo "compute-sanitizer ${tool}: FAILED, see ${log}" >&2
