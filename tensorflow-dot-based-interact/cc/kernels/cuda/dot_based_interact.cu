@@ -193,53 +193,47 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // * SplitTf32Operands ("3xTF32"): float split into a TF32 head and a TF32 tail (x - head) and
 //   multiplied as tail*head + head*tail + head*head, which keeps about 21 of fp32's 24 mantissa
 //   bits per product; float when TF32 is not allowed.
-struct Fp16Operands {
-  using Element = __half;
-  static constexpr int kK = 16;
+template <typename ElementType, typename Stored>
+struct OperandTypes {
+  using Element = ElementType;
+  static constexpr int kK = 32 / sizeof(ElementType);
   using Sum = wmma::fragment<wmma::accumulator, kTile, kTile, kK, float>;
   template <typename Use, typename Layout>
-  struct Operand {
-    wmma::fragment<Use, kTile, kTile, kK, __half, Layout> value;
-  };
-  template <typename Use, typename Layout>
-  __device__ static void Load(Operand<Use, Layout>& operand, const __half* source, unsigned stride) {
-    wmma::load_matrix_sync(operand.value, source, stride);
-  }
-  template <typename LayoutA, typename LayoutB>
-  __device__ static void Multiply(Sum& sum, const Operand<wmma::matrix_a, LayoutA>& a,
-                                  const Operand<wmma::matrix_b, LayoutB>& b) {
-    wmma::mma_sync(sum, a.value, b.value, sum);
-  }
+  using Fragment = wmma::fragment<Use, kTile, kTile, kK, Stored, Layout>;
 };
 
-struct Tf32Operands {
-  using Element = float;
-  static constexpr int kK = 8;
-  using Sum = wmma::fragment<wmma::accumulator, kTile, kTile, kK, float>;
+// One fragment per operand: fp16 as loaded, TF32 rounded after loading.
+template <typename ElementType, typename Stored>
+struct WholeOperands : OperandTypes<ElementType, Stored> {
+  using Types = OperandTypes<ElementType, Stored>;
   template <typename Use, typename Layout>
   struct Operand {
-    wmma::fragment<Use, kTile, kTile, kK, wmma::precision::tf32, Layout> value;
+    typename Types::template Fragment<Use, Layout> value;
   };
   template <typename Use, typename Layout>
-  __device__ static void Load(Operand<Use, Layout>& operand, const float* source, unsigned stride) {
+  __device__ static void Load(Operand<Use, Layout>& operand, const ElementType* source, unsigned stride) {
     wmma::load_matrix_sync(operand.value, source, stride);
+    if constexpr (std::is_same<Stored, wmma::precision::tf32>::value) {
 #pragma unroll
-    for (int t = 0; t < operand.value.num_elements; ++t) operand.value.x[t] = wmma::__float_to_tf32(operand.value.x[t]);
+      for (int t = 0; t < operand.value.num_elements; ++t) {
+        operand.value.x[t] = wmma::__float_to_tf32(operand.value.x[t]);
+      }
+    }
   }
   template <typename LayoutA, typename LayoutB>
-  __device__ static void Multiply(Sum& sum, const Operand<wmma::matrix_a, LayoutA>& a,
+  __device__ static void Multiply(typename Types::Sum& sum, const Operand<wmma::matrix_a, LayoutA>& a,
                                   const Operand<wmma::matrix_b, LayoutB>& b) {
     wmma::mma_sync(sum, a.value, b.value, sum);
   }
 };
 
-struct SplitTf32Operands {
-  using Element = float;
-  static constexpr int kK = 8;
-  using Sum = wmma::fragment<wmma::accumulator, kTile, kTile, kK, float>;
+using Fp16Operands = WholeOperands<__half, __half>;
+using Tf32Operands = WholeOperands<float, wmma::precision::tf32>;
+
+struct SplitTf32Operands : OperandTypes<float, wmma::precision::tf32> {
   template <typename Use, typename Layout>
   struct Operand {
-    wmma::fragment<Use, kTile, kTile, kK, wmma::precision::tf32, Layout> head, tail;
+    Fragment<Use, Layout> head, tail;
   };
   template <typename Use, typename Layout>
   __device__ static void Load(Operand<Use, Layout>& operand, const float* source, unsigned stride) {
@@ -259,10 +253,6 @@ struct SplitTf32Operands {
     wmma::mma_sync(sum, a.head, b.head, sum);
   }
 };
-
-static_assert(Fp16Operands::kK == 32 / sizeof(__half) && Tf32Operands::kK == 32 / sizeof(float) &&
-                  SplitTf32Operands::kK == 32 / sizeof(float),
-              "TensorCoreLayout::k_step is 32 bytes of operands");
 
 constexpr int kLoadBatch = 8;  // 16-byte loads in flight per lane
 
