@@ -8,7 +8,8 @@ Usage: scripts/gpu_interaction_check.sh [--output DIR] [--batch N] [--repeats N]
 
 On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
   1. builds the standalone harness (tensorflow-dot-based-interact/harness) for this GPU's
-     compute capability (nvidia-smi), or for every architecture the Makefile lists;
+     compute capability (nvidia-smi), or for every architecture the Makefile lists (without
+     make: one nvcc call for this GPU);
   2. runs every correctness case (fp32, TF32 and fp16; the op tests' shape sets, Criteo
      (2048, 27, 128), D = 255-257, F > 32, unaligned buffers) against the NumPy reference and
      times forward, backward and both at (N, 27, 128), N = 65536 by default, writing
@@ -60,10 +61,19 @@ if command -v nvidia-smi >/dev/null; then
   ARCHS="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')" || ARCHS=""
 fi
 "${NVCC}" --version | tail -n 1
-make_arguments=(-s -C "${OP_DIR}" harness "BUILD=${BUILD_DIR}" "NVCC=${NVCC}" "PYTHON=${PYTHON}")
-if [[ -n "${ARCHS}" ]]; then make_arguments+=("CUDA_ARCHS=${ARCHS}"); fi
-make "${make_arguments[@]}"
 HARNESS="${BUILD_DIR}/dbi_harness"
+if command -v make >/dev/null; then
+  make_arguments=(-s -C "${OP_DIR}" harness "BUILD=${BUILD_DIR}" "NVCC=${NVCC}" "PYTHON=${PYTHON}")
+  if [[ -n "${ARCHS}" ]]; then make_arguments+=("CUDA_ARCHS=${ARCHS}"); fi
+  make "${make_arguments[@]}"
+else
+  # No make: the harness target's two sources in one nvcc call, for this GPU.
+  echo "make not found: building the harness with ${NVCC} directly"
+  arch_flags=(-arch=native)
+  if [[ -n "${ARCHS}" ]]; then arch_flags=(-gencode "arch=compute_${ARCHS},code=sm_${ARCHS}"); fi
+  "${NVCC}" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr "${arch_flags[@]}" -I"${OP_DIR}/cc/kernels" \
+    "${OP_DIR}/harness/dbi_harness.cu" "${OP_DIR}/cc/kernels/cuda/dot_based_interact.cu" -o "${HARNESS}"
+fi
 
 status=0
 "${PYTHON}" "${OP_DIR}/harness/check_harness.py" --binary "${HARNESS}" \
