@@ -102,7 +102,7 @@ def main() -> None:
         import numpy  # noqa: F401
         numpy_missing = None
     except ImportError as error:
-        numpy_missing = f"correctness not checked: NumPy is missing ({error})"
+        numpy_missing = f"not checked: NumPy is missing ({error})"
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     with tempfile.TemporaryDirectory() as work:
         command = [str(args.binary), "--output", work, "--repeats", str(args.repeats), "--batch", str(args.batch)]
