@@ -157,17 +157,19 @@ def cuobjdump_path() -> str | None:
 
 
 def test_cuda_objects_hold_every_architecture_this_nvcc_builds(tmp_path: Path) -> None:
-    """nvcc compiles the CUDA sources (nothing runs); cuobjdump lists the cubins and PTX in the
-    objects: one cubin for each of sm_70..sm_90 that `nvcc --list-gpu-arch` offers, PTX of the
-    newest, and the record the build writes says the same."""
+    """nvcc compiles the CUDA sources (nothing runs), with g++ 11 (the NGC image's compiler) as
+    its host compiler and for the GPU glue where installed; cuobjdump lists the cubins and PTX in
+    the objects: one cubin for each of sm_70..sm_90 that `nvcc --list-gpu-arch` offers, PTX of
+    the newest, and the record the build writes says the same."""
     require(shutil.which("nvcc") is not None, "nvcc not installed (CUDA toolkit)")
     cuobjdump = cuobjdump_path()
     require(cuobjdump is not None, "cuobjdump not installed (nvidia-cuda-cuobjdump; `make setup`)")
     listed = run(["nvcc", "--list-gpu-arch"]).stdout.split()
     expected = [arch for arch in WANTED_CUDA_ARCHS if f"compute_{arch}" in listed]
     assert expected, f"nvcc offers none of {WANTED_CUDA_ARCHS}: {listed}"
+    compilers = ["CXX=g++-11", "NVCC_CCBIN=g++-11"] if shutil.which("g++-11") else []
     build = run(["make", "-s", "-C", str(OP_DIR), "gpu-compile-check", f"BUILD={tmp_path}",
-                 f"PYTHON={sys.executable}"])
+                 f"PYTHON={sys.executable}", *compilers])
     assert build.returncode == 0, build.stderr[-4000:]
     objects = sorted(glob.glob(str(tmp_path / "cuda" / "**" / "*.o"), recursive=True))
     assert len(objects) == 2, objects  # the kernels and the standalone harness
