@@ -157,17 +157,19 @@ def cuobjdump_path() -> str | None:
 
 
 def test_cuda_objects_hold_every_architecture_this_nvcc_builds(tmp_path: Path) -> None:
-    """nvcc compiles the CUDA sources (nothing runs); cuobjdump lists the cubins and PTX in the
-    objects: one cubin for each of sm_70..sm_90 that `nvcc --list-gpu-arch` offers, PTX of the
-    newest, and the record the build writes says the same."""
+    """nvcc compiles the CUDA sources (nothing runs), with g++ 11 (the NGC image's compiler) as
+    its host compiler and for the GPU glue where installed; cuobjdump lists the cubins and PTX in
+    the objects: one cubin for each of sm_70..sm_90 that `nvcc --list-gpu-arch` offers, PTX of
+    the newest, and the record the build writes says the same."""
     require(shutil.which("nvcc") is not None, "nvcc not installed (CUDA toolkit)")
     cuobjdump = cuobjdump_path()
     require(cuobjdump is not None, "cuobjdump not installed (nvidia-cuda-cuobjdump; `make setup`)")
     listed = run(["nvcc", "--list-gpu-arch"]).stdout.split()
     expected = [arch for arch in WANTED_CUDA_ARCHS if f"compute_{arch}" in listed]
     assert expected, f"nvcc offers none of {WANTED_CUDA_ARCHS}: {listed}"
+    compilers = ["CXX=g++-11", "NVCC_CCBIN=g++-11"] if shutil.which("g++-11") else []
     build = run(["make", "-s", "-C", str(OP_DIR), "gpu-compile-check", f"BUILD={tmp_path}",
-                 f"PYTHON={sys.executable}"])
+                 f"PYTHON={sys.executable}", *compilers])
     assert build.returncode == 0, build.stderr[-4000:]
     objects = sorted(glob.glob(str(tmp_path / "cuda" / "**" / "*.o"), recursive=True))
     assert len(objects) == 2, objects  # the kernels and the standalone harness
@@ -178,6 +180,141 @@ def test_cuda_objects_hold_every_architecture_this_nvcc_builds(tmp_path: Path) -
         assert (cubins, ptx) == (expected, [expected[-1]]), f"{path}:\n{listing}"
     record = json.loads((tmp_path / "cuda" / "archs.json").read_text())
     assert record == {"cuda_sm": expected, "cuda_ptx": [expected[-1]]}
+
+
+# Shared memory per SM a kernel may use (bytes) and resident warps per SM.
+SM_LIMITS = {"A100": (164 * 1024, 64), "H100": (228 * 1024, 64)}
+LAYOUT_PROBE = r"""
+#include <cstdio>
+#include "cuda/dot_based_interact_launchers.h"
+using namespace dot_based_interact;
+using namespace dot_based_interact::cuda;
+int main() {
+  const int sizes[] = {2, 4};
+  std::printf("{\"samples_per_block\": %d, \"max_sample_bytes\": {\"2\": %lld, \"4\": %lld}, \"layouts\": [",
+              kSamplesPerBlock, (long long)MaxTensorCoreSampleBytes(2), (long long)MaxTensorCoreSampleBytes(4));
+  const char* separator = "";
+  for (int bytes : sizes) {
+    for (int f = 1; f <= 40; ++f) {
+      for (int d = 1; d <= 136; ++d) {
+        if (!FitsTensorCores(f, d, bytes)) continue;
+        const TensorCoreLayout l = MakeTensorCoreLayout(f, d, bytes);
+        std::printf("%s[%d, %d, %d, %lld, %d, %d, %d, %d, %d, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld]", separator,
+                    bytes, f, d, (long long)OutputWidth(f, d), l.rows, l.padded_dim, l.chunk_stride, l.gram_stride,
+                    l.coefficient_stride, (long long)l.forward_stage_offset, (long long)l.forward_bytes,
+                    (long long)l.coefficient_offset, (long long)l.upstream_offset, (long long)l.scratch_offset,
+                    (long long)l.backward_bytes, (long long)ResidentSamples(l.backward_bytes, %A100%, 64),
+                    (long long)ResidentSamples(l.backward_bytes, %H100%, 64));
+        separator = ", ";
+      }
+    }
+  }
+  std::printf("]}\n");
+}
+"""
+
+
+def tensor_core_layouts(tmp_path: Path) -> dict:
+    """kernel_layout.h's numbers for every tensor-core shape, from a probe built with g++ 11 (the
+    NGC image's host compiler, which also builds the GPU glue that includes these headers)."""
+    require(shutil.which("g++-11") is not None, "g++-11 not installed (Debian g++-11; `make setup`)")
+    probe = tmp_path / "layout_probe.cc"
+    probe.write_text(LAYOUT_PROBE.replace("%A100%", str(SM_LIMITS["A100"][0]))
+                     .replace("%H100%", str(SM_LIMITS["H100"][0])))
+    build = run(["g++-11", "-std=c++17", "-Wall", "-Werror", f"-I{OP_DIR / 'cc' / 'kernels'}", str(probe),
+                 "-o", str(tmp_path / "probe")])
+    assert build.returncode == 0, build.stderr
+    return json.loads(run([str(tmp_path / "probe")]).stdout)
+
+
+def test_tensor_core_shared_memory_holds_every_buffer_and_8_samples_per_sm(tmp_path: Path) -> None:
+    """Each tensor-core shape's per-sample regions hold what the kernels put there (sample chunk,
+    Gram tiles and output stage; chunk, coefficients, upstream row and fp16 scratch, none
+    overlapping), and at least 8 samples' backward (the larger) is resident per SM on an A100 and
+    an H100 with the runtime's 1 KB per block."""
+    probe = tensor_core_layouts(tmp_path)
+    per_block = probe["samples_per_block"]
+    assert per_block >= 2
+    fitting = {2: 0, 4: 0}
+    for (size, f, d, width, rows, padded_dim, chunk_stride, gram_stride, coefficient_stride, stage_offset,
+         forward_bytes, coefficient_offset, upstream_offset, scratch_offset, backward_bytes,
+         a100, h100) in probe["layouts"]:
+        fitting[size] += 1
+        assert f <= 32 and d <= 128 and d * size % 16 == 0
+        assert rows in (16, 32) and rows >= f and padded_dim % 16 == 0 and padded_dim >= d
+        assert chunk_stride * size % 16 == 0 and (16 * chunk_stride * size) % 32 == 0
+        chunk_bytes = rows * chunk_stride * size
+        assert chunk_stride >= 64 and chunk_bytes <= forward_bytes
+        assert stage_offset >= rows * gram_stride * 4 and stage_offset + (width - d) * size <= forward_bytes
+        assert coefficient_offset >= chunk_bytes
+        assert upstream_offset >= coefficient_offset + rows * coefficient_stride * size
+        assert scratch_offset >= upstream_offset + width * size
+        assert backward_bytes >= scratch_offset + (rows * 20 * 4 if size == 2 else 0)
+        assert forward_bytes % 128 == 0 and backward_bytes % 128 == 0
+        assert max(forward_bytes, backward_bytes) <= probe["max_sample_bytes"][str(size)]
+        for gpu, resident in (("A100", a100), ("H100", h100)):
+            shared, warps = SM_LIMITS[gpu]
+            assert resident == min(shared // (per_block * backward_bytes + 1024) * per_block, warps)
+            assert resident >= 8, f"{gpu}: only {resident} samples of {f}x{d} ({size}-byte) resident per SM"
+    assert fitting == {2: 16 * 32, 4: 32 * 32}  # D a multiple of 8 (fp16) or 4 (fp32) up to 128, F <= 32
+
+
+def test_op_readme_states_the_kernel_layout(tmp_path: Path) -> None:
+    """The op README's shared-memory table is kernel_layout.h's numbers for Criteo (27 x 128)."""
+    probe = tensor_core_layouts(tmp_path)
+    readme = (OP_DIR / "README.md").read_text()
+    for size, name in ((4, "TF32"), (4, "3xTF32"), (2, "fp16")):
+        layout = next(entry for entry in probe["layouts"] if entry[:3] == [size, 27, 128])
+        forward_bytes, backward_bytes, a100, h100 = layout[10], layout[14], layout[15], layout[16]
+        row = f"| {name} | {forward_bytes:,} | {backward_bytes:,} | {a100} | {h100} |"
+        assert row in readme, f"README lacks the row {row!r}"
+    assert f"{probe['samples_per_block']} samples (warps) per block" in readme
+
+
+CUDA_SOURCE = OP_DIR / "cc" / "kernels" / "cuda" / "dot_based_interact.cu"
+DEVICE_QUERIES = r"cudaDeviceGetAttribute|cudaGetDeviceProperties|cudaFuncSetAttribute|cudaOccupancy\w+|" \
+                 r"cudaFuncGetAttributes|cudaDeviceGetLimit"
+
+
+def test_cuda_launchers_query_the_device_once_and_find_pairs_without_sqrt() -> None:
+    """Device queries and attribute settings sit in QueryDevice (and the helper it calls), which
+    only std::call_once runs: never one per launch. No square root finds a pair."""
+    lines = CUDA_SOURCE.read_text().splitlines()
+    enclosing = None
+    callers: Dict[str, List[str]] = {}
+    for line in lines:
+        definition = re.match(r"^[A-Za-z].*?\b(\w+)\(.*\)\s*(const\s*)?\{$", line) or \
+            re.match(r"^[A-Za-z][\w:<>, *&]*\s(\w+)\(", line)
+        if definition and not line.startswith(("namespace", "using", "constexpr int", "template")):
+            enclosing = definition.group(1)
+        for query in re.findall(DEVICE_QUERIES, line):
+            callers.setdefault(query, []).append(enclosing)
+        for helper in ("QueryDevice(", "AllowTensorCoreSharedMemory<"):
+            if helper in line and not re.match(r"^[A-Za-z]", line):
+                callers.setdefault(helper, []).append(enclosing if "call_once" not in line else "call_once")
+    assert callers.pop("QueryDevice(") == ["call_once"]
+    assert set(callers.pop("AllowTensorCoreSharedMemory<")) == {"QueryDevice"}
+    assert callers and set(sum(callers.values(), [])) <= {"QueryDevice", "AllowTensorCoreSharedMemory"}, callers
+    assert "sqrt" not in CUDA_SOURCE.read_text()
+
+
+def test_cuda_kernels_and_harness_pass_numpy_in_the_cpu_emulation(tmp_path: Path) -> None:
+    """The real kernels and harness, built for the CPU emulation (harness/emulation: lanes as
+    fibers, WMMA per lane, AddressSanitizer), pass every correctness case against NumPy, with the
+    tensor-core kernels picked where the dispatcher's rules say."""
+    compiler = shutil.which("g++")
+    require(compiler is not None, "g++ not installed")
+    major = int(run([compiler, "-dumpversion"]).stdout.split(".")[0])
+    require(major >= 12, f"g++ {major} has no _Float16 for the emulated half (needs 12 or newer)")
+    result = run(["make", "-s", "-C", str(OP_DIR), "harness-emulated-check", f"BUILD={tmp_path}",
+                  f"PYTHON={sys.executable}", "EMULATION_CXX=g++"], timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    summary = json.loads((tmp_path / "emulation" / "interaction_emulated.json").read_text())
+    assert summary["correctness"] == "all passed"
+    kernels = {case["kernel_forward"] for case in summary["cases"]}
+    assert kernels == {"simt_fp32", "tensor_core_tf32", "tensor_core_3xtf32", "tensor_core_fp16"}
+    shapes = {tuple(case["shape"][1:]) for case in summary["cases"]}
+    assert {(27, 128), (31, 255), (32, 256), (32, 257), (33, 33), (41, 257)} <= shapes
 
 
 # ---- linters ----------------------------------------------------------------------------------

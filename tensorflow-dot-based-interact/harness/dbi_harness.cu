@@ -1,10 +1,12 @@
 // Standalone CUDA harness of the dot-interaction kernels (no TensorFlow).
 //
-// 1. Correctness cases: runs forward and backward on small shapes and writes inputs and results
-//    as .npy files plus manifest.json into the output directory; check_harness.py compares them
-//    with a NumPy reference.
-// 2. Bandwidth cases: times forward and backward on a large batch (CUDA events, after warm-up)
-//    and reports achieved bandwidth against the device's peak.
+// 1. Correctness cases: forward and backward of every shape set in three modes (fp32 with TF32
+//    off, fp32 with TF32 allowed, fp16), written as .npy files plus manifest.json into the output
+//    directory; check_harness.py compares them with the NumPy reference.
+// 2. Bandwidth cases (not with --quick): forward, backward and the two in a row at
+//    (batch, 27, 128) per mode, timed with CUDA events after warm-up, as bytes read + written per
+//    second against the device's peak (memory clock x bus width x 2, read from the device) and
+//    against a device-to-device copy measured here.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -16,7 +18,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "cuda/dot_based_interact_launchers.h"
@@ -41,19 +42,17 @@ void CheckLaunch(const dbi_cuda::LaunchResult& result) {
 }
 
 // Host-side element types: fp32, or the bits of a half.
-dbi_cuda::Half ToHalf(float value) {
-  const __half half = __float2half_rn(value);
-  dbi_cuda::Half bits;
-  std::memcpy(&bits, &half, sizeof(bits));
-  return bits;
-}
-
 template <typename T>
 T FromUniform(float value);
 template <>
 float FromUniform<float>(float value) { return value; }
 template <>
-dbi_cuda::Half FromUniform<dbi_cuda::Half>(float value) { return ToHalf(value); }
+dbi_cuda::Half FromUniform<dbi_cuda::Half>(float value) {
+  const __half half = __float2half_rn(value);
+  dbi_cuda::Half bits;
+  std::memcpy(&bits, &half, sizeof(bits));
+  return bits;
+}
 
 template <typename T>
 const char* NpyType();
@@ -98,34 +97,55 @@ void WriteNpy(const std::string& path, const std::vector<T>& values, const std::
   }
 }
 
-// Device buffers of one forward + backward call.
+// A mode: the element type and whether fp32 may use TF32 tensor cores.
+struct Mode {
+  const char* name;
+  bool half;
+  bool allow_tf32;
+};
+constexpr Mode kModes[] = {{"fp32", false, false}, {"tf32", false, true}, {"fp16", true, true}};
+
+// Device buffers of one forward + backward call. `offset` elements in front of every buffer
+// (a misaligned call: the dispatcher must fall back to the SIMT kernel's scalar path).
 template <typename T>
 struct DeviceCall {
   dbi::InteractShape shape;
-  T* input = nullptr;
-  T* output = nullptr;
-  T* upstream = nullptr;
-  T* grad = nullptr;
-  T* bottom_grad = nullptr;
+  int offset;
+  std::vector<T*> allocations;
+  T* input;
+  T* output;
+  T* upstream;
+  T* grad;
+  T* bottom_grad;
 
-  explicit DeviceCall(const dbi::InteractShape& call_shape) : shape(call_shape) {
-    Check(cudaMalloc(&input, InputCount() * sizeof(T)), "cudaMalloc");
-    Check(cudaMalloc(&output, OutputCount() * sizeof(T)), "cudaMalloc");
-    Check(cudaMalloc(&upstream, OutputCount() * sizeof(T)), "cudaMalloc");
-    Check(cudaMalloc(&grad, InputCount() * sizeof(T)), "cudaMalloc");
-    Check(cudaMalloc(&bottom_grad, shape.batch * shape.dim * sizeof(T)), "cudaMalloc");
+  DeviceCall(const dbi::InteractShape& call_shape, int element_offset) : shape(call_shape), offset(element_offset) {
+    input = Allocate(InputCount());
+    output = Allocate(OutputCount());
+    upstream = Allocate(OutputCount());
+    grad = Allocate(InputCount());
+    bottom_grad = Allocate(BottomCount());
   }
   ~DeviceCall() {
-    for (T* buffer : {input, output, upstream, grad, bottom_grad}) cudaFree(buffer);
+    for (T* allocation : allocations) cudaFree(allocation);
+  }
+  DeviceCall(const DeviceCall&) = delete;
+  DeviceCall& operator=(const DeviceCall&) = delete;
+
+  T* Allocate(size_t count) {
+    T* allocation = nullptr;
+    Check(cudaMalloc(&allocation, (count + offset) * sizeof(T)), "cudaMalloc");
+    allocations.push_back(allocation);
+    return allocation + offset;
   }
   size_t InputCount() const { return shape.batch * shape.num_vectors * shape.dim; }
   size_t OutputCount() const { return shape.batch * shape.output_width; }
+  size_t BottomCount() const { return shape.batch * shape.dim; }
 
-  dbi_cuda::LaunchResult Forward(bool allow_tf32) {
-    return dbi_cuda::LaunchForward(shape, input, output, allow_tf32, nullptr);
+  dbi_cuda::LaunchResult Forward(const Mode& mode) {
+    return dbi_cuda::LaunchForward(shape, input, output, mode.allow_tf32, nullptr);
   }
-  dbi_cuda::LaunchResult Backward(bool allow_tf32) {
-    return dbi_cuda::LaunchBackward(shape, true, input, upstream, grad, bottom_grad, allow_tf32, nullptr);
+  dbi_cuda::LaunchResult Backward(const Mode& mode, bool fold) {
+    return dbi_cuda::LaunchBackward(shape, fold, input, upstream, grad, bottom_grad, mode.allow_tf32, nullptr);
   }
 };
 
@@ -149,15 +169,19 @@ std::string ShapeJson(const dbi::InteractShape& shape) {
 // Runs one correctness case, writes its .npy files and returns its manifest entry.
 template <typename T>
 std::string CorrectnessCase(const std::string& directory, const std::string& name, const dbi::InteractShape& shape,
-                            bool allow_tf32) {
-  DeviceCall<T> call(shape);
+                            const Mode& mode, bool fold, int offset) {
+  DeviceCall<T> call(shape, offset);
   const std::vector<T> input = RandomValues<T>(call.InputCount(), 1);
   const std::vector<T> upstream = RandomValues<T>(call.OutputCount(), 2);
   Check(cudaMemcpy(call.input, input.data(), input.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
   Check(cudaMemcpy(call.upstream, upstream.data(), upstream.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
-  const dbi_cuda::LaunchResult forward = call.Forward(allow_tf32);
+  // Poison the outputs (0xFF bytes: NaN in both types): every element must be written.
+  Check(cudaMemset(call.output, 0xFF, call.OutputCount() * sizeof(T)), "cudaMemset");
+  Check(cudaMemset(call.grad, 0xFF, call.InputCount() * sizeof(T)), "cudaMemset");
+  Check(cudaMemset(call.bottom_grad, 0xFF, call.BottomCount() * sizeof(T)), "cudaMemset");
+  const dbi_cuda::LaunchResult forward = call.Forward(mode);
   CheckLaunch(forward);
-  const dbi_cuda::LaunchResult backward = call.Backward(allow_tf32);
+  const dbi_cuda::LaunchResult backward = call.Backward(mode, fold);
   CheckLaunch(backward);
   Check(cudaDeviceSynchronize(), "kernel execution");
   const std::vector<int64_t> input_shape{shape.batch, shape.num_vectors, shape.dim};
@@ -166,71 +190,144 @@ std::string CorrectnessCase(const std::string& directory, const std::string& nam
   WriteNpy(directory + "/" + name + "_upstream.npy", upstream, output_shape);
   WriteNpy(directory + "/" + name + "_output.npy", Download(call.output, call.OutputCount()), output_shape);
   WriteNpy(directory + "/" + name + "_grad.npy", Download(call.grad, call.InputCount()), input_shape);
-  WriteNpy(directory + "/" + name + "_bottom_grad.npy", Download(call.bottom_grad, shape.batch * shape.dim),
+  WriteNpy(directory + "/" + name + "_bottom_grad.npy", Download(call.bottom_grad, call.BottomCount()),
            {shape.batch, shape.dim});
   std::ostringstream json;
-  json << "{\"name\": \"" << name << "\", \"shape\": " << ShapeJson(shape) << ", \"dtype\": \""
-       << (sizeof(T) == 2 ? "float16" : "float32") << "\", \"kernel_forward\": \"" << dbi_cuda::KernelName(forward.kernel)
+  json << "{\"name\": \"" << name << "\", \"shape\": " << ShapeJson(shape) << ", \"mode\": \"" << mode.name
+       << "\", \"dtype\": \"" << (mode.half ? "float16" : "float32") << "\", \"fold\": " << (fold ? "true" : "false")
+       << ", \"offset\": " << offset << ", \"kernel_forward\": \"" << dbi_cuda::KernelName(forward.kernel)
        << "\", \"kernel_backward\": \"" << dbi_cuda::KernelName(backward.kernel) << "\"}";
   return json.str();
 }
 
+std::string CorrectnessCase(const std::string& directory, const dbi::InteractShape& shape, const Mode& mode, bool fold,
+                            int offset) {
+  std::string name = std::to_string(shape.batch) + "x" + std::to_string(shape.num_vectors) + "x" +
+                     std::to_string(shape.dim) + "_" + mode.name;
+  if (!fold) name += "_nofold";
+  if (offset != 0) name += "_offset" + std::to_string(offset);
+  return mode.half ? CorrectnessCase<dbi_cuda::Half>(directory, name, shape, mode, fold, offset)
+                   : CorrectnessCase<float>(directory, name, shape, mode, fold, offset);
+}
+
 // Milliseconds per call of `launch`, averaged over `repeats` after as many warm-up calls.
 template <typename Launch>
-float TimeMs(Launch launch, int repeats) {
-  for (int r = 0; r < repeats; ++r) CheckLaunch(launch());
+double TimeMs(Launch launch, int repeats) {
+  for (int r = 0; r < repeats; ++r) launch();
+  Check(cudaDeviceSynchronize(), "warm-up");
   cudaEvent_t start, stop;
   Check(cudaEventCreate(&start), "cudaEventCreate");
   Check(cudaEventCreate(&stop), "cudaEventCreate");
   Check(cudaEventRecord(start), "cudaEventRecord");
-  for (int r = 0; r < repeats; ++r) CheckLaunch(launch());
+  for (int r = 0; r < repeats; ++r) launch();
   Check(cudaEventRecord(stop), "cudaEventRecord");
   Check(cudaEventSynchronize(stop), "kernel execution");
   float milliseconds = 0.0f;
   Check(cudaEventElapsedTime(&milliseconds, start, stop), "cudaEventElapsedTime");
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return milliseconds / static_cast<float>(repeats);
+  return milliseconds / repeats;
 }
 
-// Times forward and backward of one large shape; returns two manifest entries.
-template <typename T>
-std::string BandwidthCase(const dbi::InteractShape& shape, bool allow_tf32, int repeats, double peak_gbs) {
-  DeviceCall<T> call(shape);
-  Check(cudaMemset(call.input, 0, call.InputCount() * sizeof(T)), "cudaMemset");
-  Check(cudaMemset(call.upstream, 0, call.OutputCount() * sizeof(T)), "cudaMemset");
-  const double element = sizeof(T);
-  const double forward_bytes = element * (call.InputCount() + call.OutputCount());
-  const double backward_bytes = element * (2.0 * call.InputCount() + call.OutputCount() + shape.batch * shape.dim);
-  const float forward_ms = TimeMs([&] { return call.Forward(allow_tf32); }, repeats);
-  const float backward_ms = TimeMs([&] { return call.Backward(allow_tf32); }, repeats);
-  const std::string kernel = dbi_cuda::KernelName(call.Forward(allow_tf32).kernel);
+std::string BandwidthEntry(const dbi::InteractShape& shape, const Mode& mode, const char* kernel,
+                           const char* direction, double milliseconds, double bytes, double peak_gbs) {
+  const double gbs = bytes / (milliseconds * 1e-3) / 1e9;
   std::ostringstream json;
-  for (const auto& [direction, milliseconds, bytes] :
-       {std::tuple<const char*, float, double>{"forward", forward_ms, forward_bytes},
-        std::tuple<const char*, float, double>{"backward", backward_ms, backward_bytes}}) {
-    const double gbs = bytes / (milliseconds * 1e-3) / 1e9;
-    json << (json.tellp() > 0 ? ",\n    " : "") << "{\"shape\": " << ShapeJson(shape) << ", \"dtype\": \""
-         << (sizeof(T) == 2 ? "float16" : "float32") << "\", \"kernel\": \"" << kernel << "\", \"direction\": \""
-         << direction << "\", \"ms\": " << milliseconds << ", \"bytes\": " << bytes << ", \"gb_per_s\": " << gbs
-         << ", \"fraction_of_peak\": " << gbs / peak_gbs << "}";
-  }
+  json << "{\"shape\": " << ShapeJson(shape) << ", \"mode\": \"" << mode.name << "\", \"dtype\": \""
+       << (mode.half ? "float16" : "float32") << "\", \"kernel\": \"" << kernel << "\", \"direction\": \"" << direction
+       << "\", \"ms\": " << milliseconds << ", \"bytes\": " << bytes << ", \"gb_per_s\": " << gbs
+       << ", \"fraction_of_peak\": " << (peak_gbs > 0 ? gbs / peak_gbs : 0.0) << "}";
   return json.str();
 }
 
-double PeakBandwidthGbs(int device) {
-  int memory_clock_khz = 0;
-  int bus_width_bits = 0;
-  Check(cudaDeviceGetAttribute(&memory_clock_khz, cudaDevAttrMemoryClockRate, device), "memory clock");
-  Check(cudaDeviceGetAttribute(&bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, device), "bus width");
-  return 2.0 * memory_clock_khz * 1e3 * (bus_width_bits / 8.0) / 1e9;  // double data rate
+// Times forward, backward and forward + backward of one large shape: three manifest entries.
+template <typename T>
+std::vector<std::string> BandwidthCase(const dbi::InteractShape& shape, const Mode& mode, int repeats,
+                                       double peak_gbs) {
+  DeviceCall<T> call(shape, 0);
+  // 0x3C bytes: 1.06 in fp16, 0.0115 in fp32; finite and non-zero.
+  Check(cudaMemset(call.input, 0x3C, call.InputCount() * sizeof(T)), "cudaMemset");
+  Check(cudaMemset(call.upstream, 0x3C, call.OutputCount() * sizeof(T)), "cudaMemset");
+  const dbi_cuda::LaunchResult forward = call.Forward(mode);
+  CheckLaunch(forward);
+  CheckLaunch(call.Backward(mode, true));
+  Check(cudaDeviceSynchronize(), "kernel execution");
+  const double element = sizeof(T);
+  const double forward_bytes = element * (call.InputCount() + call.OutputCount());
+  const double backward_bytes = element * (2.0 * call.InputCount() + call.OutputCount() + call.BottomCount());
+  const double forward_ms = TimeMs([&] { call.Forward(mode); }, repeats);
+  const double backward_ms = TimeMs([&] { call.Backward(mode, true); }, repeats);
+  const double both_ms = TimeMs([&] { call.Forward(mode); call.Backward(mode, true); }, repeats);
+  Check(cudaGetLastError(), "timed launches");
+  const char* kernel = dbi_cuda::KernelName(forward.kernel);
+  return {BandwidthEntry(shape, mode, kernel, "forward", forward_ms, forward_bytes, peak_gbs),
+          BandwidthEntry(shape, mode, kernel, "backward", backward_ms, backward_bytes, peak_gbs),
+          BandwidthEntry(shape, mode, kernel, "forward+backward", both_ms, forward_bytes + backward_bytes, peak_gbs)};
 }
+
+// Bytes read + written per second by a device-to-device copy of 1 GiB: the practical ceiling.
+double CopyGbs(int repeats) {
+  const size_t bytes = size_t{1} << 30;
+  void* source = nullptr;
+  void* target = nullptr;
+  Check(cudaMalloc(&source, bytes), "cudaMalloc");
+  Check(cudaMalloc(&target, bytes), "cudaMalloc");
+  Check(cudaMemset(source, 0x3C, bytes), "cudaMemset");
+  const double milliseconds =
+      TimeMs([&] { Check(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync"); },
+             repeats);
+  cudaFree(source);
+  cudaFree(target);
+  return 2.0 * bytes / (milliseconds * 1e-3) / 1e9;
+}
+
+// Peak DRAM bandwidth from the device's attributes (cudaDeviceProp::memoryClockRate is gone in
+// CUDA 13; the attributes exist in CUDA 12 and 13). 0 when the device does not report them.
+double PeakBandwidthGbs(int device, int* memory_clock_khz, int* bus_width_bits) {
+  Check(cudaDeviceGetAttribute(memory_clock_khz, cudaDevAttrMemoryClockRate, device), "memory clock");
+  Check(cudaDeviceGetAttribute(bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, device), "bus width");
+  return 2.0 * *memory_clock_khz * 1e3 * (*bus_width_bits / 8.0) / 1e9;  // double data rate
+}
+
+struct Shape3 {
+  int64_t batch, num_vectors, dim;
+};
+
+// The op tests' shape sets: the reference's base and extended sets (F 31-33 x D 31-33 at B 16
+// and 255, D 255-257, F 39-41 with D 255-257), Criteo, tiny shapes, and the tensor-core edges
+// (one row tile, padded column tiles, D a multiple of 4 but not 8, the largest shape, a batch
+// that is not a multiple of the samples per block).
+const Shape3 kCorrectnessShapes[] = {
+    {16, 32, 32},  {17, 31, 37},  {15, 31, 37},                                     // reference base
+    {16, 31, 31},  {16, 31, 32},  {16, 31, 33},  {16, 32, 31},  {16, 32, 33},      // F 31-32, D 31-33
+    {255, 32, 32}, {255, 31, 33},                                                   // B 255
+    {16, 33, 31},  {16, 33, 32},  {16, 33, 33},                                     // F 33
+    {16, 31, 255}, {16, 32, 256}, {255, 32, 257},                                   // D 255-257
+    {16, 39, 255}, {16, 40, 256}, {16, 41, 257},                                    // both out of limits
+    {2048, 27, 128},                                                                // Criteo
+    {3, 1, 5},     {4, 2, 3},     {4, 1, 8},                                        // tiny
+    {16, 16, 128}, {16, 17, 64},  {16, 27, 120}, {16, 27, 36}, {16, 32, 128}, {5, 27, 128},
+};
+
+// Cases beyond "every shape, every mode, pass-through folded": the unfolded gradient, and
+// buffers one element off 16-byte alignment.
+struct ExtraCase {
+  Shape3 shape;
+  bool fold;
+  int offset;
+};
+const ExtraCase kExtraCases[] = {
+    {{2048, 27, 128}, false, 0}, {{17, 31, 37}, false, 0}, {{16, 32, 128}, false, 0},
+    {{64, 27, 128}, true, 1},    {{17, 31, 37}, true, 1},
+};
 
 void Usage(FILE* stream) {
   std::fprintf(stream,
-               "usage: dbi_harness --output DIR [--repeats N] [--batch B]\n"
+               "usage: dbi_harness --output DIR [--repeats N] [--batch B] [--quick] [--max-batch M]\n"
                "Runs the dot-interaction CUDA kernels: writes correctness cases (.npy) and\n"
-               "DIR/manifest.json with bandwidth measurements; check_harness.py verifies them.\n");
+               "DIR/manifest.json with bandwidth measurements at (B, 27, 128), B = 65536 by\n"
+               "default; check_harness.py verifies them. --quick: correctness only, batches\n"
+               "capped at 64 (for compute-sanitizer). --max-batch: cap at M instead.\n");
 }
 
 }  // namespace
@@ -239,11 +336,17 @@ int main(int argc, char** argv) {
   std::string directory;
   int repeats = 50;
   int64_t batch = 65536;
+  bool quick = false;
+  int64_t max_batch = 0;  // 0: no cap
   for (int a = 1; a < argc; ++a) {
     const std::string argument = argv[a];
     if (argument == "--help" || argument == "-h") {
       Usage(stdout);
       return 0;
+    }
+    if (argument == "--quick") {
+      quick = true;
+      continue;
     }
     if (a + 1 >= argc) {
       Usage(stderr);
@@ -253,6 +356,8 @@ int main(int argc, char** argv) {
       directory = argv[++a];
     } else if (argument == "--repeats") {
       repeats = std::max(1, std::atoi(argv[++a]));
+    } else if (argument == "--max-batch") {
+      max_batch = std::max<int64_t>(1, std::atoll(argv[++a]));
     } else if (argument == "--batch") {
       batch = std::max<int64_t>(1, std::atoll(argv[++a]));
     } else {
@@ -268,35 +373,51 @@ int main(int argc, char** argv) {
   Check(cudaGetDevice(&device), "cudaGetDevice");
   cudaDeviceProp properties;
   Check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
-  const double peak_gbs = PeakBandwidthGbs(device);
+  int memory_clock_khz = 0;
+  int bus_width_bits = 0;
+  const double peak_gbs = PeakBandwidthGbs(device, &memory_clock_khz, &bus_width_bits);
+  int runtime_version = 0;
+  int driver_version = 0;
+  Check(cudaRuntimeGetVersion(&runtime_version), "cudaRuntimeGetVersion");
+  Check(cudaDriverGetVersion(&driver_version), "cudaDriverGetVersion");
 
+  if (quick && max_batch == 0) max_batch = 64;
+  const auto case_batch = [&](int64_t wanted) { return max_batch > 0 ? std::min(wanted, max_batch) : wanted; };
   std::vector<std::string> cases;
-  struct Shape3 {
-    int64_t batch, num_vectors, dim;
-  };
-  const Shape3 correctness_shapes[] = {{16, 32, 32},  {17, 31, 37}, {15, 31, 37},  {16, 33, 33},
-                                       {16, 32, 257}, {255, 32, 128}, {2048, 27, 128}, {4, 1, 8}};
-  for (const Shape3& s : correctness_shapes) {
-    const dbi::InteractShape shape = MakeShape(s.batch, s.num_vectors, s.dim);
-    const std::string stem = std::to_string(s.batch) + "x" + std::to_string(s.num_vectors) + "x" + std::to_string(s.dim);
-    cases.push_back(CorrectnessCase<float>(directory, stem + "_fp32", shape, false));
-    cases.push_back(CorrectnessCase<float>(directory, stem + "_tf32", shape, true));
-    cases.push_back(CorrectnessCase<dbi_cuda::Half>(directory, stem + "_fp16", shape, true));
+  for (const Shape3& s : kCorrectnessShapes) {
+    const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
+    for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, true, 0));
   }
-  const dbi::InteractShape large = MakeShape(batch, 27, 128);
-  std::vector<std::string> bandwidth{BandwidthCase<float>(large, false, repeats, peak_gbs),
-                                     BandwidthCase<float>(large, true, repeats, peak_gbs),
-                                     BandwidthCase<dbi_cuda::Half>(large, true, repeats, peak_gbs)};
+  for (const ExtraCase& extra : kExtraCases) {
+    const Shape3& s = extra.shape;
+    const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
+    for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, extra.fold, extra.offset));
+  }
+  std::vector<std::string> bandwidth;
+  double copy_gbs = 0.0;
+  if (!quick) {
+    copy_gbs = CopyGbs(repeats);
+    const dbi::InteractShape large = MakeShape(batch, 27, 128);
+    for (const Mode& mode : kModes) {
+      const std::vector<std::string> entries = mode.half
+                                                   ? BandwidthCase<dbi_cuda::Half>(large, mode, repeats, peak_gbs)
+                                                   : BandwidthCase<float>(large, mode, repeats, peak_gbs);
+      bandwidth.insert(bandwidth.end(), entries.begin(), entries.end());
+    }
+  }
 
   std::ofstream manifest(directory + "/manifest.json");
-  manifest << "{\n  \"device\": \"" << properties.name << "\",\n  \"compute_capability\": \"" << properties.major
-           << "." << properties.minor << "\",\n  \"peak_gb_per_s\": " << peak_gbs << ",\n  \"repeats\": " << repeats
-           << ",\n  \"cases\": [\n    ";
+  manifest << "{\n  \"device\": \"" << properties.name << "\",\n  \"compute_capability\": [" << properties.major
+           << ", " << properties.minor << "],\n  \"multiprocessors\": " << properties.multiProcessorCount
+           << ",\n  \"memory_clock_khz\": " << memory_clock_khz << ",\n  \"bus_width_bits\": " << bus_width_bits
+           << ",\n  \"peak_gb_per_s\": " << peak_gbs << ",\n  \"copy_gb_per_s\": " << copy_gbs
+           << ",\n  \"cuda_runtime\": " << runtime_version << ",\n  \"cuda_driver\": " << driver_version
+           << ",\n  \"repeats\": " << repeats << ",\n  \"cases\": [\n    ";
   for (size_t c = 0; c < cases.size(); ++c) manifest << (c ? ",\n    " : "") << cases[c];
   manifest << "\n  ],\n  \"bandwidth\": [\n    ";
   for (size_t b = 0; b < bandwidth.size(); ++b) manifest << (b ? ",\n    " : "") << bandwidth[b];
   manifest << "\n  ]\n}\n";
-  std::printf("dbi_harness: %zu correctness cases and bandwidth on %s written to %s\n", cases.size(), properties.name,
-              directory.c_str());
+  std::printf("dbi_harness: %zu correctness cases and %zu bandwidth entries on %s written to %s\n", cases.size(),
+              bandwidth.size(), properties.name, directory.c_str());
   return manifest ? 0 : 1;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../interact_layout.h"
+#include "kernel_layout.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*.
 
@@ -17,12 +18,11 @@ struct Half {
   uint16_t bits;
 };
 
-// The kernel a launch used. Tensor cores take F <= 32 and D <= 128; other shapes, and fp32 when
-// TF32 is not allowed, run the general SIMT kernel, so every shape gets a correct result.
-enum class KernelKind { kSimt, kTf32TensorCore, kFp16TensorCore };
-
-constexpr int64_t kTensorCoreMaxVectors = 32;
-constexpr int64_t kTensorCoreMaxDim = 128;
+// The kernel a launch used. Tensor cores (compute capability 8.0 and newer) take the shapes of
+// FitsTensorCores with 16-byte aligned buffers: fp16 for half; for float TF32 when allowed, else
+// 3xTF32 (each operand split into two TF32 parts, about fp32's accuracy). Other shapes and older
+// GPUs run the general SIMT kernel, so every shape gets a correct result.
+enum class KernelKind { kSimt, kTf32TensorCore, kSplitTf32TensorCore, kFp16TensorCore };
 
 struct LaunchResult {
   KernelKind kernel;

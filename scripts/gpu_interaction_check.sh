@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The dot-interaction CUDA kernels checked and measured on this machine's GPU, in one command.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: scripts/gpu_interaction_check.sh [--output DIR] [--batch N] [--repeats N] [--no-sanitizer]
+
+On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
+  1. builds the standalone harness (tensorflow-dot-based-interact/harness) for this GPU's
+     compute capability (nvidia-smi), or for every architecture the Makefile lists (without
+     make: one nvcc call for this GPU);
+  2. runs every correctness case (fp32, TF32 and fp16; the op tests' shape sets, Criteo
+     (2048, 27, 128), D = 255-257, F > 32, unaligned buffers) against the NumPy reference and
+     times forward, backward and both at (N, 27, 128), N = 65536 by default, writing
+     DIR/interaction_cuda.json (DIR defaults to bench/results) and printing a table;
+  3. runs the correctness cases at batch <= 8 under compute-sanitizer memcheck, racecheck and synccheck
+     (skipped with --no-sanitizer or when compute-sanitizer is absent), logs in DIR.
+Exit status: 0 when everything passed; 1 when a check failed; 3 when NumPy is missing (the JSON
+then holds the bandwidth only); 2 for bad arguments or a missing tool.
+Environment: NVCC (default nvcc), PYTHON (default python3).
+USAGE
+}
+
+die() {
+  echo "gpu_interaction_check: $*" >&2
+  exit 2
+}
+
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OP_DIR="${REPO_DIR}/tensorflow-dot-based-interact"
+OUTPUT_DIR="${REPO_DIR}/bench/results"
+BATCH=65536
+REPEATS=50
+SANITIZER=1
+ARGUMENTS="$*"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h | --help) usage; exit 0 ;;
+    --output) [[ $# -ge 2 ]] || die "--output needs a folder"; OUTPUT_DIR="$2"; shift 2 ;;
+    --batch) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--batch needs a positive integer"; BATCH="$2"; shift 2 ;;
+    --repeats) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--repeats needs a positive integer"; REPEATS="$2"; shift 2 ;;
+    --no-sanitizer) SANITIZER=0; shift ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+  esac
+done
+
+NVCC="${NVCC:-nvcc}"
+PYTHON="${PYTHON:-python3}"
+command -v "${NVCC}" >/dev/null || die "${NVCC} not found (the CUDA toolkit's compiler; set NVCC=)"
+command -v "${PYTHON}" >/dev/null || die "${PYTHON} not found (set PYTHON=)"
+mkdir -p "${OUTPUT_DIR}"
+OUTPUT_DIR="$(cd "${OUTPUT_DIR}" && pwd)"
+BUILD_DIR="$(mktemp -d)"
+trap 'rm -rf "${BUILD_DIR}"' EXIT
+
+# This GPU's architecture ("9.0" -> 90) when nvidia-smi says it; else the Makefile's list.
+ARCHS=""
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi -L || true
+  ARCHS="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')" || ARCHS=""
+fi
+"${NVCC}" --version | tail -n 1
+HARNESS="${BUILD_DIR}/dbi_harness"
+if command -v make >/dev/null; then
+  make_arguments=(-s -C "${OP_DIR}" harness "BUILD=${BUILD_DIR}" "NVCC=${NVCC}" "PYTHON=${PYTHON}")
+  if [[ -n "${ARCHS}" ]]; then make_arguments+=("CUDA_ARCHS=${ARCHS}"); fi
+  make "${make_arguments[@]}"
+else
+  # No make: the harness target's two sources in one nvcc call, for this GPU.
+  echo "make not found: building the harness with ${NVCC} directly"
+  arch_flags=(-arch=native)
+  if [[ -n "${ARCHS}" ]]; then arch_flags=(-gencode "arch=compute_${ARCHS},code=sm_${ARCHS}"); fi
+  "${NVCC}" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr "${arch_flags[@]}" -I"${OP_DIR}/cc/kernels" \
+    "${OP_DIR}/harness/dbi_harness.cu" "${OP_DIR}/cc/kernels/cuda/dot_based_interact.cu" -o "${HARNESS}"
+fi
+
+status=0
+"${PYTHON}" "${OP_DIR}/harness/check_harness.py" --binary "${HARNESS}" \
+  --results "${OUTPUT_DIR}/interaction_cuda.json" --batch "${BATCH}" --repeats "${REPEATS}" \
+  --command "scripts/gpu_interaction_check.sh ${ARGUMENTS}" || status=$?
+
+if [[ "${SANITIZER}" == 1 ]]; then
+  if command -v compute-sanitizer >/dev/null; then
+    for tool in memcheck racecheck synccheck; do
+      scratch="$(mktemp -d -p "${BUILD_DIR}")"
+      log="${OUTPUT_DIR}/sanitizer_${tool}.log"
+      if compute-sanitizer --tool "${tool}" --error-exitcode 9 "${HARNESS}" --quick --max-batch 8 --output "${scratch}" >"${log}" 2>&1; then
+        echo "compute-sanitizer ${tool}: clean (${log})"
+      else
+        echo "compute-sanitizer ${tool}: FAILED, see ${log}" >&2
+        tail -n 20 "${log}" >&2
+        if [[ "${status}" == 0 ]]; then status=1; fi
+      fi
+    done
+  else
+    echo "compute-sanitizer not found: sanitizer runs skipped"
+  fi
+fi
+exit "${status}"

@@ -1,0 +1,415 @@
+// A CPU emulation of the CUDA subset the dot-interaction kernels and the harness use, so that
+// both run here, without a GPU, and check_harness.py checks their results against NumPy.
+//
+// Each warp's 32 lanes run as fibers (ucontext) on one thread; __syncwarp is a barrier among
+// them and shuffles exchange through it, so the kernels' warp-synchronous code runs as written.
+// WMMA fragments hold the whole tile in every lane (load, mma and fill are exact per lane; a
+// store writes the elements e with (7e + 3) % 32 == lane, which no kernel's own indexing
+// matches, so a read of a stored tile before __syncwarp sees stale data).
+// Shared memory starts as 0xFF bytes (NaN), device buffers are heap blocks (AddressSanitizer
+// catches out-of-bounds accesses), and WMMA pointers, strides, 16-byte vector accesses and
+// dynamic shared memory above 48 KB without cudaFuncSetAttribute are checked.
+// Not emulated: timing, races between warps (the kernels share nothing between warps), exact
+// TF32 or tensor-core summation order. Test-only: never part of the op library.
+#ifndef DOT_BASED_INTERACT_CUDA_EMULATION_H_
+#define DOT_BASED_INTERACT_CUDA_EMULATION_H_
+
+#include <ucontext.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+struct uint3 {
+  unsigned x, y, z;
+};
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
+namespace emulation {
+
+[[noreturn]] inline void Fail(const char* what) {
+  std::fprintf(stderr, "cuda emulation: %s\n", what);
+  std::abort();
+}
+
+constexpr int kLanes = 32;
+
+// The lanes of the running warp: fibers, a barrier and the shuffle exchange.
+struct Warp {
+  ucontext_t scheduler;
+  ucontext_t lanes[kLanes];
+  std::vector<char> stacks[kLanes];
+  bool finished[kLanes] = {};
+  int current = 0;
+  int arrived = 0;
+  unsigned generation = 0;
+  float exchange[kLanes] = {};
+  std::function<void()> body;
+};
+
+struct Position {
+  uint3 thread{0, 0, 0};
+  uint3 block{0, 0, 0};
+  Warp* warp = nullptr;
+  unsigned char* shared = nullptr;
+};
+
+inline Position& Current() {
+  static Position position;
+  return position;
+}
+
+inline void Yield() {
+  Warp& warp = *Current().warp;
+  swapcontext(&warp.lanes[warp.current], &warp.scheduler);
+}
+
+inline void SyncWarp() {
+  Warp& warp = *Current().warp;
+  const unsigned generation = warp.generation;
+  if (++warp.arrived == kLanes) {
+    warp.arrived = 0;
+    ++warp.generation;
+    return;
+  }
+  while (warp.generation == generation) Yield();
+}
+
+inline void LaneEntry() {
+  Current().warp->body();
+  Current().warp->finished[Current().warp->current] = true;
+}
+
+// Runs `body` in the 32 lanes of warp `warp_index` of block `block`, round robin.
+inline void RunWarp(unsigned block, int warp_index, const std::function<void()>& body) {
+  constexpr size_t kStackBytes = 256 * 1024;
+  Warp warp;
+  warp.body = body;
+  Current().warp = &warp;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    warp.stacks[lane].resize(kStackBytes);
+    getcontext(&warp.lanes[lane]);
+    warp.lanes[lane].uc_stack.ss_sp = warp.stacks[lane].data();
+    warp.lanes[lane].uc_stack.ss_size = kStackBytes;
+    warp.lanes[lane].uc_link = &warp.scheduler;
+    makecontext(&warp.lanes[lane], LaneEntry, 0);
+  }
+  int running = kLanes;
+  while (running > 0) {
+    running = 0;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      if (warp.finished[lane]) continue;
+      warp.current = lane;
+      Current().thread = {static_cast<unsigned>(warp_index * kLanes + lane), 0, 0};
+      Current().block = {block, 0, 0};
+      swapcontext(&warp.scheduler, &warp.lanes[lane]);
+      if (warp.finished[lane] && warp.arrived > 0) Fail("a lane returned while its warp waits at __syncwarp");
+      if (!warp.finished[lane]) ++running;
+    }
+  }
+  Current().warp = nullptr;
+}
+
+// Dynamic shared memory each kernel may use: 48 KB unless cudaFuncSetAttribute raised it.
+inline std::map<const void*, size_t>& SharedLimits() {
+  static std::map<const void*, size_t> limits;
+  return limits;
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) becomes Launch(kernel, grid, block,
+// shared_bytes, stream)(args...): every block, warp by warp (warps share nothing here).
+template <typename... Params>
+auto Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, void* /*stream*/) {
+  return [=](auto&&... args) {
+    const auto found = SharedLimits().find(reinterpret_cast<const void*>(kernel));
+    const size_t limit = found == SharedLimits().end() ? 48 * 1024 : found->second;
+    if (shared_bytes > limit) Fail("dynamic shared memory above the kernel's limit (cudaFuncSetAttribute)");
+    if (block.x % kLanes != 0 || block.y != 1 || block.z != 1) Fail("blocks must be whole warps in x");
+    std::tuple<std::decay_t<Params>...> bound(args...);
+    std::vector<unsigned char> shared;
+    for (unsigned b = 0; b < grid.x; ++b) {
+      shared.assign(shared_bytes + 128, 0xFF);  // garbage that reads as NaN
+      const uintptr_t base = reinterpret_cast<uintptr_t>(shared.data());
+      Current().shared = shared.data() + ((128 - base % 128) % 128);
+      for (unsigned w = 0; w < block.x / kLanes; ++w) {
+        RunWarp(b, static_cast<int>(w), [&] { std::apply(kernel, bound); });
+      }
+    }
+  };
+}
+
+inline unsigned char* DynamicShared() { return Current().shared; }
+
+inline void CheckAligned(const void* pointer, uintptr_t bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(pointer) % bytes != 0) Fail(what);
+}
+
+}  // namespace emulation
+
+#define threadIdx (::emulation::Current().thread)
+#define blockIdx (::emulation::Current().block)
+
+inline void __syncwarp(unsigned = 0xffffffffu) { emulation::SyncWarp(); }
+
+inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+  emulation::Warp& warp = *emulation::Current().warp;
+  const int lane = static_cast<int>(threadIdx.x) % emulation::kLanes;
+  warp.exchange[lane] = value;
+  emulation::SyncWarp();
+  const float partner = warp.exchange[lane ^ lane_mask];
+  emulation::SyncWarp();
+  return partner;
+}
+
+inline uint4 __ldcs(const uint4* pointer) {
+  emulation::CheckAligned(pointer, 16, "__ldcs of a misaligned uint4");
+  return *pointer;
+}
+
+inline void __stcs(uint4* pointer, uint4 value) {
+  emulation::CheckAligned(pointer, 16, "__stcs of a misaligned uint4");
+  *pointer = value;
+}
+
+[[noreturn]] inline void __trap() { emulation::Fail("__trap"); }
+
+inline int min(int a, int b) { return a < b ? a : b; }
+
+// ---- half -----------------------------------------------------------------------------------
+
+struct __half {
+  uint16_t bits;
+};
+
+inline float __half2float(__half value) {
+  _Float16 half;
+  std::memcpy(&half, &value.bits, sizeof(half));
+  return static_cast<float>(half);
+}
+
+inline __half __float2half_rn(float value) {
+  const _Float16 half = static_cast<_Float16>(value);  // round to nearest even
+  __half result;
+  std::memcpy(&result.bits, &half, sizeof(half));
+  return result;
+}
+
+// ---- WMMA -------------------------------------------------------------------------------------
+
+namespace nvcuda {
+namespace wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision {
+struct tf32 {};
+}  // namespace precision
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename T>
+struct Storage {
+  using type = T;
+};
+template <>
+struct Storage<precision::tf32> {
+  using type = float;
+};
+
+inline float AsFloat(float value) { return value; }
+inline float AsFloat(__half value) { return __half2float(value); }
+
+// The whole logical tile, row-major: matrix_a M x K, matrix_b K x N, accumulator M x N.
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int kRows = std::is_same<Use, matrix_b>::value ? K : M;
+  static constexpr int kColumns = std::is_same<Use, matrix_a>::value ? K : N;
+  static constexpr int num_elements = kRows * kColumns;
+  typename Storage<T>::type x[num_elements];
+};
+
+inline void CheckTilePointer(const void* pointer, unsigned stride, size_t element_bytes) {
+  emulation::CheckAligned(pointer, 32, "WMMA tile pointer not 32-byte aligned");
+  if (stride * element_bytes % 16 != 0) emulation::Fail("WMMA stride not a multiple of 16 bytes");
+}
+
+template <typename Use, int M, int N, int K, typename T, typename Layout, typename Source>
+void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& tile, const Source* source, unsigned stride) {
+  using Fragment = fragment<Use, M, N, K, T, Layout>;
+  CheckTilePointer(source, stride, sizeof(Source));
+  for (int r = 0; r < Fragment::kRows; ++r) {
+    for (int c = 0; c < Fragment::kColumns; ++c) {
+      const Source value = std::is_same<Layout, col_major>::value ? source[c * stride + r] : source[r * stride + c];
+      tile.x[r * Fragment::kColumns + c] = value;
+    }
+  }
+}
+
+template <int M, int N, int K>
+void fill_fragment(fragment<accumulator, M, N, K, float>& tile, float value) {
+  for (float& element : tile.x) element = value;
+}
+
+template <int M, int N, int K, typename T, typename LayoutA, typename LayoutB>
+void mma_sync(fragment<accumulator, M, N, K, float>& result, const fragment<matrix_a, M, N, K, T, LayoutA>& a,
+              const fragment<matrix_b, M, N, K, T, LayoutB>& b, const fragment<accumulator, M, N, K, float>& c) {
+  float sum[M * N];
+  for (int m = 0; m < M; ++m) {
+    for (int n = 0; n < N; ++n) {
+      float total = c.x[m * N + n];
+      for (int k = 0; k < K; ++k) total += AsFloat(a.x[m * K + k]) * AsFloat(b.x[k * N + n]);
+      sum[m * N + n] = total;
+    }
+  }
+  std::memcpy(result.x, sum, sizeof(sum));
+}
+
+template <int M, int N, int K>
+void store_matrix_sync(float* target, const fragment<accumulator, M, N, K, float>& tile, unsigned stride,
+                       layout_t layout) {
+  if (layout != mem_row_major) emulation::Fail("only row-major stores are emulated");
+  CheckTilePointer(target, stride, sizeof(float));
+  const int lane = static_cast<int>(threadIdx.x) % emulation::kLanes;
+  for (int e = 0; e < M * N; ++e) {
+    if ((e * 7 + 3) % emulation::kLanes == lane) target[(e / N) * stride + e % N] = tile.x[e];
+  }
+}
+
+// Rounds to the nearest value with 10 mantissa bits (ties away from zero), as cvt.rna.tf32 does.
+inline float __float_to_tf32(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+}  // namespace wmma
+}  // namespace nvcuda
+
+// ---- runtime API --------------------------------------------------------------------------------
+
+using cudaError_t = int;
+constexpr cudaError_t cudaSuccess = 0;
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+inline const char* cudaGetErrorString(cudaError_t status) { return status == cudaSuccess ? "no error" : "error"; }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+// The emulated compute capability: DBI_EMULATED_MAJOR (default 9, an H100).
+inline int EmulatedMajor() {
+  const char* text = std::getenv("DBI_EMULATED_MAJOR");
+  return text != nullptr ? std::atoi(text) : 9;
+}
+
+enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor, cudaDevAttrMemoryClockRate, cudaDevAttrGlobalMemoryBusWidth };
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+  *value = attribute == cudaDevAttrComputeCapabilityMajor ? EmulatedMajor() : 0;
+  return cudaSuccess;
+}
+
+struct cudaDeviceProp {
+  char name[256];
+  int major;
+  int minor;
+  int multiProcessorCount;
+};
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int) {
+  std::snprintf(properties->name, sizeof(properties->name), "CPU emulation of compute %d.0", EmulatedMajor());
+  properties->major = EmulatedMajor();
+  properties->minor = 0;
+  properties->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDriverGetVersion(int* version) {
+  *version = 0;
+  return cudaSuccess;
+}
+
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaFuncAttribute, int value) {
+  emulation::SharedLimits()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t cudaMalloc(T** pointer, size_t bytes) {
+  *pointer = static_cast<T*>(std::malloc(bytes == 0 ? 1 : bytes));  // malloc: 16-byte aligned
+  return *pointer != nullptr ? cudaSuccess : 2;
+}
+inline cudaError_t cudaFree(void* pointer) {
+  std::free(pointer);
+  return cudaSuccess;
+}
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+inline cudaError_t cudaMemcpy(void* target, const void* source, size_t bytes, cudaMemcpyKind) {
+  std::memcpy(target, source, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* target, const void* source, size_t bytes, cudaMemcpyKind kind,
+                                   cudaStream_t = nullptr) {
+  return cudaMemcpy(target, source, bytes, kind);
+}
+inline cudaError_t cudaMemset(void* pointer, int value, size_t bytes) {
+  std::memset(pointer, value, bytes);
+  return cudaSuccess;
+}
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point time;
+};
+using cudaEvent_t = CUevent_st*;
+inline cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t = nullptr) {
+  event->time = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, cudaEvent_t stop) {
+  *milliseconds = std::chrono::duration<float, std::milli>(stop->time - start->time).count();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+#endif  // DOT_BASED_INTERACT_CUDA_EMULATION_H_
