@@ -191,6 +191,10 @@ class ShardingPlan:
             lines.append(f"  replicated on every rank: tables {self.replicated}")
         if self.row_sliced:
             lines.append(f"  row-sliced over every rank: tables {self.row_sliced}")
+        multi_hot = [t for t, hotness in enumerate(self.hotness) if hotness > 1]
+        if multi_hot:
+            lines.append("  multi-hot: " + ", ".join(f"table {t} ({self.hotness[t]} ids, {self.poolings[t]})"
+                                                     for t in multi_hot))
         for rank, (device, host) in enumerate(self.memory_per_rank()):
             items = ", ".join(
                 f"table {p.table}{self._part(p)}"
