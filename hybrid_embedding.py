@@ -179,11 +179,11 @@ def _fixed_width(ids: Ids) -> int:
 class HybridEmbedding(tf.keras.layers.Layer):
     """Lookups of all tables for this rank's local batch, with tables spread by a ShardingPlan.
 
-    Input: a tuple of int id tensors, one per table of `reads` (`ShardingPlan.reads`, the same
-    object the rank's loader was given): with model-parallel input the global batch of the tables
+    Input: a tuple of int id tensors (`[B]`, `[B, h]` or ragged, batch.py), one per table of
+    `reads` (`ShardingPlan.reads`, the same object the rank's loader was given): with model-parallel input the global batch of the tables
     this rank holds, of the replicated ones and of the row-sliced ones, with data-parallel input
     the local batch of every table. Output: `[local_batch, sum of the table widths]`, the tables'
-    vectors side by side in feature order, in `output_dtype` (the embedding layers' common output
+    pooled vectors (by `plan.poolings`) side by side in feature order, in `output_dtype` (the embedding layers' common output
     layout).
     """
 
