@@ -17,6 +17,7 @@ from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from embedding import DualEmbeddingGroup, FusedEmbedding, MultiTableEmbedding, pooled_lookup
 from factory import ModelOptions, build_trainer
 from hybrid_embedding import HybridEmbedding
+from model import DlrmConfig
 from multiproc import require
 from optimizers import SGD, Adagrad, Adam
 from sharding import plan_sharding
@@ -234,6 +235,15 @@ def test_mlperf_dcnv2_preset_sets_the_recipe_under_explicit_flags():
         assert FLAGS.bottom_mlp_dims == ["512", "256", "128"]
         assert FLAGS.top_mlp_dims == ["1024", "1024", "512", "256", "1"]
         assert FLAGS.learning_rate == 0.01  # given explicitly: kept
+        config = DlrmConfig(num_numerical_features=13, cardinalities=[40_000_000] * 26,
+                            embedding_dim=main.embedding_dims(FLAGS.embedding_dim),
+                            bottom_mlp_dims=[int(v) for v in FLAGS.bottom_mlp_dims],
+                            top_mlp_dims=[int(v) for v in FLAGS.top_mlp_dims], interaction=FLAGS.interaction,
+                            num_cross_layers=FLAGS.num_cross_layers,
+                            cross_layer_projection_dim=FLAGS.cross_layer_projection_dim,
+                            hotness=main.MLPERF_DCNV2_HOTNESS)
+        config.validate()
+        assert config.cross and config.dims == [128] * 26 and sum(config.feature_hotness) == 214
     finally:
         FLAGS.unparse_flags()
     names = [f"cat_{i}" for i in range(26)]
