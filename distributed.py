@@ -128,13 +128,30 @@ def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None,
     """Send `splits[r]` rows (axis 0) to rank r; return the received rows and the received splits.
 
     With `splits=None` the rows are divided equally. Differentiable: the gradient is the reverse
-    exchange, so it works inside `tf.GradientTape` and `tf.function`.
+    exchange, so it works inside `tf.GradientTape` and `tf.function`. With a `name`, the reverse
+    exchange is named `<name>_grad`, and both names are used as given, without the graph's name
+    scope: Horovod would otherwise name the reverse exchange after the gradient tensor and its
+    scope, which differ between ranks whose graphs differ (ranks holding different tables), and
+    ranks waiting on differently named collectives hang.
     """
     hvd = _horovod()
     if hvd is None:
         rows = tf.shape(tensor, out_type=tf.int32)[:1]
         return tf.identity(tensor), (tf.cast(splits, tf.int32) if splits is not None else rows)
-    return hvd.alltoall(tensor, splits=splits, name=name)
+    tensor = tf.convert_to_tensor(tensor)
+    if name is None or not tensor.dtype.is_floating:
+        return hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=name is not None)
+
+    @tf.custom_gradient
+    def exchange(values: tf.Tensor):
+        received, received_splits = hvd.alltoall(values, splits=splits, name=name, ignore_name_scope=True)
+
+        def reverse(upstream: tf.Tensor, _splits_gradient=None) -> tf.Tensor:
+            return hvd.alltoall(upstream, splits=received_splits, name=f"{name}_grad", ignore_name_scope=True)[0]
+
+        return (received, received_splits), reverse
+
+    return exchange(tensor)
 
 
 def allgather(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:

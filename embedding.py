@@ -1,8 +1,12 @@
 """Embedding tables (reference §3): multitable, fused, and the split of the largest tables to the CPU.
 
-Every layer here takes a tuple of int32 id tensors, one `[B]` tensor per table in feature order,
-and returns the tables' vectors side by side, `[B, sum of the table widths]`, in the layer's compute
-dtype (the layout every embedding layer shares; tables may differ in width). Each layer also exposes its tables
+Every layer here takes a tuple of int32 id tensors, one per table in feature order, each in one of
+the batch contract's forms (batch.py: `[B]` one-hot, `[B, h]` fixed multi-hot, or a
+`tf.RaggedTensor`), and returns one pooled vector per sample and table side by side,
+`[B, sum of the table widths]`, in the layer's compute dtype (the layout every embedding layer
+shares; tables may differ in width). Every lookup goes through `pooled_lookup`, pooling by the
+table's `pooling` ('sum' or 'mean', from the FeatureSpec through the sharding plan); one-hot ids
+take a plain gather, nothing more. Each layer also exposes its tables
 as `TableSlice`s (a variable and a row range), so checkpoints read and write every table, and the
 optimizer slots that share its layout, in the global per-table layout whatever the
 implementation.
@@ -17,9 +21,67 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
+from feature_spec import POOLINGS
 from sharding import table_dims
 
 EMBEDDING_TYPES = ("multitable", "fused")
+
+Ids = Union[tf.Tensor, tf.RaggedTensor]
+
+
+def is_one_hot(ids: Ids) -> bool:
+    """A `[B]` id tensor (one id per sample), known when the graph is built."""
+    return not isinstance(ids, tf.RaggedTensor) and ids.shape.rank == 1
+
+
+def batch_size_of(ids: Ids) -> tf.Tensor:
+    """The number of samples (rows) of an id tensor of any form, as an int32 scalar."""
+    if isinstance(ids, tf.RaggedTensor):
+        return tf.cast(ids.nrows(), tf.int32)
+    return tf.shape(ids, out_type=tf.int32)[0]
+
+
+def as_int32(ids: Ids) -> Ids:
+    """The ids as int32, in the form they came."""
+    return tf.cast(ids, tf.int32)
+
+
+def row_lengths(ids: Ids) -> tf.Tensor:
+    """Ids per sample, `[B]` int32, of a `[B, h]` or ragged id tensor."""
+    if isinstance(ids, tf.RaggedTensor):
+        return tf.cast(ids.row_lengths(), tf.int32)
+    return tf.fill(tf.shape(ids, out_type=tf.int32)[:1], tf.shape(ids, out_type=tf.int32)[1])
+
+
+def divide_by_lengths(summed: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+    """Mean pooling from sums: each row divided by its number of ids (an empty row stays zero)."""
+    return summed / tf.cast(tf.maximum(lengths, 1), summed.dtype)[:, None]
+
+
+def pooled_lookup(table: tf.Variable, ids: Ids, pooling: str = "sum", row_offset: int = 0) -> tf.Tensor:
+    """One vector per sample: the rows `ids` (+ `row_offset`, a table's first row in a fused
+    variable) of `table`, pooled by `pooling`, `[B, width]` in the table's dtype.
+
+    `[B]` ids: a plain gather. `[B, h]`: gather and sum (or mean) over h. Ragged: a gather of the
+    flat values and a segment sum per row; mean divides by the row's length, an empty row pools to
+    zeros. Repeated ids count once each. The gradient reaches the table as IndexedSlices of every
+    id looked up (duplicates included); the optimizers merge them.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if isinstance(ids, tf.RaggedTensor):
+        values = ids.values if not row_offset else ids.values + tf.cast(row_offset, ids.values.dtype)
+        vectors = tf.gather(table, values)
+        summed = tf.math.unsorted_segment_sum(vectors, ids.value_rowids(), ids.nrows())
+        return divide_by_lengths(summed, row_lengths(ids)) if pooling == "mean" else summed
+    if row_offset:
+        ids = ids + tf.cast(row_offset, ids.dtype)
+    vectors = tf.gather(table, ids)
+    if ids.shape.rank == 1:
+        return vectors
+    if ids.shape.rank != 2:
+        raise ValueError(f"ids must be [B], [B, h] or ragged, got shape {ids.shape}")
+    return tf.reduce_mean(vectors, axis=1) if pooling == "mean" else tf.reduce_sum(vectors, axis=1)
 
 
 VariableSelector = Callable[[tf.Variable], tf.Variable]
@@ -153,13 +215,15 @@ class _TableGroup(tf.keras.layers.Layer):
 
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType,
                  trainable: bool, output_dtype: Optional[tf.DType], name: str,
-                 table_ids: Optional[Sequence[int]], seed: Optional[int]) -> None:
+                 table_ids: Optional[Sequence[int]], seed: Optional[int],
+                 poolings: Optional[Sequence[str]]) -> None:
         super().__init__(name=name, dtype=table_dtype, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
         self.dim = dim
         self.output_dtype = output_dtype or table_dtype
         self.table_ids = list(range(len(self.cardinalities)) if table_ids is None else table_ids)
         self.seed = seed
+        self.poolings = list(poolings or [POOLINGS[0]] * len(self.cardinalities))
 
 
 class MultiTableEmbedding(_TableGroup):
@@ -168,8 +232,8 @@ class MultiTableEmbedding(_TableGroup):
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
                  name: str = "multitable_embedding", table_ids: Optional[Sequence[int]] = None,
-                 seed: Optional[int] = 0) -> None:
-        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed)
+                 seed: Optional[int] = 0, poolings: Optional[Sequence[str]] = None) -> None:
+        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed, poolings)
         self.tables: List[tf.Variable] = []
 
     def build(self, input_shape=None) -> None:
@@ -180,8 +244,9 @@ class MultiTableEmbedding(_TableGroup):
             self.tables.append(table)
         super().build(input_shape)
 
-    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
-        vectors = [tf.gather(table, table_ids) for table, table_ids in zip(self.tables, ids)]
+    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
+        vectors = [pooled_lookup(table, table_ids, pooling)
+                   for table, table_ids, pooling in zip(self.tables, ids, self.poolings)]
         return tf.cast(tf.concat(vectors, axis=1), self.output_dtype)
 
     def table_slices(self) -> List[TableSlice]:
@@ -194,8 +259,8 @@ class FusedEmbedding(_TableGroup):
     def __init__(self, cardinalities: Sequence[int], dim: int, table_dtype: tf.DType = tf.float32,
                  trainable: bool = True, output_dtype: Optional[tf.DType] = None,
                  name: str = "fused_embedding", table_ids: Optional[Sequence[int]] = None,
-                 seed: Optional[int] = 0) -> None:
-        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed)
+                 seed: Optional[int] = 0, poolings: Optional[Sequence[str]] = None) -> None:
+        super().__init__(cardinalities, dim, table_dtype, trainable, output_dtype, name, table_ids, seed, poolings)
         self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)]).astype(np.int64)
         self.table: Optional[tf.Variable] = None
 
@@ -206,11 +271,15 @@ class FusedEmbedding(_TableGroup):
             fill_uniform(self.table, int(self.offsets[i]), rows, seed=self.seed, table=self.table_ids[i])
         super().build(input_shape)
 
-    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
-        offsets = tf.constant(self.offsets[:-1], tf.int64)
-        fused_ids = tf.stack([tf.cast(t, tf.int64) for t in ids], axis=1) + offsets
-        vectors = tf.gather(self.table, fused_ids)
-        return tf.cast(tf.reshape(vectors, [-1, len(self.cardinalities) * self.dim]), self.output_dtype)
+    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
+        if all(is_one_hot(t) for t in ids):  # one gather for every table
+            offsets = tf.constant(self.offsets[:-1], tf.int64)
+            fused_ids = tf.stack([tf.cast(t, tf.int64) for t in ids], axis=1) + offsets
+            vectors = tf.reshape(tf.gather(self.table, fused_ids), [-1, len(self.cardinalities) * self.dim])
+        else:
+            vectors = tf.concat([pooled_lookup(self.table, tf.cast(t, tf.int64), pooling, int(offset))
+                                 for t, pooling, offset in zip(ids, self.poolings, self.offsets)], axis=1)
+        return tf.cast(vectors, self.output_dtype)
 
     def table_slices(self) -> List[TableSlice]:
         return [TableSlice(self.table, int(self.offsets[i]), int(self.offsets[i + 1]))
@@ -224,19 +293,21 @@ def tier_device(on_host: bool):
 
 def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Sequence[int], dim: int,
                 table_dtype: tf.DType, trainable: bool, output_dtype: tf.DType, name: str,
-                seed: Optional[int]) -> tf.keras.layers.Layer:
-    """A layer holding tables `table_ids` (indices into `cardinalities`) in one layout."""
+                seed: Optional[int], poolings: Sequence[str]) -> tf.keras.layers.Layer:
+    """A layer holding tables `table_ids` (indices into `cardinalities` and `poolings`) in one layout."""
     if embedding_type not in EMBEDDING_TYPES:
         raise ValueError(f"embedding type must be one of {EMBEDDING_TYPES}, got {embedding_type!r}")
     cls = MultiTableEmbedding if embedding_type == "multitable" else FusedEmbedding
     return cls([cardinalities[i] for i in table_ids], dim, table_dtype=table_dtype, trainable=trainable,
-               output_dtype=output_dtype, name=name, table_ids=table_ids, seed=seed)
+               output_dtype=output_dtype, name=name, table_ids=table_ids, seed=seed,
+               poolings=[poolings[i] for i in table_ids])
 
 
 class DualEmbeddingGroup(tf.keras.layers.Layer):
     """Tables on the accelerator, except `host_tables` (decided by the sharding plan's memory
     budget), which live in host memory in fp32. `dims` is one width for every table or one per table;
-    `seed` None starts every table at zero (`fill_uniform`).
+    `poolings` one per table ('sum' when not given); `seed` None starts every table at zero
+    (`fill_uniform`).
 
     Tables are grouped by memory tier and width (a group holds tables of one width); every group is
     looked up and the vectors are put back in feature order, so the output is the same whatever the
@@ -247,10 +318,11 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
                  device_embedding_type: str = "fused", cpu_embedding_type: str = "multitable",
                  host_tables: Sequence[int] = (), table_dtype: tf.DType = tf.float32,
                  output_dtype: tf.DType = tf.float32, trainable: bool = True, seed: Optional[int] = 0,
-                 name: str = "embedding") -> None:
+                 poolings: Optional[Sequence[str]] = None, name: str = "embedding") -> None:
         super().__init__(name=name, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
         self.dims = table_dims(dims, len(self.cardinalities))
+        self.poolings = list(poolings or [POOLINGS[0]] * len(self.cardinalities))
         self.host_tables = sorted(host_tables)
         single_width = len(set(self.dims)) == 1
         self.groups: List[Tuple[List[int], bool, tf.keras.layers.Layer]] = []  # (tables, on host, layer)
@@ -261,7 +333,8 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
                 tables = [t for t in tier_tables if self.dims[t] == width]
                 with tier_device(on_host):
                     layer = _make_group(embedding_type, self.cardinalities, tables, width, dtype, trainable,
-                                        output_dtype, tier if single_width else f"{tier}_dim_{width}", seed)
+                                        output_dtype, tier if single_width else f"{tier}_dim_{width}", seed,
+                                        self.poolings)
                 self.groups.append((tables, on_host, layer))
         column_starts = np.cumsum([0] + self.dims)
         order = [t for tables, _, _ in self.groups for t in tables]
@@ -275,7 +348,7 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
                 layer.build(None)
         super().build(input_shape)
 
-    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
+    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
         parts = []
         for tables, on_host, layer in self.groups:
             with tier_device(on_host):

@@ -55,7 +55,9 @@ class ModelOptions:
 
 
 def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmConfig:
-    """The DLRM's configuration; on one process the plan's host tables go to host memory."""
+    """The DLRM's configuration; on one process the plan's host tables go to host memory. The
+    tables' hotness and pooling come from the plan (`plan_sharding(..., hotness, poolings)`, the
+    FeatureSpec's), the one place they are decided."""
     return DlrmConfig(
         num_numerical_features=options.num_numerical_features, cardinalities=list(plan.cardinalities),
         embedding_dim=plan.dims[0] if len(set(plan.dims)) == 1 else list(plan.dims),
@@ -66,7 +68,7 @@ def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmCo
         host_tables=plan.host_tables(rank) if plan.world_size == 1 else [],
         embedding_trainable=options.embedding_trainable,
         embedding_zeros_initializer=options.embedding_zeros_initializer, table_dtype=options.table_dtype,
-        seed=options.seed)
+        seed=options.seed, hotness=list(plan.hotness), poolings=list(plan.poolings))
 
 
 def build_model(plan: ShardingPlan, rank: int, reads: TableReads, options: ModelOptions,

@@ -11,11 +11,16 @@ tables may be replicated. Forward:
      buffer needs no reordering and the bytes sent are the minimum: local batch x width);
   4. reassembly in feature order, column slices concatenated, replicated tables looked up locally;
      the tables' vectors side by side, `[local_batch, sum of widths]` (tables may differ in width).
+Multi-hot features (`[B, h]` or ragged ids, batch.py) are pooled where their rows are: a
+model-parallel piece pools the global batch's ids of its table (sum, or mean by the row length;
+column slices each pool their columns), so the output all-to-all moves one pooled vector per
+sample and table, the one-hot minimum, whatever the hotness. With data-parallel input the ids go
+to the owner first (`[B, h]` flattened; ragged as row lengths, then the values).
 Row-sliced tables (every rank holds a block of rows) take the ids of the local batch and route
-them (`routed_lookup`): one all-to-all sends each id to the rank owning its row, the owner looks
-it up, and a second all-to-all returns the vectors in the order they were asked for. It moves the
-minimum for any list of ids (pooled multi-hot lookups can route their flat ids the same way):
-per id not owned locally, 4 bytes out and one vector back.
+them (`routed_lookup`): one all-to-all sends each id to the rank owning its row, the owner sums
+the rows of each sample's ids it owns, and a second all-to-all returns one partial sum per sample
+and owner, which the requester adds up (mean: divided by the sample's number of ids). Per id not
+owned locally 4 bytes go out; per sample and remote owner one vector comes back (one-hot: per id).
 The backward pass is the reverse exchange (Horovod's alltoall gradient). The layer also routes
 its own gradients (`reduce_gradients`): those of model-parallel pieces and row blocks stay local
 and sparse, scaled by 1/world_size because every rank's local-mean loss reaches them through the
@@ -30,7 +35,8 @@ import tensorflow as tf
 
 import distributed as dist
 from batch import TableReads, local_sizes, rank_start
-from embedding import (TableSlice, TableView, VariableSelector, assign_rows, fill_uniform, read_variable_rows,
+from embedding import (Ids, TableSlice, TableView, VariableSelector, as_int32, assign_rows, batch_size_of,
+                       divide_by_lengths, fill_uniform, is_one_hot, pooled_lookup, read_variable_rows, row_lengths,
                        tier_device)
 from sharding import Piece, ShardingPlan
 
@@ -104,33 +110,80 @@ class RowSlicedTableView(TableView):
                         np.ascontiguousarray(values[low - start:high - start]).astype(self.numpy_dtype, copy=False))
 
 
-def routed_lookup(block: tf.Variable, ids: tf.Tensor, starts: Sequence[int], rank: int, world_size: int,
-                  output_dtype: tf.DType, name: str) -> tf.Tensor:
-    """Rows `ids` (any number, global row numbers) of a table of which rank r holds the block
-    [starts[r], starts[r+1]) (`block` is this rank's): `[len(ids), width]` in `output_dtype`.
+def _flat_ids(ids: Ids) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Every id of a `[B]`, `[B, h]` or ragged id tensor, flat, and the sample (row) each belongs to."""
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.values, tf.cast(ids.value_rowids(), tf.int32)
+    samples = tf.range(batch_size_of(ids))
+    if ids.shape.rank == 1:
+        return ids, samples
+    width = tf.shape(ids, out_type=tf.int32)[1]
+    return tf.reshape(ids, [-1]), tf.repeat(samples, width)
 
-    The ids are sorted by owner (stable), sent to their owners by one all-to-all, looked up there,
-    and the vectors come back by a second all-to-all and are put back in the asked order. A
-    collective: every rank calls it for the same tables in the same order.
+
+def routed_lookup(block: tf.Variable, ids: Ids, starts: Sequence[int], rank: int, world_size: int,
+                  pooling: str, output_dtype: tf.DType, name: str) -> tf.Tensor:
+    """Pooled vectors `[B, width]` in `output_dtype` of `ids` (`[B]`, `[B, h]` or ragged, global
+    row numbers) of a table of which rank r holds the block [starts[r], starts[r+1]) (`block` is
+    this rank's).
+
+    The ids are sorted by (owner, sample), sent to their owners by one all-to-all; each owner sums
+    the rows of each (sample, owner) group it received and returns one partial sum per group by a
+    second all-to-all; the requester adds a sample's partial sums (and divides by the sample's
+    number of ids for mean pooling). A group's first id is sent negated (-id - 1), which marks the
+    groups without sending anything more. So per sample and remote owner of any of its ids one
+    vector comes back, never one per id; one-hot ids are each their own group and skip the sums.
+    A collective: every rank calls it for the same tables in the same order.
     """
-    ids = tf.cast(ids, tf.int32)
-    owners = tf.searchsorted(tf.constant(starts[1:-1], tf.int32), ids, side="right", out_type=tf.int32)
-    order = tf.argsort(owners, stable=True)
+    flat, samples = _flat_ids(as_int32(ids))
+    batch = batch_size_of(ids)
+    one_hot = is_one_hot(ids)
+    owners = tf.searchsorted(tf.constant(starts[1:-1], tf.int32), flat, side="right", out_type=tf.int32)
+    order = tf.argsort(owners if one_hot else owners * batch + samples, stable=True)
+    sent = tf.gather(flat, order)
+    if not one_hot:
+        sorted_keys = tf.gather(owners * batch + samples, order)
+        opens = tf.concat([tf.ones([1], tf.bool)[:tf.size(sorted_keys)],
+                           sorted_keys[1:] != sorted_keys[:-1]], axis=0)
+        sent = tf.where(opens, -sent - 1, sent)
     counts = tf.math.bincount(owners, minlength=world_size, maxlength=world_size, dtype=tf.int32)
-    asked, asked_counts = dist.alltoall(tf.gather(ids, order), splits=counts, name=f"{name}_ids")
-    vectors = tf.cast(tf.gather(block, asked - starts[rank]), output_dtype)
-    returned, _ = dist.alltoall(vectors, splits=asked_counts, name=f"{name}_vectors")
-    return tf.gather(returned, tf.math.invert_permutation(order))
+    asked, asked_counts = dist.alltoall(sent, splits=counts, name=f"{name}_ids")
+    if one_hot:
+        partial, partial_counts = tf.gather(block, asked - starts[rank]), asked_counts
+    else:
+        asked_opens = asked < 0
+        rows = tf.where(asked_opens, -asked - 1, asked) - starts[rank]
+        groups = tf.cumsum(tf.cast(asked_opens, tf.int32)) - 1
+        partial = tf.math.unsorted_segment_sum(tf.gather(block, rows), groups,
+                                               tf.reduce_sum(tf.cast(asked_opens, tf.int32)))
+        sources = tf.repeat(tf.range(world_size), asked_counts)
+        partial_counts = tf.math.unsorted_segment_sum(tf.cast(asked_opens, tf.int32), sources, world_size)
+    returned, _ = dist.alltoall(tf.cast(partial, output_dtype), splits=partial_counts, name=f"{name}_vectors")
+    if one_hot:
+        return tf.gather(returned, tf.math.invert_permutation(order))
+    group_samples = tf.boolean_mask(tf.gather(samples, order), opens)
+    pooled = tf.math.unsorted_segment_sum(returned, group_samples, batch)
+    return divide_by_lengths(pooled, row_lengths(ids)) if pooling == "mean" else pooled
+
+
+def _fixed_width(ids: Ids) -> int:
+    """Values per sample of a feature's part in the fixed-size id exchange: its id (one-hot), its
+    h ids (`[B, h]`), or its row length (ragged; the ids follow in a second exchange)."""
+    if isinstance(ids, tf.RaggedTensor) or ids.shape.rank == 1:
+        return 1
+    if ids.shape[1] is None:
+        raise ValueError(f"multi-hot ids of shape {ids.shape} need a static hotness (second dimension)")
+    return int(ids.shape[1])
 
 
 class HybridEmbedding(tf.keras.layers.Layer):
     """Lookups of all tables for this rank's local batch, with tables spread by a ShardingPlan.
 
-    Input: a tuple of int id tensors, one per table of `reads` (`ShardingPlan.reads`, the same
-    object the rank's loader was given): with model-parallel input the global batch of the tables
+    Input: a tuple of int id tensors (`[B]`, `[B, h]` or ragged, batch.py), one per table of
+    `reads` (`ShardingPlan.reads`, the same object the rank's loader was given): with model-parallel input the global batch of the tables
     this rank holds, of the replicated ones and of the row-sliced ones, with data-parallel input
     the local batch of every table. Output: `[local_batch, sum of the table widths]`, the tables'
-    vectors side by side in feature order, in `output_dtype` (the embedding layers' common output
+    pooled vectors (by `plan.poolings`) side by side in feature order, in `output_dtype` (the embedding layers' common output
     layout).
     """
 
@@ -185,35 +238,67 @@ class HybridEmbedding(tf.keras.layers.Layer):
         super().build(input_shape)
 
     # ------------------------------------------------------------------ forward
-    def _exchange_ids(self, ids: Dict[int, tf.Tensor]) -> Tuple[Dict[int, tf.Tensor], tf.Tensor]:
-        """Data-parallel input -> global-batch ids of this rank's tables, and every rank's local batch."""
-        local_batch = tf.shape(next(iter(ids.values())), out_type=tf.int32)[0]
+    def _exchange_ids(self, ids: Dict[int, Ids]) -> Tuple[Dict[int, Ids], tf.Tensor]:
+        """Data-parallel input -> global-batch ids of this rank's tables, in the form they came, and
+        every rank's local batch.
+
+        One all-to-all: to each rank, the ids of the tables it holds (one-hot ids, `[B, h]` ids
+        flattened, ragged ones as row lengths), then the values of its ragged ones. With a ragged
+        table the size of a rank's part no longer tells its local batch, so the part then starts
+        with it. Every rank reads the same dataset, so each table's form is the same on every rank.
+        """
+        local_batch = batch_size_of(next(iter(ids.values())))
+        with_ragged = any(isinstance(x, tf.RaggedTensor) for x in ids.values())
         send, splits = [], []
         for destination in range(self.world_size):
             tables = self.plan.model_parallel_tables_on(destination)
-            send.extend(tf.cast(ids[t], tf.int32) for t in tables)
-            splits.append(local_batch * len(tables))
+            ragged_values = [ids[t].values for t in tables if isinstance(ids[t], tf.RaggedTensor)]
+            send.extend([tf.reshape(local_batch, [1])] if with_ragged else [])
+            send.extend(row_lengths(ids[t]) if isinstance(ids[t], tf.RaggedTensor) else tf.reshape(ids[t], [-1])
+                        for t in tables)
+            send.extend(ragged_values)
+            splits.append(int(with_ragged) + local_batch * sum(_fixed_width(ids[t]) for t in tables)
+                          + sum((tf.size(v) for v in ragged_values), tf.constant(0)))
         received, received_splits = dist.alltoall(tf.concat(send, axis=0), splits=tf.stack(splits), name="ids")
-        n_local = len(self.local_tables)
-        batches = received_splits // n_local
-        per_source = tf.split(received, received_splits, num=self.world_size)
-        blocks = [tf.reshape(block, [n_local, -1]) for block in per_source]
-        global_ids = tf.concat(blocks, axis=1)
-        return {t: global_ids[i] for i, t in enumerate(self.local_tables)}, batches
+        widths = [_fixed_width(ids[t]) for t in self.local_tables]
+        ragged = [i for i, t in enumerate(self.local_tables) if isinstance(ids[t], tf.RaggedTensor)]
+        parts: List[List[tf.Tensor]] = [[] for _ in self.local_tables]  # fixed parts by table, then source
+        ragged_parts: Dict[int, List[tf.Tensor]] = {i: [] for i in ragged}  # ragged values by table, then source
+        batches = []
+        for source, chunk in enumerate(tf.split(received, received_splits, num=self.world_size)):
+            batch = chunk[0] if with_ragged else received_splits[source] // sum(widths)
+            fixed_size = batch * sum(widths)
+            fixed = chunk[int(with_ragged):int(with_ragged) + fixed_size]
+            for i, part in enumerate(tf.split(fixed, tf.stack([batch * w for w in widths]), num=len(widths))):
+                parts[i].append(part)
+            if ragged:
+                values = tf.split(chunk[int(with_ragged) + fixed_size:],
+                                  tf.stack([tf.reduce_sum(parts[i][-1]) for i in ragged]), num=len(ragged))
+                for i, part in zip(ragged, values):
+                    ragged_parts[i].append(part)
+            batches.append(batch)
+        global_ids: Dict[int, Ids] = {}
+        for i, t in enumerate(self.local_tables):
+            flat = tf.concat(parts[i], axis=0)
+            if i in ragged:
+                global_ids[t] = tf.RaggedTensor.from_row_lengths(tf.concat(ragged_parts[i], axis=0),
+                                                                 tf.cast(flat, tf.int64), validate=False)
+            else:
+                global_ids[t] = flat if widths[i] == 1 else tf.reshape(flat, [-1, widths[i]])
+        return global_ids, tf.stack(batches)
 
-    def call(self, ids: Sequence[tf.Tensor]) -> tf.Tensor:
+    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
         if len(ids) != len(self.reads.tables):
             raise ValueError(f"{self.name} on rank {self.rank} expects ids of tables {list(self.reads.tables)}, "
                              f"got {len(ids)} id tensors")
-        by_table = {t: tf.cast(x, tf.int32) for t, x in zip(self.reads.tables, ids)}
+        by_table = {t: as_int32(x) for t, x in zip(self.reads.tables, ids)}
         local_tables = self.plan.replicated + self.plan.row_sliced  # looked up for the local batch only
         if self.data_parallel_input:
             local_ids = {t: by_table[t] for t in local_tables}
             global_ids, batches = (self._exchange_ids(by_table) if self.world_size > 1 and self.plan.pieces
-                                   else (by_table, tf.shape(ids[0], out_type=tf.int32)[:1]))
+                                   else (by_table, tf.reshape(batch_size_of(ids[0]), [1])))
         else:
-            global_batch = tf.shape(ids[0], out_type=tf.int32)[0]
-            bounds = local_batch_bounds(global_batch, self.world_size)
+            bounds = local_batch_bounds(batch_size_of(ids[0]), self.world_size)
             batches = bounds[1:] - bounds[:-1]
             mine = (bounds[self.rank], bounds[self.rank + 1])
             local_ids = {t: by_table[t][mine[0]:mine[1]] for t in local_tables}
@@ -221,22 +306,25 @@ class HybridEmbedding(tf.keras.layers.Layer):
         received = self._exchange_outputs(global_ids, batches) if self.plan.pieces else {}
         vectors = []
         for table in range(len(self.plan.cardinalities)):
+            pooling = self.plan.poolings[table]
             if table in self.replicated_tables:
-                vectors.append(tf.cast(tf.gather(self.replicated_tables[table], local_ids[table]),
+                vectors.append(tf.cast(pooled_lookup(self.replicated_tables[table], local_ids[table], pooling),
                                        self.output_dtype))
             elif table in self.row_blocks:
                 vectors.append(routed_lookup(self.row_blocks[table], local_ids[table], self.plan.row_starts(table),
-                                             self.rank, self.world_size, self.output_dtype,
+                                             self.rank, self.world_size, pooling, self.output_dtype,
                                              f"row_sliced_table_{table}"))
             else:
                 vectors.append(tf.concat([received[(p.rank, p.table, p.col_start)]
                                           for p in self.plan.pieces_of(table)], axis=1))
         return tf.concat(vectors, axis=1)
 
-    def _exchange_outputs(self, global_ids: Dict[int, tf.Tensor],
+    def _exchange_outputs(self, global_ids: Dict[int, Ids],
                           batches: tf.Tensor) -> Dict[Tuple[int, int, int], tf.Tensor]:
-        """Look up local pieces for the global batch; return every piece's rows of my local batch."""
-        outputs = [tf.cast(tf.gather(variable, global_ids[piece.table]), self.output_dtype)
+        """Look up and pool local pieces for the global batch; return every piece's pooled rows of my
+        local batch (one vector per sample, whatever the hotness)."""
+        outputs = [tf.cast(pooled_lookup(variable, global_ids[piece.table], self.plan.poolings[piece.table]),
+                           self.output_dtype)
                    for piece, variable in zip(self.local_pieces, self.piece_variables)]
         width_mine = self.plan.width_on(self.rank)
         if self.world_size == 1:
@@ -303,10 +391,20 @@ class HybridEmbedding(tf.keras.layers.Layer):
         return result
 
 
-def exchange_bytes_per_step(plan: ShardingPlan, global_batch: int, dtype_size: int) -> int:
-    """Bytes the output all-to-all moves between different ranks in one forward pass."""
+def exchange_bytes_per_step(plan: ShardingPlan, global_batch: int, dtype_size: int,
+                            data_parallel_input: bool = False) -> int:
+    """Bytes the model-parallel exchanges move between different ranks in one forward pass: the
+    pooled outputs (destination's local batch x the width the source holds: one vector per sample
+    and table, whatever the hotness) and, with data-parallel input, the ids (source's local batch x
+    the hotness of each table the destination holds a piece of, 4 bytes each; a ragged feature
+    sends at most that, plus a 4-byte row length per sample). Row-sliced tables route what the
+    batch's ids need (`routed_lookup`), counted by bench/hybrid.py."""
     rows = local_sizes(global_batch, plan.world_size)
-    return sum(rows[destination] * plan.width_on(source) * dtype_size
-               for source in range(plan.world_size) for destination in range(plan.world_size)
-               if destination != source)
-
+    total = 0
+    for source in range(plan.world_size):
+        for destination in range(plan.world_size):
+            if destination != source:
+                total += rows[destination] * plan.width_on(source) * dtype_size
+                if data_parallel_input:
+                    total += rows[source] * sum(plan.hotness[t] for t in plan.model_parallel_tables_on(destination)) * 4
+    return total

@@ -153,12 +153,54 @@ flags.DEFINE_integer("cpu_offloading_threshold_gb", None,
                      "(V5) Per-rank device budget (GiB) for embedding state, the rest in host memory; the same "
                      "budget as --tf_gpu_memory_limit_gb (give one of the two)")
 flags.DEFINE_bool("tfdata_debug", False, "(V5) Run tf.data in debug mode (eager, in order)")
+flags.DEFINE_enum("preset", None, ["mlperf_dcnv2"],
+                  "A documented recipe's flag values, under any flag given explicitly: mlperf_dcnv2 is MLPerf "
+                  "Training's DLRM-DCNv2 (README); the dataset must have its 26 multi-hot features")
 for _name, (_default, _version, _meaning) in ACCEPTED_FLAGS.items():
     flags.DEFINE_bool(_name, _default, f"({_version}) accepted: {_meaning}")
 
 
 class UsageError(ValueError):
     """A flag value or combination is invalid; the message names the flag."""
+
+
+# MLPerf Training's DLRM-DCNv2 (--preset mlperf_dcnv2): ids per sample of its 26 features, and the
+# most rows of a table (MLPerf hashes larger vocabularies into 40M rows when it builds the dataset).
+MLPERF_DCNV2_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+MLPERF_DCNV2_MAX_TABLE_ROWS = 40_000_000
+# Each preset's flag values (a flag given on the command line keeps its value).
+PRESETS: Dict[str, Dict[str, Any]] = {
+    "mlperf_dcnv2": {"embedding_dim": "128", "interaction": "cross", "num_cross_layers": 3,
+                     "cross_layer_projection_dim": 512, "bottom_mlp_dims": ["512", "256", "128"],
+                     "top_mlp_dims": ["1024", "1024", "512", "256", "1"], "optimizer": "adagrad",
+                     "learning_rate": 0.005, "warmup_steps": 0, "decay_start_step": 2**31 - 1,
+                     "batch_size": 65536},
+}
+
+
+def apply_preset(opts: Any) -> None:
+    """Set the chosen --preset's values on every flag not given on the command line (`opts` is FLAGS)."""
+    for name, value in PRESETS.get(opts.preset, {}).items():
+        if not opts[name].present:
+            opts[name].value = value
+
+
+def check_preset_dataset(preset: Optional[str], hotness: List[int], cardinalities: List[int],
+                         names: List[str]) -> None:
+    """The dataset a preset trains on must be the recipe's: for mlperf_dcnv2, its 26 features with
+    MLPerf's hotness and tables of at most 40M rows (dataloading's MLPerf script makes such a one)."""
+    if preset != "mlperf_dcnv2":
+        return
+    if len(hotness) != len(MLPERF_DCNV2_HOTNESS):
+        raise UsageError(f"--preset {preset} needs {len(MLPERF_DCNV2_HOTNESS)} categorical features; the "
+                         f"dataset has {len(hotness)}")
+    for name, have, want, rows in zip(names, hotness, MLPERF_DCNV2_HOTNESS, cardinalities):
+        if have != want:
+            raise UsageError(f"--preset {preset} needs MLPerf's hotness {','.join(map(str, MLPERF_DCNV2_HOTNESS))}; "
+                             f"the dataset's feature {name} has hotness {have}, the recipe {want}")
+        if rows > MLPERF_DCNV2_MAX_TABLE_ROWS:
+            raise UsageError(f"--preset {preset} caps tables at {MLPERF_DCNV2_MAX_TABLE_ROWS} rows; the dataset's "
+                             f"feature {name} has {rows} (build the dataset with the cap)")
 
 
 INFERENCE_WARMUP_BATCHES = 10
@@ -458,7 +500,8 @@ def sharding_plan(spec, rank: int, world_size: int):
 
     plan = plan_sharding(spec.cardinalities, embedding_dims(FLAGS.embedding_dim), world_size, FLAGS.dist_strategy,
                          FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
-                         memory_budget(dist.local_rank()), FLAGS.row_slice_threshold)
+                         memory_budget(dist.local_rank()), FLAGS.row_slice_threshold,
+                         hotness=spec.hotness, poolings=spec.poolings)
     if FLAGS.print_sharding_plan:
         print_rank0(plan.describe(), rank=rank)
     return plan
@@ -559,6 +602,7 @@ def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job
                 if FLAGS.saved_model_input_path else precision.message, rank=rank)
     dtype = precision.compute_dtype
     spec = load_feature_spec()
+    check_preset_dataset(FLAGS.preset, spec.hotness, spec.cardinalities, spec.categorical_names)
     if FLAGS.saved_model_input_path:
         pipelines = build_pipelines(spec, rank, world_size, None, dtype)
         return Job(rank, logger, pipelines, inference_batches=_inference_batches(pipelines),
@@ -745,6 +789,7 @@ def run(argv) -> int:
     rank, world_size = dist.rank(), dist.size()
     logger = DllLogger(FLAGS.log_path, enabled=rank == 0)  # opens the file at its first record
     try:
+        apply_preset(FLAGS)
         validate_flags(FLAGS, world_size)
         precision = configure_tensorflow(dist.local_rank())
         verdict = output_paths_verdict(FLAGS, rank)

@@ -2,7 +2,8 @@
 DCNv2 cross network, top MLP.
 
 Inputs are the dict the input pipelines produce: `numerical_features` `[B, n_num]` and
-`categorical_features`, a tuple of int32 `[B]` id tensors in feature order. The output is the
+`categorical_features`, a tuple of int32 id tensors in feature order, each `[B]`, `[B, h]` or
+ragged (batch.py); the embedding layer pools each multi-hot feature to one vector per sample. The output is the
 logit `[B, 1]` in float32. Tables may differ in width with the cross network; the dot interaction
 needs one width, equal to the bottom MLP's output.
 """
@@ -38,11 +39,23 @@ class DlrmConfig:
     embedding_zeros_initializer: bool = False
     table_dtype: str = "float32"
     seed: int = 0
+    hotness: List[int] = field(default_factory=list)  # ids per sample of every feature (empty: all one-hot)
+    poolings: List[str] = field(default_factory=list)  # 'sum' or 'mean' per feature (empty: all 'sum')
 
     @property
     def dims(self) -> List[int]:
         """The width of every table."""
         return table_dims(self.embedding_dim, len(self.cardinalities))
+
+    @property
+    def feature_hotness(self) -> List[int]:
+        """Ids per sample of every feature (1: one-hot)."""
+        return list(self.hotness) or [1] * len(self.cardinalities)
+
+    @property
+    def feature_poolings(self) -> List[str]:
+        """The pooling of every feature."""
+        return list(self.poolings) or ["sum"] * len(self.cardinalities)
 
     @property
     def cross(self) -> bool:
@@ -75,7 +88,7 @@ class DlrmConfig:
         fields = asdict(self)
         for free in ("interaction", "num_cross_layers", "cross_layer_projection_dim", "embedding_type",
                      "cpu_embedding_type", "host_tables", "embedding_trainable", "embedding_zeros_initializer",
-                     "table_dtype", "seed"):
+                     "table_dtype", "seed", "hotness", "poolings"):
             fields.pop(free)
         if self.cross:  # a dot model's fields stay as they were before the cross network existed
             fields |= {"interaction": CROSS, "num_cross_layers": self.num_cross_layers,
@@ -132,7 +145,7 @@ class Dlrm(tf.keras.Model):
             device_embedding_type=config.embedding_type, cpu_embedding_type=config.cpu_embedding_type,
             host_tables=config.host_tables,
             table_dtype=tf.as_dtype(config.table_dtype), output_dtype=self.compute_dtype,
-            trainable=config.embedding_trainable,
+            trainable=config.embedding_trainable, poolings=config.feature_poolings,
             seed=None if config.embedding_zeros_initializer else config.seed)
         self.cross_network = (interaction.CrossNetwork(config.num_cross_layers, config.cross_layer_projection_dim,
                                                        seed=config.seed, seed_offset=len(config.bottom_mlp_dims)

@@ -3,7 +3,10 @@
 Slots are plain variables with the shape of their parameter, so a checkpoint stores them in the
 same (global) layout as the tables and a resumed run continues exactly. Lazy Adam (the role of
 tensorflow_addons.LazyAdam, a retired package) updates only the rows an IndexedSlices gradient
-touches: moments and parameters of untouched embedding rows stay as they are.
+touches: moments and parameters of untouched embedding rows stay as they are. A table's
+IndexedSlices gradient lists every id looked up, repeats included (multi-hot samples, or one id
+in several samples): SGD applies each (they add up), lazy Adam and Adagrad first sum a row's
+gradients and update it once per step (`_merge_duplicates`; the fused op the same, per part).
 
 Sparse gradients of float32 tables in host memory go to one fused op per step (the compiled
 package's `EmbeddingSparseSgd` / `Adam` / `Adagrad`: all tables at once, over the intra-op

@@ -12,6 +12,10 @@ Facts matched from distributed-embeddings (reference §2.14, anchors §1):
   others, those with at least `row_slice_threshold` elements are row-sliced: cut into one
   contiguous block of rows per rank (rank r holds rows // W rows, one more when r < rows % W),
   and only with several ranks.
+The plan also carries each table's hotness (ids per sample, the most for ragged features) and
+pooling ('sum' or 'mean') from the FeatureSpec: the embedding layers pool by it, and the memory
+plan and the exchange's byte count use the hotness (a multi-hot table's sparse update holds up to
+batch x hotness gradient rows; data-parallel input exchanges batch x hotness ids).
 The plan also decides the memory tier of everything a rank holds (`MemoryBudget`): the smallest
 pieces fill the rank's device budget, counting their optimizer slots and the update's transient;
 the rest live in host memory. The plan is a pure function of its arguments, so every rank computes
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from batch import TableReads
+from feature_spec import POOLINGS
 
 STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
 HOST_VALUE_BYTES = 4  # tables offloaded to host memory are kept in float32
@@ -42,7 +47,7 @@ class MemoryBudget:
 
     A table of `rows` x `width` costs its values, its optimizer slots (Adam: m and v, so 3x the
     table in all) and the transient of one sparse update: the gradient rows, their merged copy and
-    one gathered row block per slot, for at most `update_rows` rows (the global batch).
+    one gathered row block per slot, for at most `update_rows` x hotness rows (the global batch's ids).
     `device_bytes` None means no limit (everything on the device); 0 puts everything in host memory.
     """
     device_bytes: Optional[int]
@@ -54,9 +59,9 @@ class MemoryBudget:
         """The table and its slots, resident for the whole run."""
         return rows * width * (value_bytes or self.value_bytes) * (1 + self.optimizer_slots)
 
-    def footprint(self, rows: int, width: int) -> int:
+    def footprint(self, rows: int, width: int, hotness: int = 1) -> int:
         """Device bytes the table needs: its state plus the transient of one update."""
-        transient = min(rows, self.update_rows) * width * 4 * (2 + self.optimizer_slots)
+        transient = min(rows, self.update_rows * hotness) * width * 4 * (2 + self.optimizer_slots)
         return self.state_bytes(rows, width) + transient
 
 
@@ -103,6 +108,12 @@ class ShardingPlan:
     pieces: List[Piece] = field(default_factory=list)
     budget: MemoryBudget = MemoryBudget(device_bytes=None)
     host_items: FrozenSet[Tuple[int, int, int]] = frozenset()  # (rank, table, first column) in host memory
+    hotness: List[int] = field(default_factory=list)  # ids per sample of every table (1: one-hot)
+    poolings: List[str] = field(default_factory=list)  # 'sum' or 'mean' for every table
+
+    def item_footprint(self, item: Piece) -> int:
+        """Device bytes of a piece, row block or replicated table (`MemoryBudget.footprint`)."""
+        return self.budget.footprint(item.rows, item.width, self.hotness[item.table])
 
     def pieces_on(self, rank: int) -> List[Piece]:
         """This rank's model-parallel pieces, ordered by (table, first column)."""
@@ -165,7 +176,7 @@ class ShardingPlan:
                 if self.on_host(rank, item.table, item.col_start):
                     host += self.budget.state_bytes(item.rows, item.width, HOST_VALUE_BYTES)
                 else:
-                    device += self.budget.footprint(item.rows, item.width)
+                    device += self.item_footprint(item)
             usage.append((device, host))
         return usage
 
@@ -180,6 +191,10 @@ class ShardingPlan:
             lines.append(f"  replicated on every rank: tables {self.replicated}")
         if self.row_sliced:
             lines.append(f"  row-sliced over every rank: tables {self.row_sliced}")
+        multi_hot = [t for t, hotness in enumerate(self.hotness) if hotness > 1]
+        if multi_hot:
+            lines.append("  multi-hot: " + ", ".join(f"table {t} ({self.hotness[t]} ids, {self.poolings[t]})"
+                                                     for t in multi_hot))
         for rank, (device, host) in enumerate(self.memory_per_rank()):
             items = ", ".join(
                 f"table {p.table}{self._part(p)}"
@@ -277,10 +292,10 @@ def _host_items(plan: ShardingPlan) -> FrozenSet[Tuple[int, int, int]]:
         return frozenset()
     host = set()
     for rank in range(plan.world_size):
-        items = sorted(plan.items_on(rank), key=lambda p: (plan.budget.footprint(p.rows, p.width), p.table))
+        items = sorted(plan.items_on(rank), key=lambda p: (plan.item_footprint(p), p.table))
         used = 0
         for position, item in enumerate(items):
-            used += plan.budget.footprint(item.rows, item.width)
+            used += plan.item_footprint(item)
             if used > plan.budget.device_bytes:
                 host.update((rank, p.table, p.col_start) for p in items[position:])
                 break
@@ -292,9 +307,12 @@ def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], 
                   column_slice_threshold: Optional[int] = None,
                   data_parallel_threshold: Optional[int] = None,
                   budget: Optional[MemoryBudget] = None,
-                  row_slice_threshold: Optional[int] = None) -> ShardingPlan:
+                  row_slice_threshold: Optional[int] = None,
+                  hotness: Optional[Sequence[int]] = None,
+                  poolings: Optional[Sequence[str]] = None) -> ShardingPlan:
     """Place every table (or column slice, or row block) on a rank and in a memory tier; see the
-    module docstring."""
+    module docstring. `hotness` and `poolings` (FeatureSpec `hotness`, `poolings`) default to
+    one-hot sum pooling."""
     if strategy not in STRATEGIES:
         raise ShardingError(f"--dist_strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if world_size < 1:
@@ -303,6 +321,12 @@ def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], 
         raise ShardingError(f"--row_slice_threshold must be >= 1 (elements), got {row_slice_threshold}")
     cardinalities = [int(c) for c in cardinalities]
     dims = table_dims(dim, len(cardinalities))
+    hotness = [int(h) for h in hotness] if hotness is not None else [1] * len(cardinalities)
+    poolings = list(poolings) if poolings is not None else [POOLINGS[0]] * len(cardinalities)
+    if len(hotness) != len(cardinalities) or min(hotness, default=1) < 1:
+        raise ShardingError(f"need one hotness >= 1 per table ({len(cardinalities)}), got {hotness}")
+    if len(poolings) != len(cardinalities) or any(p not in POOLINGS for p in poolings):
+        raise ShardingError(f"need one pooling of {POOLINGS} per table ({len(cardinalities)}), got {poolings}")
     replicated = []
     if world_size > 1 and data_parallel_threshold is not None:
         replicated = [t for t, rows in enumerate(cardinalities) if rows * dims[t] <= data_parallel_threshold]
@@ -324,6 +348,6 @@ def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], 
     pieces = [Piece(t, start, end, rank, cardinalities[t]) for (t, start, end), rank in zip(unplaced, ranks)]
     plan = ShardingPlan(world_size=world_size, cardinalities=cardinalities, dims=dims, strategy=strategy,
                         replicated=replicated, row_sliced=row_sliced, pieces=_merge(pieces),
-                        budget=budget or MemoryBudget(None))
+                        budget=budget or MemoryBudget(None), hotness=hotness, poolings=poolings)
     plan.host_items = _host_items(plan)
     return plan

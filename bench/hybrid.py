@@ -6,6 +6,11 @@ Three jobs, each run on 1 process (plain python) and on 2 ranks (horovodrun over
    ordered rank pair, with the minimum (destination's local batch x the width the source holds x
    dtype size) and with `hybrid_embedding.exchange_bytes_per_step`. For data-parallel input the
    id exchange is counted too (source's local batch x tables the destination holds x 4 bytes).
+   Multi-hot (MULTIHOT: every mid table 4 ids per sample, `[b, h]`, sum pooling, two of them
+   row-sliced): the pooled outputs still move one vector per sample and table (the one-hot
+   minimum), the data-parallel id exchange moves local batch x hotness ids, and a row-sliced
+   table moves, per rank pair, 4 bytes per id the destination owns and one partial sum per
+   sample with ids there (compared with the per-id vectors it would otherwise send back).
 2. step time: the "mid" config (8 tables of 100k rows, dim 64, batch 8192, small MLPs, SGD),
    median of the timed steps after warm-up, on 1 process and on 2 ranks with the same global
    batch; plus the forward and backward exchanges alone (alltoall of the same buffers in a
@@ -53,17 +58,48 @@ QUICK = {
 }
 
 
+# the multi-hot variant of "mid": ids per sample of every table, and the row-slicing threshold
+# (elements) that cuts its two largest tables by rows
+MULTIHOT = {"hotness": 4, "row_sliced_cardinality": 200_000}
+
+
+def multihot_options(options: dict) -> dict:
+    """`options` with MULTIHOT's hotness and two tables made large enough to be row-sliced."""
+    cardinalities = list(options["cardinalities"])
+    cardinalities[:2] = [MULTIHOT["row_sliced_cardinality"]] * 2
+    return dict(options, cardinalities=cardinalities, hotness=[MULTIHOT["hotness"]] * len(cardinalities),
+                row_slice_threshold=MULTIHOT["row_sliced_cardinality"] * options["dim"])
+
+
 # ---------------------------------------------------------------------------- worker side
 def minimum_bytes(plan: ShardingPlan, global_batch: int, dtype_size: int, data_parallel_ids: bool) -> List[List[int]]:
     """[source][destination] bytes that must cross between ranks (0 on the diagonal).
 
     Outputs: destination's local batch x the columns the source holds. Ids (data-parallel input):
-    source's local batch x the tables the destination holds.
+    source's local batch x the hotness of each table the destination holds.
     """
     rows = local_sizes(global_batch, plan.world_size)
     return [[0 if s == d else
-             (rows[s] * len(plan.model_parallel_tables_on(d)) if data_parallel_ids else rows[d] * plan.width_on(s))
-             * dtype_size for d in range(plan.world_size)] for s in range(plan.world_size)]
+             (rows[s] * sum(plan.hotness[t] for t in plan.model_parallel_tables_on(d)) if data_parallel_ids
+              else rows[d] * plan.width_on(s)) * dtype_size for d in range(plan.world_size)]
+            for s in range(plan.world_size)]
+
+
+def row_slice_bytes(plan: ShardingPlan, table: int, local_ids, rank: int) -> Dict[str, List[int]]:
+    """What routing this rank's `[b, h]` ids of row-sliced `table` moves with each rank (0 with
+    itself): out, 4 bytes per id that rank owns; back from it, one partial sum (dim x 4 bytes) per
+    sample with ids there, and what one vector per id would have cost."""
+    import numpy as np
+
+    owners = np.searchsorted(np.asarray(plan.row_starts(table)[1:-1]), local_ids, side="right")
+    out = {"ids": [], "partial_sums": [], "per_id_vectors": []}
+    for destination in range(plan.world_size):
+        mine = owners == destination
+        remote = destination != rank
+        out["ids"].append(int(mine.sum()) * 4 * remote)
+        out["partial_sums"].append(int(mine.any(axis=1).sum()) * plan.dims[table] * 4 * remote)
+        out["per_id_vectors"].append(int(mine.sum()) * plan.dims[table] * 4 * remote)
+    return out
 
 
 @contextlib.contextmanager
@@ -100,7 +136,8 @@ def build(options: dict, data_parallel_input: bool) -> tuple:
     from interaction import resolve_interaction_name
     from sharding import plan_sharding
 
-    plan = plan_sharding(options["cardinalities"], options["dim"], dist.size(), "memory_balanced")
+    plan = plan_sharding(options["cardinalities"], options["dim"], dist.size(), "memory_balanced",
+                         row_slice_threshold=options.get("row_slice_threshold"), hotness=options.get("hotness"))
     reads = plan.reads(dist.rank(), data_parallel_input)
     trainer = build_trainer(plan, dist.rank(), reads, ModelOptions(
         num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
@@ -124,7 +161,9 @@ def rank_batches(options: dict, reads, count: int) -> list:
     batches = []
     for _ in range(count):
         numerical = rng.random((batch, NUM_NUMERICAL), dtype=np.float32)
-        categorical = [rng.integers(0, c, batch, dtype=np.int32) for c in options["cardinalities"]]
+        hotness = options.get("hotness") or [1] * len(options["cardinalities"])
+        categorical = [rng.integers(0, c, (batch, h) if h > 1 else batch, dtype=np.int32)
+                       for c, h in zip(options["cardinalities"], hotness)]
         labels = (rng.random((batch, 1)) < 0.3).astype(np.float32)
         ids = tuple(tf.constant(categorical[t][id_start:id_end]) for t in reads.tables)
         batches.append(({NUMERICAL_KEY: tf.constant(numerical[start:end]), CATEGORICAL_KEY: ids},
@@ -207,8 +246,30 @@ def worker(job: str, options: dict) -> dict:
         result["formula_bytes"] = exchange_bytes_per_step(plan, options["batch"], 4)
         result["minimum_output_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=False)
         result["minimum_id_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=True)
+        result["multihot"] = multihot_bytes(multihot_options(options))
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"ranks": dist.allgather_object(result)}
+
+
+def multihot_bytes(options: dict) -> dict:
+    """One eager multi-hot step in each input mode: every collective's bytes from this rank, the
+    minimum of the outputs and ids, and the row-sliced tables' bytes for this rank's ids."""
+    import distributed as dist
+    from batch import CATEGORICAL_KEY
+
+    result = {}
+    for mode, data_parallel in (("model_parallel", False), ("data_parallel", True)):
+        plan, reads, trainer = build(options, data_parallel_input=data_parallel)
+        batch = rank_batches(options, reads, 1)[0]
+        result[f"{mode}_sent"] = eager_step_bytes(trainer, batch)
+        result["minimum_output_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=False)
+        result["minimum_id_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=True)
+        if not data_parallel:
+            lo, hi = local_slice(options["batch"], dist.rank(), dist.size())
+            result["row_sliced"] = {str(t): row_slice_bytes(plan, t, batch[0][CATEGORICAL_KEY][reads.tables.index(t)]
+                                                            .numpy()[lo:hi], dist.rank())
+                                    for t in plan.row_sliced}
+    return result
 
 
 # ---------------------------------------------------------------------------- parent side
@@ -263,6 +324,32 @@ def exchange_report(ranks: List[dict]) -> dict:
     report["outputs_model_parallel_input"]["exchange_bytes_per_step"] = first["formula_bytes"]
     report["outputs_model_parallel_input"]["formula_equal"] = first["formula_bytes"] == sum(map(sum, first["minimum_output_bytes"]))
     report["collectives_recorded"] = sorted(set(first["model_parallel_sent"]) | set(first["data_parallel_sent"]))
+    report["multihot"] = multihot_report([r["multihot"] for r in ranks])
+    return report
+
+
+def multihot_report(ranks: List[dict]) -> dict:
+    """Measured vs minimum bytes of the multi-hot step: outputs, ids, and each row-sliced table's
+    ids and partial sums (with the per-id vectors they replace)."""
+    first = ranks[0]
+    report = {}
+    for label, mode, name, minimum in (("outputs_model_parallel_input", "model_parallel", "embeddings",
+                                        first["minimum_output_bytes"]),
+                                       ("ids_data_parallel_input", "data_parallel", "ids", first["minimum_id_bytes"])):
+        measured = [r[f"{mode}_sent"][name] for r in ranks]
+        report[label] = {"measured_bytes": sum(map(sum, measured)), "minimum_bytes": sum(map(sum, minimum)),
+                         "equal": measured == minimum}
+    for table in first["row_sliced"]:
+        for part, collective in (("ids", "ids"), ("partial_sums", "vectors")):
+            measured = [r["model_parallel_sent"][f"row_sliced_table_{table}_{collective}"] for r in ranks]
+            minimum = [r["row_sliced"][table][part] for r in ranks]  # [requester][owner]
+            if part == "partial_sums":  # sent by the owner to the requester
+                minimum = [list(column) for column in zip(*minimum)]
+            report[f"row_sliced_table_{table}_{part}"] = {
+                "measured_bytes": sum(map(sum, measured)), "minimum_bytes": sum(map(sum, minimum)),
+                "equal": measured == minimum}
+        report[f"row_sliced_table_{table}_partial_sums"]["per_id_vectors_bytes"] = sum(
+            sum(r["row_sliced"][table]["per_id_vectors"]) for r in ranks)
     return report
 
 
@@ -323,6 +410,10 @@ def main() -> None:
         e = exchange[label]
         print(f"{label:<34} {e['measured_bytes']:>12} {e['minimum_bytes']:>12} {str(e['equal']):>6}")
     print(f"exchange_bytes_per_step() = {exchange['outputs_model_parallel_input']['exchange_bytes_per_step']}")
+    print(f"multi-hot ({MULTIHOT['hotness']} ids per sample, 2 row-sliced tables):")
+    for label, e in exchange["multihot"].items():
+        per_id = f" (per-id vectors: {e['per_id_vectors_bytes']})" if "per_id_vectors_bytes" in e else ""
+        print(f"  {label:<32} {e['measured_bytes']:>12} {e['minimum_bytes']:>12} {str(e['equal']):>6}{per_id}")
     print(f"step time, global batch {configs['mid']['batch']}: 1 process {single_ms:.1f} ms, 2 ranks {pair_ms:.1f} ms "
           f"(x{single_ms / pair_ms:.2f}); exchanges alone {exchange_ms:.1f} ms = {exchange_ms / pair_ms:.1%} of the step")
     pair_peaks = ", ".join(f"{r['peak_rss_bytes'] / 2**30:.2f}" for r in memory_pair)

@@ -27,8 +27,14 @@ a progress line every PRINT_FREQ steps, without and with --tensorboard_dir's wri
 the loop's mean step time (its timer's windows, which include each progress point's work). The
 progress points are far denser than a real run's (--print_freq 100 or 1000), so any cost of the
 writes shows; the difference is within the machine's noise when it costs nothing.
-Writes bench/results/train.json and prints two tables.
-Usage: python bench/train.py [--quick] [--dlrm_repo PATH]
+The multi-hot DCNv2 row trains the MLPerf DLRM-DCNv2 shape at this machine's scale: the 26
+cpu-bench tables with MLPerf's multi-hot sizes (214 ids per sample, sum pooling, fixed `[b, h]`
+ids), the cross interaction (3 layers, projection 512), the cpu-bench MLPs and Adagrad, fp32,
+batch 2048. Its MFU counts the matmuls only (MLPs and cross layers, x3 for forward and backward;
+the pooled lookups are gathers and sums, not matmuls).
+Writes bench/results/train.json and prints two tables; `--only multihot_dcnv2` runs that row alone
+and replaces it in an existing bench/results/train.json.
+Usage: python bench/train.py [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2]
 """
 from __future__ import annotations
 
@@ -63,6 +69,25 @@ def flops_per_sample() -> int:
     top_in = (DIM + num_vectors * (num_vectors - 1) // 2 + 7) // 8 * 8
     dense += sum(2 * i * o for i, o in zip([top_in] + TOP[:-1], TOP))
     return 3 * (dense + num_vectors * num_vectors * DIM)
+
+
+MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+CROSS_LAYERS, CROSS_PROJECTION = 3, 512
+MULTIHOT_BATCH = 2048
+
+
+def dense_flops(widths_in: list, widths_out: list) -> int:
+    return sum(2 * i * o for i, o in zip(widths_in, widths_out))
+
+
+def cross_flops_per_sample() -> int:
+    """Forward+backward matmul FLOPs of one sample of the multi-hot DCNv2 model: 3 x (MLPs + per
+    cross layer the two low-rank matmuls, 2*d*r each, d the concatenated width)."""
+    bottom = dense_flops([(NUM_NUMERICAL + 7) // 8 * 8] + BOTTOM[:-1], BOTTOM)
+    width = BOTTOM[-1] + DIM * len(CARDINALITIES)
+    cross = CROSS_LAYERS * 2 * (2 * width * CROSS_PROJECTION)
+    top = dense_flops([(width + 7) // 8 * 8] + TOP[:-1], TOP)
+    return 3 * (bottom + cross + top)
 
 
 def matmul_flops_per_s(tf, dtype) -> float:
@@ -165,6 +190,61 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
             "rss_ratio": (training_peak_rss - runtime_rss) / state_bytes}
 
 
+def multihot_worker(steps: int) -> dict:
+    """The multi-hot DCNv2 row in this process: fixed-hotness ids drawn uniformly, Adagrad."""
+    import numpy as np
+    import tensorflow as tf
+
+    from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+    from factory import ModelOptions, build_trainer
+    from sharding import MemoryBudget, plan_sharding
+
+    tf.keras.utils.set_random_seed(0)
+    plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0), hotness=MLPERF_HOTNESS)
+    trainer = build_trainer(plan, 0, plan.reads(0), ModelOptions(
+        num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cross",
+        num_cross_layers=CROSS_LAYERS, cross_layer_projection_dim=CROSS_PROJECTION, optimizer="adagrad",
+        learning_rate=0.005, warmup_steps=0, decay_start_step=10**9, decay_steps=1))
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(4):
+        ids = tuple(tf.constant(rng.integers(0, rows, (MULTIHOT_BATCH, h), dtype=np.int32) if h > 1 else
+                                rng.integers(0, rows, MULTIHOT_BATCH, dtype=np.int32))
+                    for rows, h in zip(CARDINALITIES, MLPERF_HOTNESS))
+        batches.append(({NUMERICAL_KEY: tf.constant(rng.random((MULTIHOT_BATCH, NUM_NUMERICAL), dtype=np.float32)),
+                         CATEGORICAL_KEY: ids},
+                        tf.constant((rng.random((MULTIHOT_BATCH, 1)) < 0.3).astype(np.float32))))
+    warmup = 3
+    for i in range(warmup):
+        trainer.train_step(*batches[i % len(batches)])[0].numpy()
+    start = time.perf_counter()
+    for i in range(steps):
+        loss = trainer.train_step(*batches[i % len(batches)])[0]
+    loss.numpy()
+    step_time = (time.perf_counter() - start) / steps
+    samples_per_s = MULTIHOT_BATCH / step_time
+    peak = matmul_flops_per_s(tf, tf.float32)
+    return {"config": "multihot_dcnv2", "batch_size": MULTIHOT_BATCH, "precision": "fp32", "optimizer": "adagrad",
+            "interaction": f"cross {CROSS_LAYERS} layers, projection {CROSS_PROJECTION}",
+            "hotness": MLPERF_HOTNESS, "ids_per_sample": sum(MLPERF_HOTNESS), "measured_steps": steps,
+            "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
+            "flops_per_sample": cross_flops_per_sample(),
+            "achieved_flops_per_s": cross_flops_per_sample() * samples_per_s, "matmul_flops_per_s": peak,
+            "mfu": cross_flops_per_sample() * samples_per_s / peak}
+
+
+def run_multihot_row(steps: int) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    return run_subprocess(["--multihot-worker", str(steps)], env, "multi-hot DCNv2")
+
+
+def print_multihot_row(row: dict) -> None:
+    print(f"\nmulti-hot DCNv2 (MLPerf hotness, {row['ids_per_sample']} ids/sample, {row['interaction']}, "
+          f"{row['optimizer']}, {row['precision']}, batch {row['batch_size']}): {row['samples_per_s']:.0f} samples/s, "
+          f"{row['step_time_ms']:.1f} ms/step, {row['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s of matmuls, "
+          f"MFU {row['mfu']:.1%} (peak {row['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s)")
+
+
 TENSORBOARD_BATCH = 2048
 
 
@@ -233,6 +313,8 @@ def run_tensorboard_rows(print_freq: int, steps: int) -> list:
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="5 timed steps per configuration instead of 20")
+    parser.add_argument("--only", choices=["multihot_dcnv2"],
+                        help="run only this row and replace it in an existing results file")
     parser.add_argument("--dlrm_repo", default=os.environ.get("DLRM_PYTORCH_REPO"),
                         help="a clone of facebookresearch/dlrm: run the PyTorch reference beside (default: "
                              "$DLRM_PYTORCH_REPO; without it the reference rows are left out, with the reason)")
@@ -258,9 +340,23 @@ def main() -> None:
         tensorboard, print_freq, steps = sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
         print("RESULT " + json.dumps(loop_worker(tensorboard, print_freq, steps)), flush=True)
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--multihot-worker":
+        print("RESULT " + json.dumps(multihot_worker(int(sys.argv[2]))), flush=True)
+        return
     args = parse_args()
     quick = args.quick
     steps = 5 if quick else 20
+    if args.only:
+        with open(RESULTS) as f:
+            results = json.load(f)
+        results["multihot_dcnv2"] = run_multihot_row(steps) | {"load_average": os.getloadavg(),
+                                                               "command": " ".join(["python bench/train.py",
+                                                                                    *sys.argv[1:]])}
+        with open(RESULTS, "w") as f:
+            json.dump(results, f, indent=1)
+        print_multihot_row(results["multihot_dcnv2"])
+        return
+    multihot = run_multihot_row(steps)
     runs = [run_worker(batch_size, xla, low_memory, precision, steps)
             for batch_size, xla, low_memory, precision in VARIANTS]
     reference = reference_runs(args.dlrm_repo, steps)
@@ -283,7 +379,7 @@ def main() -> None:
         json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "load_average": os.getloadavg(),
                    "command": "python bench/train.py" + (" --quick" if quick else "")
                               + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
-                   "runs": runs, "pytorch_reference": list(reference.values()),
+                   "runs": runs, "multihot_dcnv2": multihot, "pytorch_reference": list(reference.values()),
                    "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}}, f, indent=1)
     gib = float(1 << 30)
     print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'alloc':>7} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} "
@@ -308,6 +404,7 @@ def main() -> None:
         print(f"{str(r['tensorboard']):>11} {r['samples_per_s']:>10.0f} {r['step_time_ms']:>8.1f} "
               f"{r['event_bytes']:>11}")
     print(f"step time with the writer: {overhead:+.1%}")
+    print_multihot_row(multihot)
     print(f"results: {RESULTS}")
 
 

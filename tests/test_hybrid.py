@@ -114,30 +114,46 @@ CASES = [
     ("mpi", {"strategy": "basic", "data_parallel_input": True, "optimizer": "adam",
              "data_parallel_threshold": 30, "row_slice_threshold": 400}),
     ("gloo", {"strategy": "basic", "data_parallel_input": False, "optimizer": "adam", "row_slice_threshold": 1}),
+    # multi-hot ([b, h], ragged with empty rows, one-hot; sum and mean; repeated ids within a sample
+    # and across ranks): model-parallel with column and row slices; data-parallel input with
+    # column slices, a replica and row slices (a rank holding no ragged table); Adagrad
+    ("gloo", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "sgd", "multihot": True,
+              "column_slice_threshold": 200, "row_slice_threshold": 400}),
+    ("gloo", {"strategy": "basic", "data_parallel_input": True, "optimizer": "adam", "multihot": True,
+              "column_slice_threshold": 200, "data_parallel_threshold": 30, "row_slice_threshold": 400}),
+    ("mpi", {"strategy": "memory_optimized", "data_parallel_input": True, "optimizer": "adagrad", "multihot": True,
+             "column_slice_threshold": 300, "data_parallel_threshold": 60}),
 ]
 
 
 @pytest.fixture(scope="module")
 def single_process_results(tmp_path_factory):
+    """Rank 0's results of one process, per (optimizer, multi-hot), run when first needed."""
     out = {}
-    for optimizer in ("sgd", "adam"):
-        path = tmp_path_factory.mktemp("one") / f"{optimizer}.npz"
-        options = {"strategy": "basic", "data_parallel_input": False, "optimizer": optimizer, "steps": 4}
-        assert_ok(run_python(["tests/hybrid_worker.py", json.dumps(options), str(path)]))
-        out[optimizer] = dict(np.load(path))
-    return out
+
+    def results(optimizer: str, multihot: bool) -> dict:
+        if (optimizer, multihot) not in out:
+            path = tmp_path_factory.mktemp("one") / f"{optimizer}_{multihot}.npz"
+            options = {"strategy": "basic", "data_parallel_input": False, "optimizer": optimizer, "steps": 4,
+                       "multihot": multihot}
+            assert_ok(run_python(["tests/hybrid_worker.py", json.dumps(options), str(path)]))
+            out[(optimizer, multihot)] = dict(np.load(path))
+        return out[(optimizer, multihot)]
+
+    return results
 
 
 @pytest.mark.parametrize("transport, options", CASES,
                          ids=[f"{t}-{o['strategy']}-{'dp' if o['data_parallel_input'] else 'mp'}-input-{o['optimizer']}"
                               + (f"-rows{o['row_slice_threshold']}" if "row_slice_threshold" in o else "")
+                              + ("-multihot" if o.get("multihot") else "")
                               for t, o in CASES])
 def test_two_ranks_equal_one_process(tmp_path, single_process_results, transport, options):
     path = tmp_path / "two.npz"
     result = run_horovod(["tests/hybrid_worker.py", json.dumps(dict(options, steps=4)), str(path)],
                          np=2, transport=transport)
     assert_ok(result)
-    two, one = dict(np.load(path)), single_process_results[options["optimizer"]]
+    two, one = dict(np.load(path)), single_process_results(options["optimizer"], options.get("multihot", False))
     assert two.keys() == one.keys()
     for name in ("forward_full", "forward_partial"):
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-7, err_msg=name)
