@@ -56,6 +56,10 @@ LABEL_DTYPE = "bool"  # what the split-binary writers store
 LABEL_DTYPES = ("bool", "int8")  # one byte, 0 or 1: both read the same
 DEFAULT_SPEC_NAME = "feature_spec.yaml"
 DEFAULT_ALPHA = 1.45  # V5's power-law exponent, kept in generated specs
+# MLPerf Training's DLRM-DCNv2 dataset: ids per sample of its 26 features, and the most rows of a
+# table (larger vocabularies are folded into 40M rows when the dataset is built).
+MLPERF_HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+MLPERF_ROW_CAP = 40_000_000
 
 # Cardinalities of the Criteo 1TB dataset preprocessed with frequency thresholds 15, 3 and 0
 # (reference §4.12 and §13.2).

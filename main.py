@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Un
 
 from absl import app, flags
 
+from feature_spec import MLPERF_HOTNESS, MLPERF_ROW_CAP  # plain Python, as sharding
 from sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
 
 if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
@@ -164,17 +165,13 @@ class UsageError(ValueError):
     """A flag value or combination is invalid; the message names the flag."""
 
 
-# MLPerf Training's DLRM-DCNv2 (--preset mlperf_dcnv2): ids per sample of its 26 features, and the
-# most rows of a table (MLPerf hashes larger vocabularies into 40M rows when it builds the dataset).
-MLPERF_DCNV2_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
-MLPERF_DCNV2_MAX_TABLE_ROWS = 40_000_000
 # Each preset's flag values (a flag given on the command line keeps its value).
 PRESETS: Dict[str, Dict[str, Any]] = {
     "mlperf_dcnv2": {"embedding_dim": "128", "interaction": "cross", "num_cross_layers": 3,
                      "cross_layer_projection_dim": 512, "bottom_mlp_dims": ["512", "256", "128"],
                      "top_mlp_dims": ["1024", "1024", "512", "256", "1"], "optimizer": "adagrad",
                      "learning_rate": 0.005, "warmup_steps": 0, "decay_start_step": 2**31 - 1,
-                     "batch_size": 65536},
+                     "batch_size": 65536, "synthetic_dataset_hotness": [str(h) for h in MLPERF_HOTNESS]},
 }
 
 
@@ -191,15 +188,15 @@ def check_preset_dataset(preset: Optional[str], hotness: List[int], cardinalitie
     MLPerf's hotness and tables of at most 40M rows (dataloading's MLPerf script makes such a one)."""
     if preset != "mlperf_dcnv2":
         return
-    if len(hotness) != len(MLPERF_DCNV2_HOTNESS):
-        raise UsageError(f"--preset {preset} needs {len(MLPERF_DCNV2_HOTNESS)} categorical features; the "
+    if len(hotness) != len(MLPERF_HOTNESS):
+        raise UsageError(f"--preset {preset} needs {len(MLPERF_HOTNESS)} categorical features; the "
                          f"dataset has {len(hotness)}")
-    for name, have, want, rows in zip(names, hotness, MLPERF_DCNV2_HOTNESS, cardinalities):
+    for name, have, want, rows in zip(names, hotness, MLPERF_HOTNESS, cardinalities):
         if have != want:
-            raise UsageError(f"--preset {preset} needs MLPerf's hotness {','.join(map(str, MLPERF_DCNV2_HOTNESS))}; "
+            raise UsageError(f"--preset {preset} needs MLPerf's hotness {','.join(map(str, MLPERF_HOTNESS))}; "
                              f"the dataset's feature {name} has hotness {have}, the recipe {want}")
-        if rows > MLPERF_DCNV2_MAX_TABLE_ROWS:
-            raise UsageError(f"--preset {preset} caps tables at {MLPERF_DCNV2_MAX_TABLE_ROWS} rows; the dataset's "
+        if rows > MLPERF_ROW_CAP:
+            raise UsageError(f"--preset {preset} caps tables at {MLPERF_ROW_CAP} rows; the dataset's "
                              f"feature {name} has {rows} (build the dataset with the cap)")
 
 

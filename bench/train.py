@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.join(REPO, "bench", "reference"))
 RESULTS = os.path.join(REPO, "bench", "results", "train.json")
 
 import pytorch_dlrm  # noqa: E402
+from feature_spec import MLPERF_HOTNESS  # noqa: E402
 
 CARDINALITIES = [100_000] * 26
 DIM = 128
@@ -71,7 +72,6 @@ def flops_per_sample() -> int:
     return 3 * (dense + num_vectors * num_vectors * DIM)
 
 
-MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 CROSS_LAYERS, CROSS_PROJECTION = 3, 512
 MULTIHOT_BATCH = 2048
 
@@ -226,7 +226,7 @@ def multihot_worker(steps: int) -> dict:
     peak = matmul_flops_per_s(tf, tf.float32)
     return {"config": "multihot_dcnv2", "batch_size": MULTIHOT_BATCH, "precision": "fp32", "optimizer": "adagrad",
             "interaction": f"cross {CROSS_LAYERS} layers, projection {CROSS_PROJECTION}",
-            "hotness": MLPERF_HOTNESS, "ids_per_sample": sum(MLPERF_HOTNESS), "measured_steps": steps,
+            "hotness": list(MLPERF_HOTNESS), "ids_per_sample": sum(MLPERF_HOTNESS), "measured_steps": steps,
             "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
             "flops_per_sample": cross_flops_per_sample(),
             "achieved_flops_per_s": cross_flops_per_sample() * samples_per_s, "matmul_flops_per_s": peak,

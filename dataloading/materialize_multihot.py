@@ -39,12 +39,11 @@ import numpy as np
 
 from dataloading import ArgumentParser, run_or_fail
 from datasets import SplitBinaryReader, SplitBinaryWriter
-from feature_spec import CRITEO_NUMERICAL_FEATURES, DEFAULT_SPEC_NAME, MAPPINGS, FeatureSpec
+from feature_spec import (CRITEO_NUMERICAL_FEATURES, DEFAULT_SPEC_NAME, MAPPINGS, MLPERF_HOTNESS, MLPERF_ROW_CAP,
+                          FeatureSpec)
 from safe_io import refuse_overlap
 from synthetic_data import hashed_units, write_synthetic_dataset
 
-MLPERF_HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
-MLPERF_ROW_CAP = 40_000_000
 DEFAULT_CHUNK_SAMPLES = 1 << 16
 # Small tables for the stand-in, with a few ids repeated often (like Criteo's small features).
 STANDIN_CARDINALITIES = (1000, 500, 300, 200, 50, 4, 100, 40, 10, 800, 600, 700, 5, 90, 400, 60,

@@ -241,15 +241,15 @@ def test_mlperf_dcnv2_preset_sets_the_recipe_under_explicit_flags():
                             top_mlp_dims=[int(v) for v in FLAGS.top_mlp_dims], interaction=FLAGS.interaction,
                             num_cross_layers=FLAGS.num_cross_layers,
                             cross_layer_projection_dim=FLAGS.cross_layer_projection_dim,
-                            hotness=main.MLPERF_DCNV2_HOTNESS)
+                            hotness=list(main.MLPERF_HOTNESS))
         config.validate()
         assert config.cross and config.dims == [128] * 26 and sum(config.feature_hotness) == 214
     finally:
         FLAGS.unparse_flags()
     names = [f"cat_{i}" for i in range(26)]
-    main.check_preset_dataset("mlperf_dcnv2", main.MLPERF_DCNV2_HOTNESS, [40_000_000] * 26, names)
+    main.check_preset_dataset("mlperf_dcnv2", list(main.MLPERF_HOTNESS), [40_000_000] * 26, names)
     with pytest.raises(main.UsageError, match="caps tables at 40000000 rows; the dataset's feature cat_3 has"):
-        main.check_preset_dataset("mlperf_dcnv2", main.MLPERF_DCNV2_HOTNESS, [10] * 3 + [40_000_001] + [10] * 22,
+        main.check_preset_dataset("mlperf_dcnv2", list(main.MLPERF_HOTNESS), [10] * 3 + [40_000_001] + [10] * 22,
                                   names)
 
 
