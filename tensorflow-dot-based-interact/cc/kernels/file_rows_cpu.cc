@@ -21,17 +21,9 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
+namespace tensorflow {
 namespace file_rows {
 namespace {
-
-using tensorflow::DataType;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Status;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-namespace errors = tensorflow::errors;
 
 // Bytes read per system call: large enough that calls cost little, small enough that the chunk
 // is still in L2 when it is checked and converted.
@@ -338,3 +330,4 @@ REGISTER_KERNEL_BUILDER(Name("ReadFileRows").Device(tensorflow::DEVICE_CPU), Rea
 
 }  // namespace
 }  // namespace file_rows
+}  // namespace tensorflow
