@@ -15,7 +15,9 @@ CARDINALITIES = [50, 20, 7, 30]
 WIDTHS = [8, 4, 4, 16]
 DCN_MODEL = ["--embedding_dim", ",".join(map(str, WIDTHS)), "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
              "--num_cross_layers", "2", "--cross_layer_projection_dim", "4", "--print_freq", "1000"]
-DCN = DCN_MODEL + SMALL_DATA + ["--learning_rate", "0.01", "--warmup_steps", "2", "--seed", "7"]
+# One id per table: dcnv2.py's synthetic default is V5's 20 ids per table (tests/test_multihot_e2e.py).
+DCN = DCN_MODEL + SMALL_DATA + ["--synthetic_dataset_hotness", "1", "--learning_rate", "0.01", "--warmup_steps", "2",
+                                "--seed", "7"]
 
 
 def dcnv2_py(args, **kwargs):
@@ -154,6 +156,7 @@ def test_dcnv2_learns_to_the_teacher(tmp_path):
     teacher's pairwise dot products more slowly (measured: AUC 0.773 against the teacher's 0.788)."""
     log = tmp_path / "log.json"
     assert_ok(dcnv2_py(["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "100,100,80,80,60,60,50,50",
+                        "--synthetic_dataset_hotness", "1",
                         "--synthetic_dataset_train_batches", "800", "--synthetic_dataset_valid_batches", "20",
                         "--batch_size", "1024", "--valid_batch_size", "4096", "--epochs", "4",
                         "--embedding_dim", "16,16,8,8,8,8,4,4", "--bottom_mlp_dims", "64,16",

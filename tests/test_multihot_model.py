@@ -254,8 +254,8 @@ def test_mlperf_dcnv2_preset_sets_the_recipe_under_explicit_flags():
 
 
 def test_a_dataset_that_is_not_the_recipes_is_one_error(tmp_path, capsys):
-    code, stderr = run_in_process(SMALL + ["--preset", "mlperf_dcnv2", "--log_path", str(tmp_path / "log.json")],
-                                  capsys)
+    code, stderr = run_in_process(SMALL + ["--preset", "mlperf_dcnv2", "--synthetic_dataset_hotness", "1",
+                                           "--log_path", str(tmp_path / "log.json")], capsys)
     assert code == 2 and "Traceback" not in stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--preset mlperf_dcnv2 needs 26 categorical features" in errors[0], stderr
