@@ -551,23 +551,28 @@ class SplitBinaryReader(BatchReader):
             categorical.append(ids)
         return {NUMERICAL_KEY: numerical, CATEGORICAL_KEY: tuple(categorical)}, labels
 
+    @property
+    def _op_read_paths(self) -> List[str]:
+        """The files of `ReadFileRows`' reads, in order: the labels, the numericals (if any), each feature's ids."""
+        return [self._label_path] + ([self._numerical_path] if self.num_numerical else []) + self._categorical_paths
+
     def _read_op_attributes(self) -> dict:
-        """What `ReadFileRows` reads: the labels, the numericals (if any), then each feature's ids."""
-        reads = [(self._label_path, 1, tf.as_dtype(LABEL_DTYPE), "label", 0, tf.float32)]
+        """What `ReadFileRows` reads from each of `_op_read_paths`: (width, stored, check, bound, output type)."""
+        reads = [(1, tf.as_dtype(LABEL_DTYPE), "label", 0, tf.float32)]
         if self.num_numerical:
-            reads.append((self._numerical_path, self.num_numerical, tf.float16, "finite", 0, self.numerical_dtype))
-        for path, hotness, dtype, cardinality in zip(self._categorical_paths, self.hotness,
-                                                     self._categorical_dtypes, self._categorical_cardinalities):
-            reads.append((path, hotness, dtype, "ids", cardinality, tf.int32))
-        paths, widths, stored, checks, bounds, out = zip(*reads)
+            reads.append((self.num_numerical, tf.float16, "finite", 0, self.numerical_dtype))
+        for hotness, dtype, cardinality in zip(self.hotness, self._categorical_dtypes,
+                                               self._categorical_cardinalities):
+            reads.append((hotness, dtype, "ids", cardinality, tf.int32))
+        widths, stored, checks, bounds, out = zip(*reads)
         if not self.check_values:
             checks = ["none"] * len(reads)
-        return dict(paths=paths, row_widths=widths, stored_types=stored, checks=checks, bounds=bounds,
-                    out_types=out, error_tag=file_read_tag(self._explain_read_error))
+        return dict(paths=self._op_read_paths, row_widths=widths, stored_types=stored, checks=checks,
+                    bounds=bounds, out_types=out, error_tag=file_read_tag(self._explain_read_error))
 
     def _explain_read_error(self, read: int, what: str, sample: int, column: int, value: int) -> DataError:
-        """The DataError of a `ReadFileRows` failure: read 0 the labels, then the numericals, then ids."""
-        paths = [self._label_path] + ([self._numerical_path] if self.num_numerical else []) + self._categorical_paths
+        """The DataError of a `ReadFileRows` failure of read `read` (an index into `_op_read_paths`)."""
+        paths = self._op_read_paths
         if what == "eof":
             return truncated_error(paths[read], value)
         if what == "label":
