@@ -210,6 +210,23 @@ def fill_uniform(variable: tf.Variable, row_start: int, rows: int, *, seed: Opti
         assign_rows(variable, row_start + low - kept_start, values[low - start:high - start, first:last])
 
 
+# An embedding layer's output: every sample's vectors in feature order, [B, sum of table widths];
+# with `as_blocks=True` in `call`, as a list of blocks [B, k_i * width] whose concatenation
+# along axis 1 is that tensor, so a caller can join them once with other vectors (the bottom-MLP
+# output) or read them where they are (the blocks interaction) instead of copying them twice.
+Vectors = Union[tf.Tensor, List[tf.Tensor]]
+
+
+def join_blocks(blocks: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The [B, sum of widths] tensor a list of vector blocks holds."""
+    return blocks[0] if len(blocks) == 1 else tf.concat(list(blocks), axis=1)
+
+
+def blocks_or_joined(blocks: List[tf.Tensor], as_blocks: bool) -> Vectors:
+    """`blocks` as they are, or joined into one tensor: what `call(..., as_blocks)` returns."""
+    return blocks if as_blocks else join_blocks(blocks)
+
+
 class _TableGroup(tf.keras.layers.Layer):
     """What both table layouts share: the table shapes, the table dtype and the output dtype."""
 
@@ -244,10 +261,9 @@ class MultiTableEmbedding(_TableGroup):
             self.tables.append(table)
         super().build(input_shape)
 
-    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
-        vectors = [pooled_lookup(table, table_ids, pooling)
-                   for table, table_ids, pooling in zip(self.tables, ids, self.poolings)]
-        return tf.cast(tf.concat(vectors, axis=1), self.output_dtype)
+    def call(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
+        return blocks_or_joined([tf.cast(pooled_lookup(table, table_ids, pooling), self.output_dtype)
+                                 for table, table_ids, pooling in zip(self.tables, ids, self.poolings)], as_blocks)
 
     def table_slices(self) -> List[TableSlice]:
         return [TableSlice(table, 0, rows) for table, rows in zip(self.tables, self.cardinalities)]
@@ -271,15 +287,15 @@ class FusedEmbedding(_TableGroup):
             fill_uniform(self.table, int(self.offsets[i]), rows, seed=self.seed, table=self.table_ids[i])
         super().build(input_shape)
 
-    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
+    def call(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
         if all(is_one_hot(t) for t in ids):  # one gather for every table
             offsets = tf.constant(self.offsets[:-1], tf.int64)
             fused_ids = tf.stack([tf.cast(t, tf.int64) for t in ids], axis=1) + offsets
             vectors = tf.reshape(tf.gather(self.table, fused_ids), [-1, len(self.cardinalities) * self.dim])
-        else:
-            vectors = tf.concat([pooled_lookup(self.table, tf.cast(t, tf.int64), pooling, int(offset))
-                                 for t, pooling, offset in zip(ids, self.poolings, self.offsets)], axis=1)
-        return tf.cast(vectors, self.output_dtype)
+            return blocks_or_joined([tf.cast(vectors, self.output_dtype)], as_blocks)
+        return blocks_or_joined([tf.cast(pooled_lookup(self.table, tf.cast(t, tf.int64), pooling, int(offset)),
+                                         self.output_dtype)
+                                 for t, pooling, offset in zip(ids, self.poolings, self.offsets)], as_blocks)
 
     def table_slices(self) -> List[TableSlice]:
         return [TableSlice(self.table, int(self.offsets[i]), int(self.offsets[i + 1]))
@@ -348,13 +364,15 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
                 layer.build(None)
         super().build(input_shape)
 
-    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
-        parts = []
+    def call(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
+        blocks = []
         for tables, on_host, layer in self.groups:
             with tier_device(on_host):
-                parts.append(layer([ids[t] for t in tables]))
-        vectors = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
-        return vectors if self._feature_columns is None else tf.gather(vectors, self._feature_columns, axis=1)
+                blocks += layer([ids[t] for t in tables], as_blocks=True)
+        if self._feature_columns is None:
+            return blocks_or_joined(blocks, as_blocks)
+        # Groups out of feature order: their vectors are joined and their columns put back in order.
+        return blocks_or_joined([tf.gather(join_blocks(blocks), self._feature_columns, axis=1)], as_blocks)
 
     def table_slices(self) -> List[TableSlice]:
         """One slice per table, in feature order."""

@@ -35,9 +35,9 @@ import tensorflow as tf
 
 import distributed as dist
 from batch import TableReads, local_sizes, rank_start
-from embedding import (Ids, TableSlice, TableView, VariableSelector, as_int32, assign_rows, batch_size_of,
-                       divide_by_lengths, fill_uniform, is_one_hot, pooled_lookup, read_variable_rows, row_lengths,
-                       tier_device)
+from embedding import (Ids, TableSlice, TableView, VariableSelector, Vectors, as_int32, assign_rows, batch_size_of,
+                       blocks_or_joined, divide_by_lengths, fill_uniform, is_one_hot, join_blocks, pooled_lookup,
+                       read_variable_rows, row_lengths, tier_device)
 from sharding import Piece, ShardingPlan
 
 
@@ -287,7 +287,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
                 global_ids[t] = flat if widths[i] == 1 else tf.reshape(flat, [-1, widths[i]])
         return global_ids, tf.stack(batches)
 
-    def call(self, ids: Sequence[Ids]) -> tf.Tensor:
+    def call(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
         if len(ids) != len(self.reads.tables):
             raise ValueError(f"{self.name} on rank {self.rank} expects ids of tables {list(self.reads.tables)}, "
                              f"got {len(ids)} id tensors")
@@ -315,9 +315,9 @@ class HybridEmbedding(tf.keras.layers.Layer):
                                              self.rank, self.world_size, pooling, self.output_dtype,
                                              f"row_sliced_table_{table}"))
             else:
-                vectors.append(tf.concat([received[(p.rank, p.table, p.col_start)]
-                                          for p in self.plan.pieces_of(table)], axis=1))
-        return tf.concat(vectors, axis=1)
+                vectors.append(join_blocks([received[(p.rank, p.table, p.col_start)]
+                                            for p in self.plan.pieces_of(table)]))
+        return blocks_or_joined(vectors, as_blocks)
 
     def _exchange_outputs(self, global_ids: Dict[int, Ids],
                           batches: tf.Tensor) -> Dict[Tuple[int, int, int], tf.Tensor]:

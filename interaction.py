@@ -24,7 +24,7 @@ name checked against :func:`unavailable_reason`); :func:`make_interaction` takes
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -39,6 +39,9 @@ OUTPUT_ALIGNMENT = 8
 KERNEL_DTYPES = {"CPU": (tf.float32, tf.float16, tf.bfloat16), "GPU": (tf.float32, tf.float16)}
 
 Interaction = Callable[[tf.Tensor], tf.Tensor]
+# Maps vector blocks [B, k_i * D] (each sample's k_i vectors side by side, the bottom-MLP output
+# first) to the interaction of all sum k_i vectors in block order.
+BlockInteraction = Callable[[Sequence[tf.Tensor]], tf.Tensor]
 logger = logging.getLogger(__name__)
 BUILD_HINT = _op.BUILD_HINT
 
@@ -245,3 +248,29 @@ class CrossNetwork(tf.keras.layers.Layer):
 def cross_output_width(input_width: int) -> int:
     """Width of the cross network's output: its input width rounded up to a multiple of 8."""
     return aligned_width(input_width)
+
+
+def stack_blocks(blocks: Sequence[tf.Tensor], dim: int) -> tf.Tensor:
+    """The [B, F, dim] interaction input held by vector blocks [B, k_i * dim] (F = sum k_i)."""
+    num_vectors = sum(int(block.shape[1]) for block in blocks) // dim
+    joined = blocks[0] if len(blocks) == 1 else tf.concat(list(blocks), axis=1)
+    return tf.reshape(joined, [-1, num_vectors, dim])
+
+
+def make_block_interaction(name: str, dim: int) -> BlockInteraction:
+    """`make_interaction(name)` over vector blocks of width a multiple of `dim` (what the model has:
+    the bottom-MLP output and each table's vectors). custom_cpu reads the blocks where they are
+    (`DotBasedInteractBlocks`): no [B, F, D] copy is built in the forward pass, and each block gets
+    its own gradient without splitting one; the other implementations take the concatenation.
+    """
+    stacked_interaction = make_interaction(name)
+    if name != "custom_cpu":
+        return lambda blocks: stacked_interaction(stack_blocks(blocks, dim))
+
+    def interaction(blocks: Sequence[tf.Tensor]) -> tf.Tensor:
+        with tf.device("/CPU:0"):
+            return _op.dot_based_interact_blocks(list(blocks), dim)
+
+    interaction.__name__ = "custom_cpu_block_interaction"
+    return interaction
+

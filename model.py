@@ -151,7 +151,8 @@ class Dlrm(tf.keras.Model):
                                                        seed=config.seed, seed_offset=len(config.bottom_mlp_dims)
                                                        + len(config.top_mlp_dims))
                               if config.cross else None)
-        self.interact = None if config.cross else interaction.make_interaction(config.interaction)
+        self.interact = (None if config.cross else
+                         interaction.make_block_interaction(config.interaction, config.bottom_mlp_dims[-1]))
         self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp", seed=config.seed,
                            seed_offset=len(config.bottom_mlp_dims))
 
@@ -161,13 +162,13 @@ class Dlrm(tf.keras.Model):
         if padding:
             numerical = tf.pad(numerical, [[0, 0], [0, padding]])
         bottom = self.bottom_mlp(numerical)
-        vectors = tf.cast(self.embedding(tuple(inputs[CATEGORICAL_KEY])), bottom.dtype)
-        features = tf.concat([bottom, vectors], axis=1)  # [B, bottom width + sum of table widths]
+        # [bottom, vector blocks...]: joined once for the cross network, read in place by the dot interaction.
+        blocks = [bottom] + [tf.cast(block, bottom.dtype)
+                             for block in self.embedding(tuple(inputs[CATEGORICAL_KEY]), as_blocks=True)]
         if self.cross_network is not None:
+            features = tf.concat(blocks, axis=1)  # [B, bottom width + sum of table widths]
             return tf.cast(self.top_mlp(self.cross_network(features)), tf.float32)
-        num_vectors = len(self.config.cardinalities) + 1
-        stacked = tf.reshape(features, [-1, num_vectors, self.config.bottom_mlp_dims[-1]])
-        return tf.cast(self.top_mlp(self.interact(stacked)), tf.float32)
+        return tf.cast(self.top_mlp(self.interact(blocks)), tf.float32)
 
     def build_weights(self) -> None:
         """Create every variable without a forward pass (which would need every rank's input)."""

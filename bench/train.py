@@ -32,6 +32,8 @@ cpu-bench tables with MLPerf's multi-hot sizes (214 ids per sample, sum pooling,
 ids), the cross interaction (3 layers, projection 512), the cpu-bench MLPs and Adagrad, fp32,
 batch 2048. Its MFU counts the matmuls only (MLPs and cross layers, x3 for forward and backward;
 the pooled lookups are gathers and sums, not matmuls).
+The results name the CPU (model and bf16 units): the same targets read differently on a CPU with
+AMX than on one with AVX512-BF16 only.
 Writes bench/results/train.json and prints two tables; `--only multihot_dcnv2` runs that row alone
 and replaces it in an existing bench/results/train.json.
 Usage: python bench/train.py [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2]
@@ -106,6 +108,19 @@ def matmul_flops_per_s(tf, dtype) -> float:
 
 LOW_MEMORY_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "MALLOC_MMAP_THRESHOLD_": "131072",
                   "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def cpu_description() -> dict:
+    """The CPU the rows ran on: its model name and what bf16 units it has (the targets are relative to
+    the same run, but the speed-ups depend on the machine: AMX makes bf16 far faster than AVX512-BF16)."""
+    from precision import CPUINFO_PATH, host_cpu_bf16_support
+
+    try:
+        with open(CPUINFO_PATH) as f:
+            names = [line.partition(":")[2].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return {"model": names[0] if names else "unknown", "bf16": host_cpu_bf16_support().evidence}
 
 
 def rss_bytes() -> int:
@@ -374,14 +389,16 @@ def main() -> None:
         if r["batch_size"] in reference:
             r["pytorch_reference_samples_per_s"] = reference[r["batch_size"]]["samples_per_s"]
             r["speedup_vs_pytorch_fp32"] = r["samples_per_s"] / r["pytorch_reference_samples_per_s"]
+    cpu = cpu_description()
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
-        json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "load_average": os.getloadavg(),
+        json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "cpu": cpu, "load_average": os.getloadavg(),
                    "command": "python bench/train.py" + (" --quick" if quick else "")
                               + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
                    "runs": runs, "multihot_dcnv2": multihot, "pytorch_reference": list(reference.values()),
                    "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}}, f, indent=1)
     gib = float(1 << 30)
+    print(f"CPU: {cpu['model']}, {os.cpu_count()} threads; bf16: {cpu['bf16']}")
     print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'alloc':>7} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} "
           f"{'peak':>7} {'MFU':>6} {'vs torch':>8} {'inf p99 ms':>10} {'inf samples/s':>13} {'runtime':>8} "
           f"{'built':>6} {'peak':>6} {'mem ratio':>9}")

@@ -301,3 +301,110 @@ def test_op_rejects_mismatched_bottom_shape() -> None:
     package = custom_ops.import_op_package()
     with pytest.raises(tf.errors.InvalidArgumentError, match="bottom_mlp_output"):
         package.dot_based_interact(tf.zeros([2, 3, 8]), tf.zeros([2, 7]))
+
+
+# ---- the blocks form: vectors held in several tensors (the model's bottom output and tables) ----
+
+BLOCK_SPLITS = [[1] * 27, [1, 26], [27], [1, 3, 1, 22], [2, 1]]
+
+
+def split_into_blocks(inputs: tf.Tensor, vectors_per_block: list[int]) -> list[tf.Tensor]:
+    """[B, F, D] as blocks [B, k_i * D] of consecutive vectors."""
+    batch, _, dim = inputs.shape
+    return [tf.reshape(part, [batch, -1]) for part in tf.split(inputs, vectors_per_block, axis=1)]
+
+
+@requires_op
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("vectors_per_block", BLOCK_SPLITS, ids=lambda k: f"{len(k)}blocks")
+def test_blocks_op_equals_the_op_on_the_concatenation(vectors_per_block: list[int], dtype: tf.DType) -> None:
+    """Bit for bit, forward and per-block gradients, in every kernel dtype."""
+    package = custom_ops.import_op_package()
+    num_vectors, dim = sum(vectors_per_block), 24
+    inputs = random_inputs((33, num_vectors, dim), dtype, seed=7)
+    upstream = random_inputs((33, interaction.interaction_output_width(num_vectors, dim), 1), dtype, seed=8)[:, :, 0]
+    blocks = split_into_blocks(inputs, vectors_per_block)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(blocks)
+        tape.watch(inputs)
+        output = package.dot_based_interact_blocks(blocks, dim)
+        reference = package.dot_based_interact(inputs)
+        blocks_loss = tf.reduce_sum(tf.cast(output, tf.float32) * tf.cast(upstream, tf.float32))
+        reference_loss = tf.reduce_sum(tf.cast(reference, tf.float32) * tf.cast(upstream, tf.float32))
+    grads = tape.gradient(blocks_loss, blocks)
+    reference_grads = split_into_blocks(tape.gradient(reference_loss, inputs), vectors_per_block)
+    assert output.dtype == dtype and all(grad.dtype == dtype for grad in grads)
+    np.testing.assert_array_equal(output.numpy(), reference.numpy())
+    for grad, block, reference_grad in zip(grads, blocks, reference_grads):
+        assert grad.shape == block.shape
+        np.testing.assert_array_equal(grad.numpy(), reference_grad.numpy())
+
+
+@requires_op
+def test_blocks_gradient_reuses_dead_blocks_without_changing_results() -> None:
+    """In a tf.function the gradient kernel may write into the gathered blocks' buffers (nothing
+    reads them after it): the results equal the stacked op's, and the inputs stay intact."""
+    package = custom_ops.import_op_package()
+    inputs = random_inputs((64, 6, 16), seed=9)
+
+    @tf.function
+    def blocks_gradient(values: tf.Tensor) -> list[tf.Tensor]:
+        blocks = [block * 1.0 for block in split_into_blocks(values, [1, 2, 3])]  # fresh buffers
+        with tf.GradientTape() as tape:
+            tape.watch(blocks)
+            loss = tf.reduce_sum(package.dot_based_interact_blocks(blocks, 16))
+        return tape.gradient(loss, blocks)
+
+    before = inputs.numpy().copy()
+    _, reference = forward_and_gradient(package.dot_based_interact, inputs,
+                                        tf.ones([64, interaction.interaction_output_width(6, 16)]))
+    for grad, expected in zip(blocks_gradient(inputs), split_into_blocks(reference, [1, 2, 3])):
+        np.testing.assert_array_equal(grad.numpy(), expected.numpy())
+    np.testing.assert_array_equal(inputs.numpy(), before)
+
+
+@requires_op
+def test_blocks_op_with_unknown_batch_infers_the_width() -> None:
+    package = custom_ops.import_op_package()
+    forward = tf.function(lambda a, b: package.dot_based_interact_blocks([a, b], 8))
+    concrete = forward.get_concrete_function(tf.TensorSpec([None, 8]), tf.TensorSpec([None, 24]))
+    assert concrete.structured_outputs.shape.as_list() == [None, interaction.interaction_output_width(4, 8)]
+
+
+@requires_op
+@pytest.mark.parametrize("shapes, message", [
+    ([[4, 8], [4, 12]], r"block 1 must be \[batch, k \* 8\] .* got shape \[4,12\]"),
+    ([[4, 8], [3, 8]], r"block 1 must be .* the batch of block 0 \(4\), got shape \[3,8\]"),
+    ([[0, 8], [0, 8]], "empty batch"),
+])
+def test_blocks_op_rejects_bad_blocks(shapes: list[list[int]], message: str) -> None:
+    package = custom_ops.import_op_package()
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+        package.dot_based_interact_blocks([tf.zeros(shape) for shape in shapes], 8)
+
+
+@requires_op
+def test_blocks_op_rejects_mixed_dtypes() -> None:
+    package = custom_ops.import_op_package()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="every block in one dtype.*float32, bfloat16"):
+        package.dot_based_interact_blocks([tf.zeros([2, 8]), tf.zeros([2, 8], tf.bfloat16)], 8)
+
+
+@pytest.mark.parametrize("name", ["tensorflow", "dummy", "custom_cpu"])
+def test_block_interaction_equals_the_stacked_interaction(name: str) -> None:
+    """What the model calls: every implementation over blocks equals it over the [B, F, D] stack."""
+    if name == "custom_cpu":
+        require(interaction.custom_op_available(), f"custom interaction op not built: {interaction.BUILD_HINT}")
+    inputs = random_inputs((9, 5, 8), seed=10)
+    blocks = split_into_blocks(inputs, [1, 1, 3])
+    upstream = random_inputs((9, interaction.interaction_output_width(5, 8), 1), seed=11)[:, :, 0]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(blocks)
+        tape.watch(inputs)
+        output = interaction.make_block_interaction(name, 8)(blocks)
+        reference = interaction.make_interaction(name)(inputs)
+        loss, reference_loss = tf.reduce_sum(output * upstream), tf.reduce_sum(reference * upstream)
+    assert_close(output, reference, FP32_RTOL)
+    reference_grads = split_into_blocks(tape.gradient(reference_loss, inputs), [1, 1, 3])
+    for grad, expected in zip(tape.gradient(loss, blocks), reference_grads):
+        assert_close(grad, expected, FP32_RTOL)

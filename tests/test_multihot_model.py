@@ -87,6 +87,11 @@ def test_every_layer_pools_like_numpy(kind):
     expected = numpy_pooled(tables, rows)
     np.testing.assert_allclose(layer(ids).numpy(), expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(tf.function(layer)(ids).numpy(), expected, rtol=1e-6, atol=1e-6)
+    # The blocks the model reads: one per feature where the tables are in feature order (the CPU
+    # tier's groups are not: their vectors come back as one block, reordered).
+    blocks = layer(ids, as_blocks=True)
+    assert len(blocks) == (1 if kind == "cpu_tier" else len(CARDINALITIES))
+    np.testing.assert_allclose(tf.concat(blocks, axis=1).numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_one_hot_ids_take_a_plain_gather():

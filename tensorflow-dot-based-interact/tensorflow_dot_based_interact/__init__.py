@@ -1,4 +1,5 @@
-"""DLRM dot-interaction op (`DotBasedInteract`) with CPU and CUDA kernels, and its gradient; the fused
+"""DLRM dot-interaction op (`DotBasedInteract`) with CPU and CUDA kernels, its blocks form on the CPU
+(`DotBasedInteractBlocks`, no concatenated input), and their gradients; the fused
 sparse embedding updates (CPU); the split-binary batch read (CPU)."""
 from tensorflow_dot_based_interact.dot_based_interact_ops import (
     BUILD_HINT,
@@ -6,6 +7,7 @@ from tensorflow_dot_based_interact.dot_based_interact_ops import (
     OpNotBuiltError,
     built_cuda_code,
     dot_based_interact,
+    dot_based_interact_blocks,
     has_gpu_kernels,
     is_built,
     load_op_library,
@@ -15,5 +17,5 @@ from tensorflow_dot_based_interact.embedding_update_ops import (sparse_adagrad_u
                                                                  sparse_sgd_update)
 from tensorflow_dot_based_interact.file_rows_ops import read_file_rows
 
-__all__ = ["BUILD_HINT", "GPU_BUILD_HINT", "OpNotBuiltError", "built_cuda_code", "dot_based_interact", "has_gpu_kernels", "is_built",
-           "load_op_library", "missing_cuda_code", "read_file_rows", "sparse_adagrad_update", "sparse_adam_update", "sparse_sgd_update"]
+__all__ = ["BUILD_HINT", "GPU_BUILD_HINT", "OpNotBuiltError", "built_cuda_code", "dot_based_interact", "dot_based_interact_blocks",
+           "has_gpu_kernels", "is_built", "load_op_library", "missing_cuda_code", "read_file_rows", "sparse_adagrad_update", "sparse_adam_update", "sparse_sgd_update"]

@@ -140,3 +140,26 @@ def _dot_based_interact_grad(op: tf.Operation, upstream_grad: tf.Tensor) -> list
     """Gradients for (input, bottom_mlp_output) from the `DotBasedInteractGrad` op."""
     grad, bottom_mlp_grad = load_op_library().dot_based_interact_grad(input=op.inputs[0], upstream_grad=upstream_grad)
     return [grad, bottom_mlp_grad]
+
+
+def dot_based_interact_blocks(blocks: list[tf.Tensor], dim: int) -> tf.Tensor:
+    """The dot interaction of vectors held in several tensors, on the CPU, without concatenating them.
+
+    `blocks[i]` is [B, k_i * dim]: each sample's k_i vectors side by side (block 0 starts with the
+    bottom-MLP output). Equal to `dot_based_interact` on their concatenation reshaped to
+    [B, sum k_i, dim], and so is the gradient, which comes back one tensor per block.
+    """
+    blocks = [tf.convert_to_tensor(block) for block in blocks]
+    _check_dtype(blocks[0])
+    if any(block.dtype != blocks[0].dtype for block in blocks):
+        raise tf.errors.InvalidArgumentError(
+            None, None, "DotBasedInteractBlocks needs every block in one dtype, got "
+                        f"{', '.join(block.dtype.name for block in blocks)}")
+    return load_op_library().dot_based_interact_blocks(blocks=blocks, dim=dim)
+
+
+@tf.RegisterGradient("DotBasedInteractBlocks")
+def _dot_based_interact_blocks_grad(op: tf.Operation, upstream_grad: tf.Tensor) -> list[tf.Tensor]:
+    """One gradient per block from the `DotBasedInteractBlocksGrad` op."""
+    return load_op_library().dot_based_interact_blocks_grad(blocks=list(op.inputs), upstream_grad=upstream_grad,
+                                                             dim=op.get_attr("dim"))

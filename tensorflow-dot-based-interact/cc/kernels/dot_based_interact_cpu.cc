@@ -295,27 +295,124 @@ void ShardBatch(tensorflow::OpKernelContext* context, const InteractShape& shape
   tensorflow::Shard(workers.num_threads, workers.workers, shape.batch, cost_per_sample, per_sample);
 }
 
+// Consecutive vectors of every sample held in one tensor: sample b's `vectors` x D values start
+// at data + b * vectors * D. A stacked [B, F, D] input is one block; the blocks op takes one per
+// input tensor (e.g. the bottom-MLP output and each table's vectors), so nothing is concatenated.
+template <typename T>
+struct VectorBlock {
+  T* data;
+  int64_t vectors;
+};
+
+template <typename T>
+using InputBlocks = std::vector<VectorBlock<const T>>;
+
+// The [F, D] fp32 sample b of `blocks`: the block itself when it is one fp32 block, else its
+// vectors copied (widened) into `scratch`, where one sample fits in L1.
+template <typename T>
+const float* GatherSample(const InputBlocks<T>& blocks, int64_t b, int64_t dim, float* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (blocks.size() == 1) return blocks[0].data + b * blocks[0].vectors * dim;
+  }
+  float* out = scratch;
+  for (const auto& block : blocks) {
+    const int64_t count = block.vectors * dim;
+    const T* source = block.data + b * count;
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(out, source, count * sizeof(float));
+    } else {
+      Widen(source, count, out);
+    }
+    out += count;
+  }
+  return scratch;
+}
+
+// Prefetches sample b + 1 of every block while sample b is computed.
+template <typename T>
+void PrefetchNext(const InputBlocks<T>& blocks, int64_t b, int64_t end, int64_t dim) {
+  if (b + 1 >= end) return;
+  for (const auto& block : blocks) {
+    const int64_t count = block.vectors * dim;
+    PrefetchSample(block.data + (b + 1) * count, count);
+  }
+}
+
+template <typename T>
+bool NeedsSampleScratch(const InputBlocks<T>& blocks) {
+  return !std::is_same_v<T, float> || blocks.size() > 1;
+}
+
+// Forward over blocks whose vectors add up to shape.num_vectors; block 0 starts with the bottom-MLP
+// output, copied as stored into the first D columns.
+template <typename T>
+void InteractBlocks(tensorflow::OpKernelContext* context, const InteractShape& shape, const InputBlocks<T>& blocks,
+                    T* output) {
+  const int64_t sample_size = shape.num_vectors * shape.dim;
+  const int64_t num_pairs = NumPairs(shape.num_vectors);
+  ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
+    std::vector<float> gathered(NeedsSampleScratch(blocks) ? sample_size : 0);
+    std::vector<float> pairs(num_pairs);
+    for (int64_t b = begin; b < end; ++b) {
+      PrefetchNext(blocks, b, end, shape.dim);
+      const float* sample = GatherSample(blocks, b, shape.dim, gathered.data());
+      const T* bottom = blocks[0].data + b * blocks[0].vectors * shape.dim;
+      T* row = output + b * shape.output_width;
+      SamplePairs(sample, shape.num_vectors, shape.dim, pairs.data());
+      std::copy(bottom, bottom + shape.dim, row);
+      StoreAs(pairs.data(), num_pairs, row + shape.dim);
+      std::fill(row + shape.dim + num_pairs, row + shape.output_width, T(0.0f));
+    }
+  });
+}
+
+// Backward over the same blocks: `grads` has one block per input block. bottom_mlp_grad (may be
+// null) receives the first D upstream columns; with `fold_bottom_mlp_grad` they are also added to
+// the gradient of vector 0.
+template <typename T>
+void InteractBlocksGrad(tensorflow::OpKernelContext* context, const InteractShape& shape, bool fold_bottom_mlp_grad,
+                        const InputBlocks<T>& blocks, const T* upstream_grad, const std::vector<VectorBlock<T>>& grads,
+                        T* bottom_mlp_grad) {
+  const int64_t sample_size = shape.num_vectors * shape.dim;
+  const int64_t num_pairs = NumPairs(shape.num_vectors);
+  const bool grad_in_place = !NeedsSampleScratch(blocks);
+  ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
+    std::vector<float> gathered(NeedsSampleScratch(blocks) ? sample_size : 0);
+    std::vector<float> widened_upstream(std::is_same_v<T, float> ? 0 : shape.dim + num_pairs);
+    std::vector<float> sample_grad(grad_in_place ? 0 : sample_size);
+    std::vector<float> coefficients(shape.num_vectors * shape.num_vectors);
+    for (int64_t b = begin; b < end; ++b) {
+      PrefetchNext(blocks, b, end, shape.dim);
+      const T* upstream_row = upstream_grad + b * shape.output_width;
+      if (bottom_mlp_grad != nullptr) std::copy(upstream_row, upstream_row + shape.dim, bottom_mlp_grad + b * shape.dim);
+      const float* sample = GatherSample(blocks, b, shape.dim, gathered.data());
+      const float* upstream = AsFloat(upstream_row, shape.dim + num_pairs, widened_upstream.data());
+      float* sample_grad_out = sample_grad.data();
+      if constexpr (std::is_same_v<T, float>) {
+        if (grad_in_place) sample_grad_out = grads[0].data + b * sample_size;
+      }
+      SampleGrad(sample, upstream + shape.dim, shape.num_vectors, shape.dim, coefficients.data(), sample_grad_out);
+      if (fold_bottom_mlp_grad) {
+        for (int64_t d = 0; d < shape.dim; ++d) sample_grad_out[d] += upstream[d];
+      }
+      if (grad_in_place) continue;
+      const float* from = sample_grad_out;
+      for (const auto& block : grads) {
+        const int64_t count = block.vectors * shape.dim;
+        StoreAs(from, count, block.data + b * count);
+        from += count;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 template <typename T>
 struct DotBasedInteractFunctor<Eigen::ThreadPoolDevice, T> {
   void operator()(tensorflow::OpKernelContext* context, const InteractShape& shape, const T* input,
                   T* output) const {
-    const int64_t sample_size = shape.num_vectors * shape.dim;
-    const int64_t num_pairs = NumPairs(shape.num_vectors);
-    ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
-      std::vector<float> widened(std::is_same_v<T, float> ? 0 : sample_size);
-      std::vector<float> pairs(num_pairs);
-      for (int64_t b = begin; b < end; ++b) {
-        if (b + 1 < end) PrefetchSample(input + (b + 1) * sample_size, sample_size);
-        const T* sample = input + b * sample_size;
-        T* row = output + b * shape.output_width;
-        SamplePairs(AsFloat(sample, sample_size, widened.data()), shape.num_vectors, shape.dim, pairs.data());
-        std::copy(sample, sample + shape.dim, row);
-        StoreAs(pairs.data(), num_pairs, row + shape.dim);
-        std::fill(row + shape.dim + num_pairs, row + shape.output_width, T(0.0f));
-      }
-    });
+    InteractBlocks<T>(context, shape, {{input, shape.num_vectors}}, output);
   }
 };
 
@@ -323,29 +420,102 @@ template <typename T>
 struct DotBasedInteractGradFunctor<Eigen::ThreadPoolDevice, T> {
   void operator()(tensorflow::OpKernelContext* context, const InteractShape& shape, bool fold_bottom_mlp_grad,
                   const T* input, const T* upstream_grad, T* grad, T* bottom_mlp_grad) const {
-    const int64_t sample_size = shape.num_vectors * shape.dim;
-    const int64_t num_pairs = NumPairs(shape.num_vectors);
-    ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
-      std::vector<float> widened(std::is_same_v<T, float> ? 0 : sample_size + shape.dim + num_pairs);
-      std::vector<float> sample_grad(std::is_same_v<T, float> ? 0 : sample_size);
-      std::vector<float> coefficients(shape.num_vectors * shape.num_vectors);
-      for (int64_t b = begin; b < end; ++b) {
-        if (b + 1 < end) PrefetchSample(input + (b + 1) * sample_size, sample_size);
-        const T* upstream_row = upstream_grad + b * shape.output_width;
-        std::copy(upstream_row, upstream_row + shape.dim, bottom_mlp_grad + b * shape.dim);
-        const float* sample = AsFloat(input + b * sample_size, sample_size, widened.data());
-        const float* upstream = AsFloat(upstream_row, shape.dim + num_pairs, widened.data() + sample_size);
-        float* sample_grad_out = std::is_same_v<T, float> ? reinterpret_cast<float*>(grad + b * sample_size)
-                                                          : sample_grad.data();
-        SampleGrad(sample, upstream + shape.dim, shape.num_vectors, shape.dim, coefficients.data(), sample_grad_out);
-        if (fold_bottom_mlp_grad) {
-          for (int64_t d = 0; d < shape.dim; ++d) sample_grad_out[d] += upstream[d];
-        }
-        if constexpr (!std::is_same_v<T, float>) StoreAs(sample_grad.data(), sample_size, grad + b * sample_size);
-      }
-    });
+    InteractBlocksGrad<T>(context, shape, fold_bottom_mlp_grad, {{input, shape.num_vectors}}, upstream_grad,
+                          {{grad, shape.num_vectors}}, bottom_mlp_grad);
   }
 };
+
+// The blocks' InteractShape and their VectorBlocks: every block [B, k * dim] with k >= 1, one batch.
+template <typename T>
+tensorflow::Status DescribeBlocks(const tensorflow::OpInputList& blocks, int64_t dim, InteractShape* shape,
+                                  InputBlocks<T>* described) {
+  shape->batch = blocks[0].dims() == 2 ? blocks[0].dim_size(0) : -1;
+  shape->dim = dim;
+  shape->num_vectors = 0;
+  for (int i = 0; i < blocks.size(); ++i) {
+    const tensorflow::Tensor& block = blocks[i];
+    if (block.dims() != 2 || block.dim_size(0) != shape->batch || block.dim_size(1) == 0 ||
+        block.dim_size(1) % dim != 0) {
+      return tensorflow::errors::InvalidArgument(
+          "DotBasedInteractBlocks: block ", i, " must be [batch, k * ", dim, "] with k >= 1 and the batch of block 0 (",
+          shape->batch, "), got shape ", block.shape().DebugString());
+    }
+    described->push_back({block.flat<T>().data(), block.dim_size(1) / dim});
+    shape->num_vectors += block.dim_size(1) / dim;
+  }
+  if (shape->batch == 0) return tensorflow::errors::InvalidArgument("DotBasedInteractBlocks: empty batch");
+  shape->output_width = OutputWidth(shape->num_vectors, dim);
+  return tensorflow::OkStatus();
+}
+
+template <typename T>
+class DotBasedInteractBlocksOp : public tensorflow::OpKernel {
+ public:
+  explicit DotBasedInteractBlocksOp(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("dim", &dim_));
+  }
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    tensorflow::OpInputList blocks;
+    OP_REQUIRES_OK(context, context->input_list("blocks", &blocks));
+    InteractShape shape;
+    InputBlocks<T> described;
+    OP_REQUIRES_OK(context, DescribeBlocks(blocks, dim_, &shape, &described));
+    tensorflow::Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, {shape.batch, shape.output_width}, &output));
+    InteractBlocks<T>(context, shape, described, output->flat<T>().data());
+  }
+
+ private:
+  int64_t dim_ = 0;
+};
+
+template <typename T>
+class DotBasedInteractBlocksGradOp : public tensorflow::OpKernel {
+ public:
+  explicit DotBasedInteractBlocksGradOp(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("dim", &dim_));
+  }
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    tensorflow::OpInputList blocks;
+    OP_REQUIRES_OK(context, context->input_list("blocks", &blocks));
+    InteractShape shape;
+    InputBlocks<T> described;
+    OP_REQUIRES_OK(context, DescribeBlocks(blocks, dim_, &shape, &described));
+    const tensorflow::Tensor& upstream_grad = context->input(blocks.size());
+    OP_REQUIRES_OK(context, CheckMatrix("upstream_grad", upstream_grad, shape.batch, shape.output_width));
+    // A sample is gathered into scratch before its gradient is written, so where that happens a
+    // gradient may take over its block's buffer when nothing else reads the block any more (the
+    // usual case after the forward pass): the backward pass then needs no new memory for them.
+    const bool may_reuse_blocks = NeedsSampleScratch(described);
+    std::vector<VectorBlock<T>> grad_blocks;
+    for (int i = 0; i < blocks.size(); ++i) {
+      tensorflow::Tensor* grad = nullptr;
+      if (may_reuse_blocks) {
+        OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({i}, i, blocks[i].shape(), &grad));
+      } else {
+        OP_REQUIRES_OK(context, context->allocate_output(i, blocks[i].shape(), &grad));
+      }
+      grad_blocks.push_back({grad->flat<T>().data(), described[i].vectors});
+    }
+    InteractBlocksGrad<T>(context, shape, true, described, upstream_grad.flat<T>().data(), grad_blocks, nullptr);
+  }
+
+ private:
+  int64_t dim_ = 0;
+};
+
+#define DBI_REGISTER_BLOCK_KERNELS(T)                                                                           \
+  REGISTER_KERNEL_BUILDER(Name("DotBasedInteractBlocks").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          DotBasedInteractBlocksOp<T>);                                                          \
+  REGISTER_KERNEL_BUILDER(                                                                                       \
+      Name("DotBasedInteractBlocksGrad").Device(tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),                  \
+      DotBasedInteractBlocksGradOp<T>)
+
+DBI_REGISTER_BLOCK_KERNELS(float);
+DBI_REGISTER_BLOCK_KERNELS(Eigen::half);
+DBI_REGISTER_BLOCK_KERNELS(Eigen::bfloat16);
 
 DBI_REGISTER_KERNELS(DEVICE_CPU, Eigen::ThreadPoolDevice, float);
 DBI_REGISTER_KERNELS(DEVICE_CPU, Eigen::ThreadPoolDevice, Eigen::half);
