@@ -100,7 +100,9 @@ class SGD(Optimizer):
         super().__init__(name, fused_sparse_updates)
 
     def _apply_dense(self, grad, variable, learning_rate):
-        variable.assign_sub(tf.cast(learning_rate, variable.dtype) * grad)
+        # One in-place pass (var -= lr * grad) instead of a product tensor and a subtraction.
+        tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=tf.cast(learning_rate, variable.dtype),
+                                                delta=grad)
 
     def _apply_sparse(self, grad, variable, learning_rate):
         variable.scatter_sub(tf.IndexedSlices(tf.cast(learning_rate, variable.dtype) * grad.values,

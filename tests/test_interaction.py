@@ -408,3 +408,41 @@ def test_block_interaction_equals_the_stacked_interaction(name: str) -> None:
     reference_grads = split_into_blocks(tape.gradient(reference_loss, inputs), [1, 1, 3])
     for grad, expected in zip(tape.gradient(loss, blocks), reference_grads):
         assert_close(grad, expected, FP32_RTOL)
+
+
+@requires_op
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["fp32", "bf16"])
+def test_blocks_gradient_regathers_table_vectors_after_the_upstream_gradient(dtype: tf.DType) -> None:
+    """regather_for_gradient: the same gradients (IndexedSlices of the tables); in fp32 each table's
+    gather runs again, after the upstream gradient exists (so the forward's gathered vectors are not
+    held between the passes); a gather cast to bf16 is kept instead."""
+    package = custom_ops.import_op_package()
+    rng = np.random.default_rng(12)
+    tables = [tf.Variable(rng.uniform(-1, 1, (rows, 8)).astype(np.float32)) for rows in (5, 9, 7)]
+    bottom = tf.Variable(rng.uniform(-1, 1, (6, 8)).astype(np.float32))
+    ids = [tf.constant(rng.integers(0, rows, 6), tf.int32) for rows in (5, 9, 7)]
+    upstream = random_inputs((6, interaction.interaction_output_width(4, 8), 1), seed=13)[:, :, 0]
+
+    def gradients_of(regather: bool):
+        @tf.function
+        def step() -> list:
+            with tf.GradientTape() as tape:
+                blocks = [tf.cast(bottom, dtype)] + [tf.cast(tf.gather(t, i), dtype) for t, i in zip(tables, ids)]
+                output = package.dot_based_interact_blocks(blocks, 8, regather_for_gradient=regather)
+                loss = tf.reduce_sum(tf.cast(output, tf.float32) * upstream)
+            return tape.gradient(loss, [bottom] + tables)
+        return step(), step.get_concrete_function().graph
+
+    (plain, plain_graph), (regathered, graph) = gradients_of(False), gradients_of(True)
+    np.testing.assert_array_equal(regathered[0].numpy(), plain[0].numpy())
+    for got, expected in zip(regathered[1:], plain[1:]):
+        assert isinstance(got, tf.IndexedSlices)
+        np.testing.assert_array_equal(got.values.numpy(), expected.values.numpy())
+        np.testing.assert_array_equal(got.indices.numpy(), expected.indices.numpy())
+    gathers = [op for op in graph.get_operations() if op.type == "ResourceGather"]
+    assert len([op for op in plain_graph.get_operations() if op.type == "ResourceGather"]) == 3
+    if dtype == tf.bfloat16:
+        assert len(gathers) == 3
+    else:
+        again = [op for op in gathers if op.control_inputs]
+        assert len(gathers) == 6 and len(again) == 3

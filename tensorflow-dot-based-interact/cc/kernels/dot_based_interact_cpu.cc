@@ -448,22 +448,19 @@ tensorflow::Status DescribeBlocks(const tensorflow::OpInputList& blocks, int64_t
   return tensorflow::OkStatus();
 }
 
+// What both blocks kernels share: the `dim` attribute and reading the `blocks` input list.
 template <typename T>
-class DotBasedInteractBlocksOp : public tensorflow::OpKernel {
+class BlocksKernel : public tensorflow::OpKernel {
  public:
-  explicit DotBasedInteractBlocksOp(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+  explicit BlocksKernel(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("dim", &dim_));
   }
 
-  void Compute(tensorflow::OpKernelContext* context) override {
-    tensorflow::OpInputList blocks;
-    OP_REQUIRES_OK(context, context->input_list("blocks", &blocks));
-    InteractShape shape;
-    InputBlocks<T> described;
-    OP_REQUIRES_OK(context, DescribeBlocks(blocks, dim_, &shape, &described));
-    tensorflow::Tensor* output = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, {shape.batch, shape.output_width}, &output));
-    InteractBlocks<T>(context, shape, described, output->flat<T>().data());
+ protected:
+  tensorflow::Status ReadBlocks(tensorflow::OpKernelContext* context, tensorflow::OpInputList* blocks,
+                                InteractShape* shape, InputBlocks<T>* described) const {
+    TF_RETURN_IF_ERROR(context->input_list("blocks", blocks));
+    return DescribeBlocks(*blocks, dim_, shape, described);
   }
 
  private:
@@ -471,18 +468,31 @@ class DotBasedInteractBlocksOp : public tensorflow::OpKernel {
 };
 
 template <typename T>
-class DotBasedInteractBlocksGradOp : public tensorflow::OpKernel {
+class DotBasedInteractBlocksOp : public BlocksKernel<T> {
  public:
-  explicit DotBasedInteractBlocksGradOp(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("dim", &dim_));
-  }
+  using BlocksKernel<T>::BlocksKernel;
 
   void Compute(tensorflow::OpKernelContext* context) override {
     tensorflow::OpInputList blocks;
-    OP_REQUIRES_OK(context, context->input_list("blocks", &blocks));
     InteractShape shape;
     InputBlocks<T> described;
-    OP_REQUIRES_OK(context, DescribeBlocks(blocks, dim_, &shape, &described));
+    OP_REQUIRES_OK(context, this->ReadBlocks(context, &blocks, &shape, &described));
+    tensorflow::Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, {shape.batch, shape.output_width}, &output));
+    InteractBlocks<T>(context, shape, described, output->flat<T>().data());
+  }
+};
+
+template <typename T>
+class DotBasedInteractBlocksGradOp : public BlocksKernel<T> {
+ public:
+  using BlocksKernel<T>::BlocksKernel;
+
+  void Compute(tensorflow::OpKernelContext* context) override {
+    tensorflow::OpInputList blocks;
+    InteractShape shape;
+    InputBlocks<T> described;
+    OP_REQUIRES_OK(context, this->ReadBlocks(context, &blocks, &shape, &described));
     const tensorflow::Tensor& upstream_grad = context->input(blocks.size());
     OP_REQUIRES_OK(context, CheckMatrix("upstream_grad", upstream_grad, shape.batch, shape.output_width));
     // A sample is gathered into scratch before its gradient is written, so where that happens a
@@ -501,9 +511,6 @@ class DotBasedInteractBlocksGradOp : public tensorflow::OpKernel {
     }
     InteractBlocksGrad<T>(context, shape, true, described, upstream_grad.flat<T>().data(), grad_blocks, nullptr);
   }
-
- private:
-  int64_t dim_ = 0;
 };
 
 #define DBI_REGISTER_BLOCK_KERNELS(T)                                                                           \
