@@ -448,7 +448,8 @@ tensorflow::Status DescribeBlocks(const tensorflow::OpInputList& blocks, int64_t
   return tensorflow::OkStatus();
 }
 
-// What both blocks kernels share: the `dim` attribute and reading the `blocks` input list.
+// What both blocks kernels share: the `dim` attribute and reading and checking the `blocks` input
+// list, before their own ComputeOnBlocks.
 template <typename T>
 class BlocksKernel : public tensorflow::OpKernel {
  public:
@@ -456,12 +457,18 @@ class BlocksKernel : public tensorflow::OpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("dim", &dim_));
   }
 
- protected:
-  tensorflow::Status ReadBlocks(tensorflow::OpKernelContext* context, tensorflow::OpInputList* blocks,
-                                InteractShape* shape, InputBlocks<T>* described) const {
-    TF_RETURN_IF_ERROR(context->input_list("blocks", blocks));
-    return DescribeBlocks(*blocks, dim_, shape, described);
+  void Compute(tensorflow::OpKernelContext* context) override {
+    tensorflow::OpInputList blocks;
+    OP_REQUIRES_OK(context, context->input_list("blocks", &blocks));
+    InteractShape shape;
+    InputBlocks<T> described;
+    OP_REQUIRES_OK(context, DescribeBlocks(blocks, dim_, &shape, &described));
+    ComputeOnBlocks(context, blocks, shape, described);
   }
+
+ protected:
+  virtual void ComputeOnBlocks(tensorflow::OpKernelContext* context, const tensorflow::OpInputList& blocks,
+                               const InteractShape& shape, const InputBlocks<T>& described) = 0;
 
  private:
   int64_t dim_ = 0;
@@ -472,11 +479,8 @@ class DotBasedInteractBlocksOp : public BlocksKernel<T> {
  public:
   using BlocksKernel<T>::BlocksKernel;
 
-  void Compute(tensorflow::OpKernelContext* context) override {
-    tensorflow::OpInputList blocks;
-    InteractShape shape;
-    InputBlocks<T> described;
-    OP_REQUIRES_OK(context, this->ReadBlocks(context, &blocks, &shape, &described));
+  void ComputeOnBlocks(tensorflow::OpKernelContext* context, const tensorflow::OpInputList& blocks,
+                       const InteractShape& shape, const InputBlocks<T>& described) override {
     tensorflow::Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {shape.batch, shape.output_width}, &output));
     InteractBlocks<T>(context, shape, described, output->flat<T>().data());
@@ -488,11 +492,8 @@ class DotBasedInteractBlocksGradOp : public BlocksKernel<T> {
  public:
   using BlocksKernel<T>::BlocksKernel;
 
-  void Compute(tensorflow::OpKernelContext* context) override {
-    tensorflow::OpInputList blocks;
-    InteractShape shape;
-    InputBlocks<T> described;
-    OP_REQUIRES_OK(context, this->ReadBlocks(context, &blocks, &shape, &described));
+  void ComputeOnBlocks(tensorflow::OpKernelContext* context, const tensorflow::OpInputList& blocks,
+                       const InteractShape& shape, const InputBlocks<T>& described) override {
     const tensorflow::Tensor& upstream_grad = context->input(blocks.size());
     OP_REQUIRES_OK(context, CheckMatrix("upstream_grad", upstream_grad, shape.batch, shape.output_width));
     // A sample is gathered into scratch before its gradient is written, so where that happens a
