@@ -275,4 +275,3 @@ def make_block_interaction(name: str, dim: int, regather_for_gradient: bool = Fa
 
     interaction.__name__ = "custom_cpu_block_interaction"
     return interaction
-
