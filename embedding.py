@@ -218,8 +218,8 @@ Vectors = Union[tf.Tensor, List[tf.Tensor]]
 
 
 def join_blocks(blocks: Sequence[tf.Tensor]) -> tf.Tensor:
-    """The [B, sum of widths] tensor a list of vector blocks holds."""
-    return blocks[0] if len(blocks) == 1 else tf.concat(list(blocks), axis=1)
+    """The [B, sum of widths] tensor a list of vector blocks holds (one block: itself, no copy)."""
+    return tf.concat(list(blocks), axis=1)
 
 
 def blocks_or_joined(blocks: List[tf.Tensor], as_blocks: bool) -> Vectors:

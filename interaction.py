@@ -253,8 +253,7 @@ def cross_output_width(input_width: int) -> int:
 def stack_blocks(blocks: Sequence[tf.Tensor], dim: int) -> tf.Tensor:
     """The [B, F, dim] interaction input held by vector blocks [B, k_i * dim] (F = sum k_i)."""
     num_vectors = sum(int(block.shape[1]) for block in blocks) // dim
-    joined = blocks[0] if len(blocks) == 1 else tf.concat(list(blocks), axis=1)
-    return tf.reshape(joined, [-1, num_vectors, dim])
+    return tf.reshape(tf.concat(list(blocks), axis=1), [-1, num_vectors, dim])
 
 
 def make_block_interaction(name: str, dim: int, regather_for_gradient: bool = False) -> BlockInteraction:

@@ -375,9 +375,9 @@ void InteractBlocksGrad(tensorflow::OpKernelContext* context, const InteractShap
                         T* bottom_mlp_grad) {
   const int64_t sample_size = shape.num_vectors * shape.dim;
   const int64_t num_pairs = NumPairs(shape.num_vectors);
-  const bool grad_in_place = !NeedsSampleScratch(blocks);
+  const bool grad_in_place = !NeedsSampleScratch(blocks);  // one fp32 block: read and written in place
   ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
-    std::vector<float> gathered(NeedsSampleScratch(blocks) ? sample_size : 0);
+    std::vector<float> gathered(grad_in_place ? 0 : sample_size);
     std::vector<float> widened_upstream(std::is_same_v<T, float> ? 0 : shape.dim + num_pairs);
     std::vector<float> sample_grad(grad_in_place ? 0 : sample_size);
     std::vector<float> coefficients(shape.num_vectors * shape.num_vectors);
