@@ -211,7 +211,7 @@ def save(root: str, step: int, state: TrainingState, lineage: str, keep: int = 3
                 json.dump(manifest, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-    except OSError as error:
+    except (OSError, OutputPathError) as error:
         raise CheckpointError(f"{final}: cannot write the checkpoint: {error}") from None
     _prune(root, lineage, step, keep)
     return final

@@ -119,14 +119,27 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
         if not dataset_path:
             raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}"
                              + (" from a feature spec" if dataset_type == "synthetic" else ""))
-        spec = FeatureSpec.from_yaml(os.path.join(dataset_path, feature_spec_name))
+        spec_path = os.path.join(dataset_path, feature_spec_name)
+        if dataset_type != "synthetic" and not allow_external_paths:
+            _check_spec_inside(spec_path, dataset_path)
+        spec = FeatureSpec.from_yaml(spec_path)
         spec.check_feature_spec(chunk_type=SPLIT_BINARY if dataset_type == "tf_raw" else None,
-                                allow_external_paths=allow_external_paths)
+                                allow_external_paths=allow_external_paths, allowed_by="--allow_external_data_paths")
         return spec
     if hotness is not None and len(hotness) != len(cardinalities):
         raise ValueError(f"--synthetic_dataset_hotness gives {len(hotness)} values, but "
                          f"--synthetic_dataset_cardinalities {len(cardinalities)} tables; give one per table")
     return FeatureSpec.get_default_feature_spec(num_numerical_features, list(cardinalities), hotness=hotness)
+
+
+def _check_spec_inside(spec_path: str, dataset_path: str) -> None:
+    """A spec's files are read relative to the spec's own folder, so a spec outside the dataset
+    folder (an absolute or ../ --feature_spec) would silently train on another folder's files."""
+    spec_dir, data_dir = os.path.realpath(os.path.dirname(spec_path)), os.path.realpath(dataset_path)
+    if spec_dir != data_dir and not spec_dir.startswith(data_dir.rstrip(os.sep) + os.sep):
+        raise ValueError(f"--feature_spec {spec_path} lies outside --dataset_path {dataset_path}, and its data files "
+                         f"would be read relative to {spec_dir}: give --dataset_path {spec_dir}, or pass "
+                         f"--allow_external_data_paths to read them there")
 
 
 def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPipelines:

@@ -357,10 +357,11 @@ class FeatureSpec:
 
     # ----------------------------------------------------------- validation
     def check_feature_spec(self, chunk_type: Optional[str] = SPLIT_BINARY,
-                           allow_external_paths: bool = False) -> None:
+                           allow_external_paths: bool = False, allowed_by: Optional[str] = None) -> None:
         """Every rule of §4.2 plus: cardinality fits the dtype, hotness/alpha/pooling well formed (and
         hotness 1 in CSV files), no file serves two chunks of a mapping, and (unless
-        `allow_external_paths`) every file lies inside the spec's folder. `chunk_type` None checks a
+        `allow_external_paths`) every file lies inside the spec's folder; the error names
+        `allowed_by`, the caller's flag that allows it, if it has one. `chunk_type` None checks a
         spec whose files are not its business (synthetic data, a split-TFRecords folder): features,
         channels and dtypes only. Raises FeatureSpecError."""
         where = self._where()
@@ -383,7 +384,7 @@ class FeatureSpec:
         if self.source_spec is None:
             raise FeatureSpecError(f"{where}: source_spec is null, so the spec names no data files; "
                                    f"a {chunk_type} dataset needs the files of 'train' and 'test'")
-        self._check_mappings(where, chunk_type, allow_external_paths)
+        self._check_mappings(where, chunk_type, allow_external_paths, allowed_by)
 
     def _check_hotness(self, where: str, name: str) -> None:
         """hotness, alpha and pooling well formed; a misspelt key (`hotnes: 3`) would silently
@@ -471,7 +472,8 @@ class FeatureSpec:
         if unused:
             raise FeatureSpecError(f"{where}: features {unused} are in feature_spec but in no channel")
 
-    def _check_mappings(self, where: str, chunk_type: str, allow_external_paths: bool) -> None:
+    def _check_mappings(self, where: str, chunk_type: str, allow_external_paths: bool,
+                        allowed_by: Optional[str]) -> None:
         if set(self.source_spec) != set(MAPPINGS):
             raise FeatureSpecError(f"{where}: source_spec must have exactly the mappings {list(MAPPINGS)}, "
                                    f"got {sorted(self.source_spec)}")
@@ -482,7 +484,7 @@ class FeatureSpec:
                 raise FeatureSpecError(f"{where}: mapping '{mapping}' must be a list of chunks")
             seen: List[str] = []
             for chunk in chunks:
-                self._check_chunk(where, mapping, chunk, chunk_type, allow_external_paths)
+                self._check_chunk(where, mapping, chunk, chunk_type, allow_external_paths, allowed_by)
                 seen.extend(chunk[FEATURES_SELECTOR])
                 owner = f"features {chunk[FEATURES_SELECTOR]} of mapping '{mapping}'"
                 relative = os.path.normpath(chunk[FILES_SELECTOR][0])
@@ -503,7 +505,7 @@ class FeatureSpec:
                                        f"not defined in feature_spec")
 
     def _check_chunk(self, where: str, mapping: str, chunk: Any, chunk_type: str,
-                     allow_external_paths: bool) -> None:
+                     allow_external_paths: bool, allowed_by: Optional[str]) -> None:
         if not isinstance(chunk, dict):
             raise FeatureSpecError(f"{where}: mapping '{mapping}' has a chunk that is not a mapping")
         features = chunk.get(FEATURES_SELECTOR) or []
@@ -518,8 +520,9 @@ class FeatureSpec:
         if not isinstance(files, list) or len(files) != 1 or not isinstance(files[0], str):
             raise FeatureSpecError(f"{label}: a chunk needs exactly one file, got {files}")
         if not allow_external_paths and is_external_path(files[0]):
+            remedy = f"pass {allowed_by} to read it there" if allowed_by else "this command reads only files inside it"
             raise FeatureSpecError(f"{label}: file {files[0]!r} lies outside the dataset folder "
-                                   f"{self.base_directory}; external paths must be allowed explicitly")
+                                   f"{self.base_directory}; {remedy}")
         if chunk_type != SPLIT_BINARY:
             return
         categorical = [f for f in features if f in self.categorical_names]

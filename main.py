@@ -59,6 +59,9 @@ flags.DEFINE_string("save_checkpoint_path", None,
                     "Directory to save checkpoints to (step_<N> subdirectories; the newest K are kept)")
 flags.DEFINE_string("restore_checkpoint_path", None,
                     "Checkpoint directory, or a root of step_<N> directories (the newest is used)")
+flags.DEFINE_bool("auto_resume", False,
+                  "Resume from the newest checkpoint under --save_checkpoint_path when it holds any (a requeued or "
+                  "restarted job continues by itself); start as given (fresh, or --restore_checkpoint_path) otherwise")
 flags.DEFINE_integer("checkpoint_every_n_steps", 0, "Also save every N training steps (0: only at the end)")
 flags.DEFINE_integer("keep_checkpoints", 3, "Number of newest checkpoints kept under --save_checkpoint_path")
 flags.DEFINE_string("saved_model_output_path", None, "Export a SavedModel here (after training or in deploy mode)")
@@ -327,6 +330,9 @@ def validate_flags(opts: Any, world_size: int) -> None:
         raise UsageError("--synthetic_dataset_use_feature_spec needs --dataset_path")
     if opts.checkpoint_every_n_steps and not opts.save_checkpoint_path:
         raise UsageError("--checkpoint_every_n_steps needs --save_checkpoint_path")
+    if opts.auto_resume and not (opts.mode == "train" and opts.save_checkpoint_path):
+        raise UsageError("--auto_resume resumes training from --save_checkpoint_path: it needs --mode train and "
+                         "--save_checkpoint_path")
     if opts.profiler_start_step is not None and opts.profiled_rank >= world_size:
         raise UsageError(f"--profiled_rank {opts.profiled_rank} does not exist in a {world_size}-process run, "
                          f"so --profiler_start_step would profile nothing; use --profiled_rank 0")
@@ -530,7 +536,8 @@ def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
     import checkpoint
     from utils import print_rank0
 
-    resumed = checkpoint.open_checkpoint(FLAGS.restore_checkpoint_path) if FLAGS.restore_checkpoint_path else None
+    source = resume_source(rank)
+    resumed = checkpoint.open_checkpoint(source) if source else None
     lineage = checkpoint.run_lineage(resumed)
     if FLAGS.mode == "train" and resumed is not None:
         checkpoint.check_resume_step(resumed, FLAGS.epochs * steps_per_epoch, FLAGS.max_steps)
@@ -541,6 +548,44 @@ def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
         checkpoint.restore(resumed, state)
         print_rank0(f"restored {resumed.path} (step {resumed.step})", rank=rank)
     return lineage
+
+
+def resume_source(rank: int) -> Optional[str]:
+    """The checkpoint (or root) training starts from: with --auto_resume the save folder when it
+    holds a checkpoint (its newest is this run's own lineage: check_save_folder keeps other runs'
+    out of it), else --restore_checkpoint_path."""
+    import checkpoint
+    from utils import print_rank0
+
+    if FLAGS.auto_resume and FLAGS.mode == "train" and checkpoint.list_checkpoints(FLAGS.save_checkpoint_path):
+        print_rank0(f"--auto_resume: resuming from the newest checkpoint in --save_checkpoint_path "
+                    f"{FLAGS.save_checkpoint_path}", rank=rank)
+        return FLAGS.save_checkpoint_path
+    return FLAGS.restore_checkpoint_path
+
+
+def hold_save_folder(rank: int):
+    """Rank 0 takes --save_checkpoint_path's lock for the run's lifetime (folder_lock), so a second
+    run saving there stops at once; every rank gets the verdict. Returns the lock (rank 0) or None."""
+    import distributed as dist
+    import folder_lock
+    from utils import print_rank0
+
+    if FLAGS.mode != "train" or not FLAGS.save_checkpoint_path:
+        return None
+    lock, message = None, None
+    if rank == 0:
+        try:
+            lock = folder_lock.acquire(FLAGS.save_checkpoint_path, "--save_checkpoint_path")
+        except folder_lock.FolderLockedError as error:
+            message = str(error)
+    message = dist.broadcast_object(message, root_rank=0)
+    if message:
+        raise folder_lock.FolderLockedError(message)
+    if lock is not None and lock.took_over is not None:
+        print_rank0(f"--save_checkpoint_path {FLAGS.save_checkpoint_path} was held by a run that ended without "
+                    f"giving it back ({lock.took_over.describe()}); taking it over", rank=rank)
+    return lock
 
 
 def log_parameters(logger, world_size: int) -> None:
@@ -659,17 +704,32 @@ def _inference_batches(pipelines) -> Optional[int]:
     return inference_batches(FLAGS.max_steps, pipelines.eval_steps, FLAGS.valid_batch_size)
 
 
-def run_train(job: Job) -> None:
-    """--mode train: the epochs, periodic evaluations and checkpoints, then the final record."""
+def announce_evaluations(steps_per_epoch: int, rank: int) -> None:
+    """Say so when an epoch is too short for --evals_per_epoch distinct evaluation points."""
+    from trainer import eval_points
+    from utils import print_rank0
+
+    points = len(eval_points(steps_per_epoch, FLAGS.evals_per_epoch))
+    if points < FLAGS.evals_per_epoch:
+        print_rank0(f"--evals_per_epoch {FLAGS.evals_per_epoch}: an epoch has only {steps_per_epoch} steps, so "
+                    f"{points} evaluation(s) run per epoch", rank=rank)
+
+
+def run_train(job: Job) -> int:
+    """--mode train: the epochs, periodic evaluations and checkpoints, then the final record.
+    A stop signal ends training after the current step with a checkpoint (stop_signals); the
+    exit code is then the signal's."""
     import checkpoint
     import distributed as dist
     import saved_model
+    from stop_signals import STOP
     from tensorboard_log import TensorBoardScalars
     from trainer import LoopConfig, train_loop
     from utils import print_rank0
 
     if FLAGS.max_steps == 0:  # validate_flags allows it only to save the initial weights
         print_rank0("--max_steps 0: no training step runs; the checkpoint holds the initial weights", rank=job.rank)
+    announce_evaluations(job.pipelines.train_steps, job.rank)
     saved_steps = []
 
     def save(step: int) -> None:
@@ -691,18 +751,29 @@ def run_train(job: Job) -> None:
         max_steps=FLAGS.max_steps, evals_per_epoch=FLAGS.evals_per_epoch, print_freq=int(FLAGS.print_freq),
         checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps, profiler_start_step=FLAGS.profiler_start_step,
         profile_this_rank=job.rank == FLAGS.profiled_rank)
+    STOP.graceful = True  # from here a signal finishes the step and saves (train_loop, below)
     try:
         result = train_loop(job.trainer, job.evaluator, job.pipelines.train, job.pipelines.test, loop_config,
                             save_checkpoint=save if FLAGS.save_checkpoint_path else None,
-                            record_scalars=record_scalars)
+                            record_scalars=record_scalars, stop=STOP)
     finally:
         if tensorboard:
             tensorboard.close()
     if FLAGS.save_checkpoint_path and result.steps not in saved_steps:
         save(result.steps)
+    if result.stopped_by is not None:
+        return stopped_early(result, loop_config, job)
     if FLAGS.saved_model_output_path:  # single process only (validate_flags)
         print(f"SavedModel exported to: {saved_model.export(job.trainer.model, FLAGS.saved_model_output_path)}",
               flush=True)
+    log_final(job.logger, final_record(result, job))
+    return 0
+
+
+def final_record(result, job: Job) -> Dict[str, Any]:
+    """The final log record of a training run: speed, the best evaluation, the last loss."""
+    from utils import print_rank0
+
     mean_step = result.mean_step_time_s
     record = {"throughput": float("nan") if math.isnan(mean_step) else FLAGS.batch_size / mean_step,
               "mean_step_time_ms": mean_step * 1000}
@@ -713,7 +784,28 @@ def run_train(job: Job) -> None:
                     f"{FLAGS.evals_per_epoch}): the final record has no auc or validation_loss", rank=job.rank)
     record |= {"train_loss": result.train_loss, "evaluations": len(result.evaluations)}
     teacher_auc = job.pipelines.teacher_auc
-    log_final(job.logger, record | ({"teacher_auc": teacher_auc} if teacher_auc is not None else {}))
+    return record | ({"teacher_auc": teacher_auc} if teacher_auc is not None else {})
+
+
+def stopped_early(result, loop_config, job: Job) -> int:
+    """After a stop signal: say where training stopped, what was saved and how to resume; every
+    rank then leaves together (a rank's early exit would make the launcher kill the others)."""
+    import distributed as dist
+    from stop_signals import exit_code, signal_name
+    from utils import print_rank0
+
+    rank = job.rank
+    job.logger.log(step=(), data={"stopped_by": signal_name(result.stopped_by), "steps": result.steps}, echo=False)
+    total = loop_config.epochs * loop_config.steps_per_epoch
+    total = total if loop_config.max_steps < 0 else min(total, loop_config.max_steps)
+    where = f"stopped by {signal_name(result.stopped_by)} after step {result.steps} of {total}"
+    if FLAGS.save_checkpoint_path:
+        print_rank0(f"{where}; checkpoint saved in {FLAGS.save_checkpoint_path}. To resume, run the same command "
+                    f"with --restore_checkpoint_path {FLAGS.save_checkpoint_path} (or add --auto_resume)", rank=rank)
+    else:
+        print_rank0(f"{where}; nothing was saved (no --save_checkpoint_path)", rank=rank)
+    dist.barrier()
+    return exit_code(result.stopped_by)
 
 
 def run_eval(job: Job) -> None:
@@ -745,27 +837,28 @@ def run_deploy(job: Job) -> None:
                 rank=job.rank)
 
 
-MODES: Dict[str, Callable[[Job], None]] = {"train": run_train, "eval": run_eval, "inference": run_inference,
+MODES: Dict[str, Callable[[Job], Optional[int]]] = {"train": run_train, "eval": run_eval, "inference": run_inference,
                                            "deploy": run_deploy}
 
 
-def run_mode(rank: int, world_size: int, logger, precision: Precision) -> None:
-    """Prepare the job, log the run's parameters, then run --mode."""
+def run_mode(rank: int, world_size: int, logger, precision: Precision) -> int:
+    """Prepare the job, log the run's parameters, then run --mode; returns the exit code."""
     announce_accepted_flags(rank)
     job = prepare_job(rank, world_size, logger, precision)
     log_parameters(logger, world_size)
-    MODES[FLAGS.mode](job)
+    return MODES[FLAGS.mode](job) or 0
 
 
 def user_error_types() -> tuple:
     """Exceptions caused by bad input: reported as one line and a non-zero exit, not a traceback."""
     from checkpoint import CheckpointError
     from feature_spec import FeatureSpecError
+    from folder_lock import FolderLockedError
     from interaction import InteractionUnavailableError
     from trainer import NonFiniteLossError
 
     return (UsageError, FeatureSpecError, CheckpointError, InteractionUnavailableError, NonFiniteLossError,
-            ValueError, FileNotFoundError)
+            FolderLockedError, ValueError, FileNotFoundError)
 
 
 def report_error(error: Any) -> int:
@@ -774,8 +867,31 @@ def report_error(error: Any) -> int:
     return 2
 
 
+def report_stop(stop: Any) -> int:
+    """One line for a run stopped at once by a signal (outside training, or a second signal); its
+    exit code. Every writer is atomic, so what is on disk is whole."""
+    from stop_signals import exit_code
+
+    print(f"stopped by {stop}: the run ended before finishing; outputs already on disk are complete, nothing "
+          f"half-written remains", file=sys.stderr, flush=True)
+    return exit_code(stop.signum)
+
+
 def run(argv) -> int:
+    """The whole run under the stop-signal handlers; returns the exit code (README, Exit codes)."""
+    from stop_signals import STOP, StopNow
+
     del argv
+    STOP.install()
+    try:
+        return _run()
+    except StopNow as stop:
+        return report_stop(stop)
+    finally:
+        STOP.ignore_further()
+
+
+def _run() -> int:
     if FLAGS.xla:
         os.environ["TF_XLA_FLAGS"] = ("--tf_xla_auto_jit=fusible" + (" --tf_xla_cpu_global_jit" if FLAGS.cpu else "")
                                       + " " + os.environ.get("TF_XLA_FLAGS", "")).strip()
@@ -785,6 +901,7 @@ def run(argv) -> int:
     dist.init()
     rank, world_size = dist.rank(), dist.size()
     logger = DllLogger(FLAGS.log_path, enabled=rank == 0)  # opens the file at its first record
+    save_lock = None
     try:
         apply_preset(FLAGS)
         validate_flags(FLAGS, world_size)
@@ -794,12 +911,14 @@ def run(argv) -> int:
             code = report_error(verdict)
             dist.barrier()  # every rank has said why before any exits: horovodrun kills the rest at the first exit
             return code
-        run_mode(rank, world_size, logger, precision)
+        save_lock = hold_save_folder(rank)
+        return run_mode(rank, world_size, logger, precision)
     except user_error_types() as error:
         return report_error(error)
     finally:
         logger.close()
-    return 0
+        if save_lock is not None:
+            save_lock.release()
 
 
 # V5's defaults shared by dlrm.py and dcnv2.py where they differ from main.py's (V3/V4) ones.

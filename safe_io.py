@@ -135,17 +135,35 @@ def temporary_sibling(final: str) -> str:
     return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp-{os.getpid()}")
 
 
+def _rename_no_replace(source: str, target: str) -> None:
+    """Rename a folder to a path that must not exist. POSIX rename silently replaces an empty
+    folder at `target`, so a folder created there since the caller's check is refused instead."""
+    try:
+        os.mkdir(target)  # fails if anything is there now; claims the name otherwise
+    except FileExistsError:
+        raise OutputPathError(f"{target} appeared while this output was being written (another writer's?); "
+                              f"refusing to replace it") from None
+    try:
+        os.rename(source, target)  # onto the empty folder just made
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(target)  # ours, unless another writer filled it meanwhile
+        raise
+
+
 class StagedDirectory:
     """A hidden temporary sibling of `final`, filled by the caller, then either published as
     `final` (`publish`) or removed (`discard`); for writers whose output outlives one block.
 
     An existing `final` is an error unless `replace` (the caller decides what may be replaced); on
     `publish` it is moved aside, the new folder renamed in, and the old one deleted, so `final`
-    never holds a mixture, and a failed rename puts the old folder back.
+    never holds a mixture, and a failed rename puts the old folder back. Without `replace`, a
+    `final` that appeared after this check (another writer's) is never touched: publishing fails.
     """
 
     def __init__(self, final: str, replace: bool = False) -> None:
         self.final = os.path.abspath(final)
+        self.replace = replace
         if os.path.lexists(self.final) and not replace:
             raise OutputPathError(f"{self.final} already exists; refusing to overwrite it")
         os.makedirs(os.path.dirname(self.final), exist_ok=True)
@@ -156,6 +174,9 @@ class StagedDirectory:
     def publish(self) -> None:
         """Rename the filled folder to `final`; on failure it is removed and `final` kept as it was."""
         try:
+            if os.path.lexists(self.final) and not self.replace:
+                raise OutputPathError(f"{self.final} appeared while this output was being written (another "
+                                      f"writer's?); refusing to replace it")
             if os.path.lexists(self.final):
                 old = self.path + ".old"
                 os.rename(self.final, old)
@@ -166,7 +187,7 @@ class StagedDirectory:
                     raise
                 shutil.rmtree(old, ignore_errors=True)
             else:
-                os.rename(self.path, self.final)
+                _rename_no_replace(self.path, self.final)
         except BaseException:
             self.discard()
             raise

@@ -23,6 +23,7 @@ from datasets import surface_data_errors
 from lr_scheduler import LearningRateScheduler
 from model import Dlrm
 from optimizers import Optimizer
+from stop_signals import STOP_SIGNALS, StopRequest, agreed_signal, vote
 from utils import StepTimer, print_rank0
 
 
@@ -44,6 +45,7 @@ class TrainResult:
     mean_step_time_s: float
     train_loss: float
     evaluations: List[EvalResult] = field(default_factory=list)
+    stopped_by: Optional[int] = None  # the signal the ranks stopped for, None when training ran to its end
 
     @property
     def best_auc(self) -> Optional[float]:
@@ -96,6 +98,13 @@ class Trainer:
                                      f"writing a checkpoint (the last one saved is intact)")
 
     def _train_step(self, features: Dict[str, tf.Tensor], labels: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        loss, learning_rate, _ = self._step(features, labels, tf.zeros([len(STOP_SIGNALS)]))
+        return loss, learning_rate
+
+    def _step(self, features: Dict[str, tf.Tensor], labels: tf.Tensor,
+              stop_vote: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """One step; returns the mean loss over ranks, the learning rate, and the ranks' averaged
+        stop votes (stop_signals.vote), which ride the loss's allreduce: no extra collective."""
         step = self.scheduler.step.read_value()
         learning_rate = self.scheduler.advance()
         dense_vars, embedding_vars = self.model.dense_variables, self.model.embedding_variables
@@ -115,17 +124,19 @@ class Trainer:
         else:
             self.dense_optimizer.apply(dense_pairs, learning_rate)
             self.embedding_optimizer.apply(embedding_pairs, learning_rate)
-        loss = dist.allreduce(loss, name="train_loss")
+        reduced = dist.allreduce(tf.concat([tf.cast(loss, tf.float32)[None], stop_vote], 0), name="train_loss")
+        loss, stop_votes = reduced[0], reduced[1:]
         first_bad = self.first_nonfinite_step.read_value()
         self.first_nonfinite_step.assign(tf.where((first_bad < 0) & ~tf.math.is_finite(loss), step, first_bad))
-        return loss, learning_rate
+        return loss, learning_rate, stop_votes
 
-    def _train_next(self, batches: tf.data.Iterator) -> Tuple[tf.Tensor, tf.Tensor]:
-        """`_train_step` on the iterator's next batch, taken inside the step's graph: the batch's
+    def _train_next(self, batches: tf.data.Iterator,
+                    stop_vote: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`_step` on the iterator's next batch, taken inside the step's graph: the batch's
         tensors never become Python objects (a Python-side `next` costs tens of microseconds per
         tensor, a batch has one per feature), so the loader runs at its in-graph rate."""
         features, labels = next(batches)
-        return self._train_step(features, labels)
+        return self._step(features, labels, stop_vote)
 
     def training_state(self, feature_names: Sequence[str], optimizer_name: str) -> TrainingState:
         """The variables a checkpoint saves and restores, named in the global per-table layout."""
@@ -269,8 +280,12 @@ def progress_line(step: int, total_steps: int, epoch: int, total_epochs: int, sc
 @surface_data_errors()
 def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset, test_dataset: tf.data.Dataset,
                config: LoopConfig, save_checkpoint: Optional[Callable[[int], None]] = None,
-               record_scalars: Optional[ScalarRecorder] = None) -> TrainResult:
+               record_scalars: Optional[ScalarRecorder] = None, stop: Optional[StopRequest] = None) -> TrainResult:
     """Run epochs from the scheduler's current step (so a restored run resumes in place).
+
+    A signal `stop` records ends the loop after the step in which every rank learns of it (the
+    votes ride the step's loss allreduce), before that step's evaluation or checkpoint; the
+    result's `stopped_by` names it and the caller saves.
 
     Progress lines (and `record_scalars`) come every `print_freq` steps after the timer's warm-up,
     where the host reads the loss anyway: they add no synchronisation to the steps between. The
@@ -288,7 +303,8 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     points = set(eval_points(config.steps_per_epoch, config.evals_per_epoch))
     train_loss = float("nan")
     step = start_step
-    while step < total_steps:
+    stopped_by = None
+    while step < total_steps and stopped_by is None:
         epoch, offset = divmod(step, config.steps_per_epoch)
         epoch_start = step
         epoch_steps = min(config.steps_per_epoch - offset, total_steps - step)
@@ -296,12 +312,16 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
         for _ in range(epoch_steps):
             _maybe_profile(config, step, rank)
             try:
-                loss, learning_rate = trainer.train_next(batches)
+                loss, learning_rate, stop_votes = trainer.train_next(
+                    batches, tf.constant(vote(stop.signum if stop else None), tf.float32))
             except tf.errors.OutOfRangeError:
                 break
             timer.step_done(step)
             in_epoch = step - epoch * config.steps_per_epoch
             step += 1
+            stopped_by = agreed_signal(stop_votes.numpy())
+            if stopped_by is not None:
+                break
             if config.print_freq > 0 and step % config.print_freq == 0:
                 trainer.check_finite()
                 train_loss = float(loss.numpy())  # the window's one host synchronisation
@@ -330,7 +350,7 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     if step > start_step:
         train_loss = float(loss.numpy())
     return TrainResult(steps=step, mean_step_time_s=timer.mean_step_time(), train_loss=train_loss,
-                       evaluations=evaluations)
+                       evaluations=evaluations, stopped_by=stopped_by)
 
 
 def prefetch_to_device(dataset: tf.data.Dataset) -> tf.data.Dataset:

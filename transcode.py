@@ -167,7 +167,8 @@ def transcode(input_dir: str, output_dir: str, feature_spec_in: str = DEFAULT_SP
     if chunk_size < 1:
         raise ValueError(f"--chunk_size must be positive, got {chunk_size}")
     spec = FeatureSpec.from_yaml(os.path.join(input_dir, feature_spec_in))
-    spec.check_feature_spec(chunk_type=CSV, allow_external_paths=allow_external_paths)
+    spec.check_feature_spec(chunk_type=CSV, allow_external_paths=allow_external_paths,
+                            allowed_by="--allow_external_paths")
     refuse_overlap(output_dir, "--output", _input_paths(spec, input_dir))
     output_dir = os.path.abspath(output_dir)
     layout = FeatureSpec.get_default_feature_spec(  # the file layout only; cardinalities come later

@@ -144,9 +144,17 @@ class StepTimer:
         self.measured_seconds = 0.0
         self._window_start: Optional[float] = None
         self._window_steps = 0
+        self._created = time.perf_counter()
+        self._first_done: Optional[float] = None
+        self._last_done = self._created
+        self._steps_done = 0
 
     def step_done(self, step: int) -> None:
         """Call after every step (0-based); steps before the warm-up are not measured."""
+        self._last_done = time.perf_counter()
+        self._steps_done += 1
+        if self._first_done is None:
+            self._first_done = self._last_done
         if step + 1 == self.warmup_steps or (self._window_start is None and step + 1 > self.warmup_steps):
             self._window_start = time.perf_counter()
             self._window_steps = 0
@@ -167,8 +175,11 @@ class StepTimer:
         return mean
 
     def mean_step_time(self) -> float:
-        """Mean over all closed windows, NaN when the run was too short to measure."""
+        """Mean over all closed windows; a run too short for the warm-up is measured whole: the
+        steps after the first (which traces the graph), or that one step; NaN without steps."""
         self.close_window()
-        if self.measured_steps == 0:
-            return float("nan")
-        return self.measured_seconds / self.measured_steps
+        if self.measured_steps:
+            return self.measured_seconds / self.measured_steps
+        if self._steps_done > 1:
+            return (self._last_done - self._first_done) / (self._steps_done - 1)
+        return self._last_done - self._created if self._steps_done else float("nan")

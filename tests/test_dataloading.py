@@ -209,3 +209,22 @@ def test_prepare_synthetic_dataset_takes_a_generated_spec(tmp_path):
     assert spec.cardinalities == CRITEO_VARIANTS["criteo_t0_synthetic"]
     assert spec.file_of("test", spec.label_name) == str(tmp_path / "out" / "test" / "label.bin")
     spec.check_feature_spec()
+
+
+def test_a_feature_spec_outside_the_dataset_folder_is_refused_unless_allowed(tf_raw_dataset, tmp_path):
+    """Its files would be read relative to the spec's own folder, not --dataset_path: silently
+    another dataset. Refused, naming both folders; --allow_external_data_paths reads them there."""
+    from dataloader import load_feature_spec
+
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    spec_path = os.path.join(str(tf_raw_dataset), "feature_spec.yaml")
+    with pytest.raises(ValueError) as refused:
+        load_feature_spec(dataset_path=str(elsewhere), feature_spec_name=spec_path)
+    message = str(refused.value)
+    assert f"--feature_spec {spec_path} lies outside --dataset_path {elsewhere}" in message
+    assert "--allow_external_data_paths" in message and str(tf_raw_dataset) in message
+    spec = load_feature_spec(dataset_path=str(elsewhere), feature_spec_name=spec_path, allow_external_paths=True)
+    assert spec.cardinalities == [7, 1000, 70000]
+    inside = load_feature_spec(dataset_path=str(tf_raw_dataset), feature_spec_name=spec_path)
+    assert inside.cardinalities == [7, 1000, 70000]

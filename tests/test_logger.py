@@ -1,6 +1,7 @@
 """The dllogger-format logger writes parseable DLLL lines on rank 0 only."""
 import datetime
 import io
+import time
 
 from utils import DllLogger, StepTimer, read_dllogger_file
 
@@ -55,6 +56,19 @@ def test_step_timer_skips_warmup():
         timer.step_done(step)
     assert timer.mean_step_time() >= 0.0
     assert timer.measured_steps == 3
+    assert StepTimer(warmup_steps=10).mean_step_time() != StepTimer(warmup_steps=10).mean_step_time()  # NaN
+
+
+def test_step_timer_measures_a_run_shorter_than_its_warmup_whole():
+    """A run shorter than the warm-up (2 x --print_freq) still reports its step time: over the steps
+    after the first, or the one step there is."""
+    one = StepTimer(warmup_steps=10)
+    time.sleep(0.02)
+    one.step_done(0)
+    assert 0.02 <= one.mean_step_time() < 1
     short = StepTimer(warmup_steps=10)
-    short.step_done(0)
-    assert short.mean_step_time() != short.mean_step_time()
+    short.step_done(0)  # the first step traces the graph: excluded once there are more
+    for step in (1, 2):
+        time.sleep(0.01)
+        short.step_done(step)
+    assert 0.01 <= short.mean_step_time() < 0.5 and short.measured_steps == 0

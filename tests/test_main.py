@@ -53,6 +53,16 @@ def test_training_approaches_the_teacher_auc(tmp_path):
     assert "step=300/1200, epoch=1/4, throughput=" in result.stdout and "learning_rate=" in result.stdout
 
 
+def test_a_short_run_reports_its_throughput_and_says_when_evaluations_cannot_all_run(tmp_path):
+    """12 steps, shorter than the timer's warm-up (2 x --print_freq): the final record still has a
+    throughput; 20 evaluations per epoch of 12 steps cannot all run, and the run says how many do."""
+    result = main_py(SMALL + ["--evals_per_epoch", "20", "--log_path", str(tmp_path / "t.json")])
+    assert_ok(result)
+    assert "--evals_per_epoch 20: an epoch has only 12 steps, so 11 evaluation(s) run per epoch" in result.stdout
+    record = final_record(tmp_path / "t.json")
+    assert record["throughput"] > 0 and record["evaluations"] == 11, record
+
+
 def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     ckpt = tmp_path / "ckpt"
     assert_ok(main_py(SMALL + ["--save_checkpoint_path", str(ckpt), "--log_path", str(tmp_path / "t.json")]))

@@ -1,16 +1,20 @@
 """slurm_multinode.sh on a real one-node Slurm cluster: 2-rank Horovod training over PMIx, errors."""
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
+import numpy as np
 import pytest
 
-from multiproc import REPO_ROOT, launch_env, require
+import checkpoint
+from multiproc import REPO_ROOT, assert_ok, launch_env, require, run_horovod
 from slurm_cluster import SlurmCluster, SlurmStartError, missing_binaries
 from utils import read_dllogger_file
 
@@ -136,3 +140,49 @@ def test_two_rank_training_under_srun_pmix(slurm: SlurmCluster, tmp_path: Path) 
     assert parameters and parameters[0]["world_size"] == 2, report
     final = [r["data"] for r in records if r["step"] == []]
     assert final and 0.0 <= final[-1]["auc"] <= 1.0, report
+
+
+def test_warning_signal_stops_requeues_and_the_job_resumes_by_itself(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Slurm's time-limit warning (SIGUSR1 to the batch script, as `#SBATCH --signal=B:USR1@120`
+    sends it) reaches both ranks, which save and stop; requeue=1 requeues the job, whose second run
+    resumes from that checkpoint through --auto_resume and ends with the weights of a 2-rank run
+    that was never interrupted."""
+    mpi_plugins = slurm.run_client(["srun", "--mpi=list"])
+    require("pmix" in mpi_plugins.stdout + mpi_plugins.stderr, "Slurm has no pmix MPI plugin")
+    folder, output = tmp_path / "ckpt", tmp_path / "job.out"
+    args = [*TRAINING_ARGS, "--synthetic_dataset_train_batches", "1500", "--print_freq", "50", "--deterministic",
+            "--seed", "3", "--learning_rate", "0.1", "--warmup_steps", "2"]
+    train = [sys.executable, os.path.join(REPO_ROOT, "main.py"), *args, "--auto_resume",
+             "--save_checkpoint_path", str(folder)]
+    job_env = {"cmd": shlex.join(train), "requeue": "1"}
+    env = {**launch_env(job_env), "SLURM_CONF": slurm.conf_path}
+    job = subprocess.Popen(["sbatch", "-n", "2", "-N", "1", "--time=5", "--wait", "--export=ALL",
+                            f"--output={output}", "--open-mode=append", "--parsable", SCRIPT],
+                           env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = job.stdout.readline().strip().split(";")[0]
+        deadline = time.time() + 150
+        while time.time() < deadline and not (output.exists() and "step=" in output.read_text(errors="replace")):
+            time.sleep(0.2)
+        slurm.run_client(["scancel", "--batch", "--signal=USR1", job_id])
+        _, errors = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    report = f"sbatch: {errors}\n" + job_report(None, output, slurm)
+    assert job.returncode == 0, report
+    text = output.read_text(errors="replace")
+    assert "received SIGUSR1, passing it to the tasks" in text and "requeueing job" in text, report
+    stopped = [line for line in text.splitlines() if "stopped by SIGUSR1 after step" in line]
+    assert len(stopped) == 1, report
+    step = int(stopped[0].split(" after step ")[1].split()[0])
+    assert "--auto_resume: resuming from the newest checkpoint" in text and "Traceback" not in text, report
+    assert checkpoint.resolve(str(folder)).endswith("step_000001500"), report
+    assert 0 < step < 1500
+
+    whole = tmp_path / "whole"
+    assert_ok(run_horovod(["main.py", *args, "--save_checkpoint_path", str(whole)]))
+    for name in ("dense", "embeddings"):
+        for path in sorted(glob.glob(f"{checkpoint.resolve(str(whole))}/{name}/*.npy")):
+            resumed = np.load(path.replace(checkpoint.resolve(str(whole)), checkpoint.resolve(str(folder))))
+            np.testing.assert_allclose(resumed, np.load(path), rtol=1e-6, atol=1e-7, err_msg=path)

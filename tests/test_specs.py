@@ -202,6 +202,7 @@ def test_main_refuses_the_spec_in_one_line(data_dir, tmp_path, case):
     if case == "external path":
         set_file(data_dir, "test", "label", "../../etc/label.bin")
         words = "file '../../etc/label.bin' lies outside the dataset folder"
+        words += f" {data_dir}; pass --allow_external_data_paths to read it there"
     else:
         with open(spec_path(data_dir), "a") as f:
             f.write("metadata: {}\n")

@@ -208,3 +208,15 @@ def test_gen_csv_needs_integer_cardinalities_and_refuses_existing_files(csv_dir,
     auto.write_text(yaml.safe_dump(raw))
     with pytest.raises(FeatureSpecError, match="cat_1.bin.*integer cardinality"):
         generate_csv(str(auto), str(tmp_path / "other"), 10)
+
+
+def test_gen_csv_refuses_an_external_file_without_naming_a_flag_it_lacks(tmp_path):
+    """gen_csv.py has no flag to allow files outside --output: its error must not offer one."""
+    spec = FeatureSpec.from_yaml(SMALL_CSV_SPEC)
+    spec.source_spec["train"][0]["files"] = ["../outside.csv"]
+    spec_path = spec.to_yaml(str(tmp_path / "spec.yaml"))
+    result = run_tool("gen_csv.py", "--feature_spec_in", spec_path, "--output", str(tmp_path / "csv"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "lies outside the dataset folder" in result.stderr, result.stderr
+    assert "this command reads only files inside it" in result.stderr and "allowed explicitly" not in result.stderr
+    assert not (tmp_path / "csv").exists() and not (tmp_path / "outside.csv").exists()

@@ -1,0 +1,85 @@
+"""SIGINT, SIGTERM and SIGUSR1 as a request to stop cleanly (docs/architecture.md, Stopping).
+
+What a cluster sends when a job must end: Ctrl-C (SIGINT), the time limit or a preemption (SIGTERM,
+from Slurm, Kubernetes or horovodrun), and Slurm's advance warning (`--signal=USR1@<seconds>`).
+Training treats the first one as a request: the current step (and an evaluation or checkpoint in
+progress) finishes, the ranks agree on the step to stop after (`Trainer.train_next` carries each
+rank's request through the step's loss allreduce), the run saves a checkpoint and exits with
+`exit_code(signal)`. A second signal stops at once (`StopNow`). Outside training, where nothing is
+worth finishing, the first signal already raises `StopNow`.
+Nothing here touches TensorFlow; handlers only set a flag or raise, as Python requires.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any, Optional
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopNow(BaseException):
+    """Raised by a signal handler to stop at once (a BaseException, as KeyboardInterrupt is, so
+    that no `except Exception` swallows it and every atomic writer discards its temporary)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def exit_code(signum: int) -> int:
+    """The exit status of a run ended by `signum`: 128 + its number, as shells report a signal."""
+    return 128 + signum
+
+
+class StopRequest:
+    """Installs the handlers of STOP_SIGNALS and remembers the first signal received.
+
+    `graceful`: the first signal only sets `signum` (training polls it at step boundaries); the
+    second raises StopNow. Not graceful: the first raises StopNow.
+    """
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.graceful = False
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def ignore_further(self) -> None:
+        """Ignore the stop signals from now on: the run has ended and is leaving (a launcher that
+        ends the other ranks once one exits must not turn their exit into a traceback)."""
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        del frame
+        if self.signum is not None or not self.graceful:
+            self.signum = self.signum or signum
+            raise StopNow(signum)
+        self.signum = signum
+        print(f"received {signal_name(signum)}: finishing the current step, then saving and stopping "
+              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+
+
+# The process's one request, installed by the entry point (main.run) before any work.
+STOP = StopRequest()
+
+
+def vote(signum: Optional[int]) -> list:
+    """This rank's stop vote for the step's allreduce: 1.0 at the index of the signal received."""
+    return [1.0 if signum == s else 0.0 for s in STOP_SIGNALS]
+
+
+def agreed_signal(votes: Any) -> Optional[int]:
+    """The signal the ranks agree to stop for, from the averaged votes (the same on every rank):
+    the first of STOP_SIGNALS any rank received; None to go on."""
+    for signum, share in zip(STOP_SIGNALS, votes):
+        if share > 0:
+            return int(signum)
+    return None

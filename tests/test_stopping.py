@@ -1,0 +1,168 @@
+"""A shared cluster: one run per save folder (folder_lock), and SIGINT/SIGTERM/SIGUSR1 ending a run
+cleanly with a checkpoint it resumes from (stop_signals), with real processes and real horovodrun.
+The Slurm path (warning signal, requeue, resume by itself) is in test_slurm.py."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import checkpoint
+import folder_lock
+from multiproc import REPO_ROOT, assert_ok, horovod_command, launch_env, run_python
+
+MODEL = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--dot_interaction",
+         "tensorflow", "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "50,20,7,30",
+         "--synthetic_dataset_num_numerical_features", "5", "--synthetic_dataset_valid_batches", "3",
+         "--batch_size", "64", "--valid_batch_size", "100", "--learning_rate", "0.1", "--warmup_steps", "2",
+         "--seed", "7", "--deterministic", "--print_freq", "200"]
+LONG = MODEL + ["--synthetic_dataset_train_batches", "1000000"]  # runs until a signal stops it
+
+
+def start(args, np=1):
+    """A training run in the background (np > 1: under horovodrun), its output in a pipe."""
+    command = [sys.executable, "main.py", *args] if np == 1 else horovod_command(["main.py", *args], np=np)
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=launch_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_steps(process, timeout=240):
+    """Read the run's output until its first progress line (training is under way); returns it."""
+    seen = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            pytest.fail("the run ended before training:\n" + "".join(seen[-40:]))
+        seen.append(line)
+        if "step=" in line:
+            return "".join(seen)
+    pytest.fail("no progress line in time:\n" + "".join(seen[-40:]))
+
+
+def finish(process, timeout=120):
+    """The run's exit code and its whole output."""
+    try:
+        rest, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, rest
+
+
+def stopped_step(output):
+    for line in output.splitlines():
+        if "stopped by " in line and " after step " in line:
+            return int(line.split(" after step ")[1].split()[0])
+    pytest.fail("no 'stopped by ... after step N' line:\n" + output[-4000:])
+
+
+def arrays(root):
+    path = checkpoint.resolve(str(root))
+    return {os.path.relpath(f, path): np.load(f) for f in sorted(glob.glob(f"{path}/*/*.npy"))}
+
+
+def test_second_run_on_a_held_folder_is_refused_and_sigint_stops_the_first_with_a_resumable_checkpoint(tmp_path):
+    folder = tmp_path / "ckpt"
+    first = start(LONG + ["--save_checkpoint_path", str(folder), "--log_path", str(tmp_path / "a.json")])
+    try:
+        output = wait_for_steps(first)
+        second = run_python(["main.py", *LONG, "--save_checkpoint_path", str(folder),
+                             "--log_path", str(tmp_path / "b.json")])
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert "Traceback" not in second.stderr
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and str(folder) in errors[0] and "in use by another run" in errors[0], errors
+        assert f"pid {first.pid}" in errors[0] and "host " in errors[0]
+        first.send_signal(signal.SIGINT)
+        code, rest = finish(first)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    output += rest
+    assert code == 128 + signal.SIGINT, output[-4000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
+    step = stopped_step(output)
+    assert "--restore_checkpoint_path" in output and "--auto_resume" in output
+    assert checkpoint.resolve(str(folder)).endswith(f"step_{step:09d}")
+    assert not os.path.exists(folder / folder_lock.LOCK_NAME), "the lock is given back"
+    assert not (tmp_path / "b.json").exists()
+
+    # The interrupted run, resumed by --auto_resume, ends where an uninterrupted one does, bit for bit.
+    end = ["--max_steps", str(step + 30)]
+    assert_ok(run_python(["main.py", *LONG, *end, "--auto_resume", "--save_checkpoint_path", str(folder)]))
+    assert_ok(run_python(["main.py", *LONG, *end, "--save_checkpoint_path", str(tmp_path / "whole")]))
+    resumed, whole = arrays(folder), arrays(tmp_path / "whole")
+    assert resumed.keys() == whole.keys()
+    for name in whole:
+        np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_message(tmp_path):
+    folder = tmp_path / "ckpt"
+    killed = start(LONG + ["--save_checkpoint_path", str(folder)])
+    try:
+        wait_for_steps(killed)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    assert folder_lock.read_holder(str(folder / folder_lock.LOCK_NAME)).pid == killed.pid
+    result = run_python(["main.py", *MODEL, "--synthetic_dataset_train_batches", "4",
+                         "--save_checkpoint_path", str(folder)])
+    assert_ok(result)
+    assert f"ended without giving it back (host {os.uname().nodename}, pid {killed.pid}" in result.stdout
+    assert checkpoint.resolve(str(folder)).endswith("step_000000004")
+
+
+def test_sigterm_to_one_rank_stops_both_ranks_at_the_same_step(tmp_path):
+    """What Slurm or Kubernetes do to one node's process: the other rank learns of it through the
+    step's allreduce, both save one checkpoint together and leave with SIGTERM's code."""
+    folder = tmp_path / "ckpt"
+    job = start(LONG + ["--save_checkpoint_path", str(folder), "--cpu"], np=2)
+    try:
+        wait_for_steps(job)
+        ranks = [p for p in psutil.Process(job.pid).children(recursive=True)
+                 if "main.py" in " ".join(p.cmdline()) and "horovodrun" not in " ".join(p.cmdline())
+                 and p.cmdline()[0].endswith(("python", "python3", os.path.basename(sys.executable)))]
+        assert len(ranks) == 2, [p.cmdline() for p in ranks]
+        ranks[-1].send_signal(signal.SIGTERM)
+        code, output = finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(os.getpgid(job.pid), signal.SIGKILL)
+    assert code != 0
+    exits = [line for line in output.splitlines() if "exit with status code" in line]
+    assert len(exits) == 2 and all(line.endswith(f"code {128 + signal.SIGTERM}.") for line in exits), output[-4000:]
+    assert not [line for line in output.splitlines() if line.startswith(("[0]", "[1]")) and "Traceback" in line]
+    assert output.count("received SIGTERM") == 1, output[-4000:]
+    step = stopped_step(output)
+    assert [os.path.basename(p) for p in checkpoint.list_checkpoints(str(folder))] == [f"step_{step:09d}"]
+    assert int(np.load(f"{checkpoint.resolve(str(folder))}/state/lr_schedule_step.npy")) == step
+
+
+def test_evaluation_stopped_by_sigterm_says_so_in_one_line(tmp_path):
+    """Outside training nothing is worth finishing: the first signal ends the run at once."""
+    folder = tmp_path / "ckpt"
+    assert_ok(run_python(["main.py", *MODEL, "--synthetic_dataset_train_batches", "2",
+                          "--save_checkpoint_path", str(folder)]))
+    evaluation = start(MODEL + ["--synthetic_dataset_train_batches", "2", "--mode", "inference", "--max_steps",
+                                "100000000", "--synthetic_dataset_valid_batches", "100000000",
+                                "--restore_checkpoint_path", str(folder)])
+    try:
+        while "restored" not in evaluation.stdout.readline():
+            pass
+        time.sleep(2)
+        evaluation.send_signal(signal.SIGTERM)
+        code, output = finish(evaluation)
+    finally:
+        if evaluation.poll() is None:
+            evaluation.kill()
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert "Traceback" not in output and "stopped by SIGTERM" in output, output[-3000:]
