@@ -378,7 +378,9 @@ def test_strict_mode_stops_at_the_first_bad_line(tmp_path, engine):
     synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, 300, seed=5,
                             bad_lines={1: {57: "non_integer_numerical", 200: "bad_label"},
                                        2: {3: "wrong_field_count"}})
-    result = run_prepare(str(tmp_path), "--engine", engine, "CPU", "2", STRICT="1")
+    nested = {name: str(tmp_path / "new" / name / "out")  # no parent folder made for them may remain
+              for name in ("spark_output_path", "conversion_intermediate_dir", "final_output_dir")}
+    result = run_prepare(str(tmp_path), "--engine", engine, "CPU", "2", STRICT="1", **nested)
     assert result.returncode != 0
     # spark-submit forwards the Python driver's stderr to its stdout.
     output = result.stdout + result.stderr
