@@ -5,7 +5,8 @@ Entry points check each output path before they read or compute anything (`check
 path costs one error line, not hours of training.
 Writers (checkpoints, SavedModel export, transcode, gen_csv, synthetic data, preprocessing) build
 their output in a hidden temporary sibling and rename it into place once it is complete
-(`atomic_directory`, `atomic_file`): a failure leaves neither partial output nor a stray temporary.
+(`atomic_directory`, `atomic_file`): a failure leaves neither partial output nor a stray temporary,
+nor a parent folder made for the output.
 """
 from __future__ import annotations
 
@@ -166,6 +167,11 @@ class StagedDirectory:
         self.replace = replace
         if os.path.lexists(self.final) and not replace:
             raise OutputPathError(f"{self.final} already exists; refusing to overwrite it")
+        parent = os.path.dirname(self.final)
+        self.created = []  # the parents made here, deepest first: `discard` removes them again
+        while not os.path.lexists(parent):
+            self.created.append(parent)
+            parent = os.path.dirname(parent)
         os.makedirs(os.path.dirname(self.final), exist_ok=True)
         self.path = temporary_sibling(self.final)
         shutil.rmtree(self.path, ignore_errors=True)
@@ -193,8 +199,14 @@ class StagedDirectory:
             raise
 
     def discard(self) -> None:
-        """Remove the temporary folder and everything in it; `final` is untouched."""
+        """Remove the temporary folder and everything in it, and the parents made for it while they
+        are empty; `final` is untouched."""
         shutil.rmtree(self.path, ignore_errors=True)
+        for folder in self.created:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
 
 
 @contextlib.contextmanager

@@ -107,6 +107,29 @@ replace_folder() {
     rm -rf "$old"
 }
 
+# The topmost of folder $1 and its parents that does not exist yet (empty when $1 exists): what
+# `mkdir -p "$1"` creates, for remove_created_folders.
+first_missing_folder() {
+    local path top=""
+    path="$(realpath -m "$1")"
+    while [[ ! -e "$path" ]]; do
+        top="$path"
+        path="$(dirname "$path")"
+    done
+    echo "$top"
+}
+
+# Removes folder $1 and its parents up to $2 (first_missing_folder's answer; none when empty)
+# while they are empty: a run leaves no folder it created for nothing.
+remove_created_folders() {
+    local dir top="$2"
+    [[ -n "$top" ]] || return 0
+    dir="$(realpath -m "$1")"
+    while [[ "$dir" == "$top" || "$dir" == "$top"/* ]] && rmdir "$dir" 2>/dev/null; do
+        dir="$(dirname "$dir")"
+    done
+}
+
 # Sets an EXIT trap that runs the command string $1, and makes Ctrl-C and TERM exit through it.
 on_exit() {
     # shellcheck disable=SC2064
@@ -125,10 +148,12 @@ run_criteo_spark_jobs() {
     "$PYTHON" "$PREPROC_DIR/check_paths.py" spark "$input_path" "$output_path" || exit 1
     local last_day=$((NUM_DAYS - 1))
     local staging="${output_path%/}.partial" halves="${output_path%/}.halves"
-    local strict_flag=()
+    local strict_flag=() parent created
     [[ "$STRICT" == 1 ]] && strict_flag=(--strict)
     rm -rf "$staging" "$halves"
-    on_exit "rm -rf '$staging' '$halves'"
+    parent="$(dirname "$staging")"
+    created="$(first_missing_folder "$parent")"
+    on_exit "rm -rf '$staging' '$halves'; remove_created_folders '$parent' '$created'"
     mkdir -p "$staging" "$halves/test" "$halves/validation" "${SPARK_LOCAL_DIRS:?}"
 
     split_last_day "$input_path/day_$last_day" "$halves/test/day_$last_day" "$halves/validation/day_$last_day"

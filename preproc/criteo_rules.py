@@ -4,7 +4,9 @@ engine: duckdb_pipeline.py), kept in one place so that they produce the same dat
 Raw line: 40 tab-separated fields, `_c0` label (0/1), `_c1`..`_c13` integers, `_c14`..`_c39`
 hexadecimal categoricals; any field but the label may be empty. A line is valid when it matches
 `GOOD_LINE` as a whole (one regular expression per line, the cheap test); only lines that fail it
-are examined field by field for the rejection reason (`REJECTION_REASONS`, in order of checks).
+are examined field by field for the rejection reason (`REJECTION_REASONS`, in order of checks). The
+first check is on the bytes: a line that is not valid UTF-8 (random bytes, a latin-1 value) is
+`not_utf8` whatever else it holds, since the embedded engine's reader cannot give it as text.
 
 Train rows are ordered by `md5("<seed>\\t<day>\\t<line text>")` (hex, ascending): a seeded
 shuffle that both engines compute the same way. Two lines with the same key have the same day and
@@ -26,7 +28,8 @@ LABEL_COLUMN = "_c0"
 INTEGER_COLUMNS = [f"_c{i}" for i in range(1, FIRST_CATEGORICAL_INDEX)]
 CATEGORICAL_COLUMNS = [f"_c{i}" for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS)]
 
-REJECTION_REASONS = ("wrong_field_count", "bad_label", "non_integer_numerical", "non_hex_categorical")
+NOT_UTF8 = "not_utf8"
+REJECTION_REASONS = (NOT_UTF8, "wrong_field_count", "bad_label", "non_integer_numerical", "non_hex_categorical")
 INTEGER_PATTERN = "-?[0-9]+"
 HEX_PATTERN = "[0-9a-fA-F]{1,16}"
 # A whole valid line (no anchors: each engine anchors it its own way). A tab never occurs inside a
@@ -117,24 +120,27 @@ _INTEGER = re.compile(INTEGER_PATTERN)
 _HEX = re.compile(HEX_PATTERN)
 
 
-def describe_bad_line(text: str) -> Optional[Tuple[str, str]]:
-    """(reason, detail) of the first rule a raw line breaks, or None for a valid line."""
+def describe_bad_line(text: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(reason, detail) of the first rule a raw line breaks, or None for a valid line. `text` None:
+    the line's bytes are not UTF-8 (an engine's reader cannot give it as text)."""
+    if text is None:
+        return NOT_UTF8, "the line is not valid UTF-8 text"
     fields = text.split("\t")
     if len(fields) != NUM_FIELDS:
-        return REJECTION_REASONS[0], f"{len(fields)} tab-separated fields, expected {NUM_FIELDS}"
+        return REJECTION_REASONS[1], f"{len(fields)} tab-separated fields, expected {NUM_FIELDS}"
     if fields[0] not in ("0", "1"):
-        return REJECTION_REASONS[1], f"label '{fields[0]}' is not 0 or 1"
+        return REJECTION_REASONS[2], f"label '{fields[0]}' is not 0 or 1"
     for i in range(1, FIRST_CATEGORICAL_INDEX):
         if fields[i] and not _INTEGER.fullmatch(fields[i]):
-            return REJECTION_REASONS[2], f"column {i} value '{fields[i]}' is not an integer"
+            return REJECTION_REASONS[3], f"column {i} value '{fields[i]}' is not an integer"
     for i in range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS):
         if fields[i] and not _HEX.fullmatch(fields[i]):
-            return REJECTION_REASONS[3], f"column {i} value '{fields[i]}' is not 1-16 hex digits"
+            return REJECTION_REASONS[4], f"column {i} value '{fields[i]}' is not 1-16 hex digits"
     return None
 
 
-def strict_error(file_path: str, line: int, text: str) -> InputError:
-    """The strict-mode error for a bad line (1-based line number)."""
+def strict_error(file_path: str, line: int, text: Optional[str]) -> InputError:
+    """The strict-mode error for a bad line (1-based line number; `text` None: not UTF-8)."""
     reason, detail = describe_bad_line(text) or ("unknown", "the line is valid")
     return InputError(f"{file_path}: line {line}: {reason}: {detail} "
                       f"(strict mode; run without --strict to count and skip such lines)")

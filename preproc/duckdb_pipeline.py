@@ -6,7 +6,9 @@ split-binary dataset that `prepare_dataset.sh` builds with Spark, with the same 
      the field-by-field reason only for lines that fail it), counts lines and rejections per day and
      reason, and counts every categorical value of the valid lines in one grouped pass;
      then per column the values seen at least `limit` times get ids 1, 2, ... by descending count
-     (ties: ascending 64-bit value);
+     (ties: ascending 64-bit value). Lines that are not UTF-8 stop DuckDB's CSV reader: the scan then
+     runs once more, the reader skipping and recording them (line numbers included) in the files
+     that hold them, found by one pass over the bytes (`not_utf8_files`); clean input pays nothing;
   2. train (days 0..N-2): valid lines transformed, ordered by the seeded md5 key of
      criteo_rules.py and written to `train/` (under a small memory limit the sort runs over
      consecutive ranges of the key, one after another: the same order in less memory);
@@ -20,12 +22,13 @@ memory (larger intermediate results spill there).
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import duckdb
 import numpy as np
@@ -37,8 +40,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE,  # noqa: E402
                           INTEGER_PATTERN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
-                          REJECTION_REASONS, InputError, column_limits, day_file_paths, rejection_summary,
-                          strict_error)
+                          NOT_UTF8, REJECTION_REASONS, InputError, column_limits, day_file_paths,
+                          rejection_summary, strict_error)
 from feature_spec import FeatureSpec  # noqa: E402
 from progress import Progress  # noqa: E402
 from safe_io import OutputPathError, atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
@@ -54,8 +57,8 @@ MIN_CSV_BUFFER_BYTES = 1 << 20
 LINE_DELIMITER = "\\x01\\x02\\x03\\x04"
 # Rows per row group of the working tables (DuckDB: 122,880); each thread fills one in memory.
 ROW_GROUP_ROWS = 16384
-# The reason codes stored in the dictionary pass: 0 = valid line, k = REJECTION_REASONS[k - 1].
-REASON_CODES = 1 + len(REJECTION_REASONS)
+# The reason code of a line the CSV reader refuses as invalid UTF-8 (k = REJECTION_REASONS[k - 1]).
+NOT_UTF8_CODE = 1 + REJECTION_REASONS.index(NOT_UTF8)
 SIGN_BIT = "9223372036854775808::UBIGINT"
 # The train shuffle key k1 takes 15 hex digits of the md5: 0 <= k1 < 2**60.
 KEY_RANGE = 1 << 60
@@ -71,16 +74,84 @@ def csv_buffer_bytes(memory_limit: Optional[str]) -> int:
     return int(min(CSV_BUFFER_BYTES, max(MIN_CSV_BUFFER_BYTES, memory_bytes(memory_limit) // 16)))
 
 
-def scan_sql(path: str, day: int, buffer_bytes: int, numbered: bool = False) -> str:
+def scan_sql(path: str, day: int, buffer_bytes: int, rejects: Optional[str] = None, numbered: bool = False) -> str:
     """The lines of one day file: day, the line text ('' for a blank line) and, if `numbered`, the
-    1-based line number (needs preserve_insertion_order). Each line is one field: the delimiter is
-    the 4-byte sequence LINE_DELIMITER, which no Criteo line holds (a line that did would be cut
-    there)."""
+    1-based number among the lines read (needs preserve_insertion_order). Each line is one field:
+    the delimiter is the 4-byte sequence LINE_DELIMITER, which no Criteo line holds (a line that did
+    would be cut there). A line that is not UTF-8 fails the scan, or with `rejects` is skipped and
+    recorded in the tables `rejects`_errors and `rejects`_scans (`refused_lines`); only for files
+    that `not_utf8_files` found, since DuckDB's reader then also drops a line longer than twice its
+    buffer without a word."""
     number = ", row_number() OVER () AS line" if numbered else ""
+    record = f", store_rejects=true, rejects_table='{rejects}_errors', rejects_scan='{rejects}_scans'" if rejects else ""
     return (f"SELECT {int(day)}::SMALLINT AS day, coalesce(text, '') AS text{number} "
             f"FROM read_csv({_quote(path)}, columns={{'text': 'VARCHAR'}}, delim=E'{LINE_DELIMITER}', "
             f"quote='', escape='', header=false, auto_detect=false, strict_mode=false, "
-            f"buffer_size={int(buffer_bytes)})")
+            f"buffer_size={int(buffer_bytes)}{record})")
+
+
+def _chunks(path: str, size: int = 1 << 24) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def longest_line(path: str) -> int:
+    """Bytes of the longest line of a file, lines ending at a newline or a carriage return (as DuckDB's
+    reader splits them)."""
+    longest = run = 0
+    for chunk in _chunks(path):
+        codes = np.frombuffer(chunk, dtype=np.uint8)
+        breaks = np.flatnonzero((codes == 10) | (codes == 13))
+        if not len(breaks):
+            run += len(codes)
+            continue
+        longest = max(longest, run + int(breaks[0]), int(np.diff(breaks).max(initial=1)) - 1)
+        run = len(codes) - int(breaks[-1]) - 1
+    return max(longest, run)
+
+
+def not_utf8_files(paths: Sequence[str], buffer_bytes: int) -> List[str]:
+    """The files holding bytes that are not UTF-8 (one pass over the bytes, run only after such a
+    file failed a scan). Raises InputError for one with a line over `buffer_bytes`: DuckDB's reader
+    cannot skip and count its other lines then (it would drop the long one unnoticed)."""
+    found = []
+    for path in paths:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        try:
+            for chunk in _chunks(path):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            longest = longest_line(path)
+            if longest > buffer_bytes:
+                raise InputError(f"{path} holds lines that are not UTF-8 and a line of {longest:,} bytes; the "
+                                 f"embedded engine counts lines that are not UTF-8 only in files whose lines are "
+                                 f"at most {buffer_bytes:,} bytes (--engine spark reads it)") from None
+            found.append(path)
+    return found
+
+
+def refused_lines(con: duckdb.DuckDBPyConnection, rejects: str, paths: Sequence[str], days: Sequence[int]) -> str:
+    """A query of (day, line): the lines of `paths` that the scans recording into `rejects` (see
+    scan_sql) refused as not UTF-8, numbered within their file. Any other refusal is an InputError
+    naming the file and line."""
+    files = ", ".join(f"({_quote(path)}, {int(day)})" for path, day in zip(paths, days))
+    refused = (f"{rejects}_errors e JOIN {rejects}_scans s USING (scan_id, file_id) "
+               f"JOIN (VALUES {files}) f(path, day) ON s.file_path = f.path")
+    other = con.execute(f"SELECT f.path, e.line, e.error_message FROM {refused} "
+                        f"WHERE e.error_type != 'INVALID ENCODING' ORDER BY f.day, e.line LIMIT 1").fetchone()
+    if other:
+        raise InputError(f"{other[0]}: line {other[1]}: {' '.join(str(other[2]).split())}")
+    return f"SELECT f.day, e.line FROM {refused} WHERE e.error_type = 'INVALID ENCODING'"
+
+
+def file_line_sql(column: str, refused: str) -> str:
+    """The line number in the file of the line numbered `column` among those read, when the reader
+    refused the lines of query `refused` (one file): it comes after every refused line r_i (i-th in
+    order) with r_i - i < `column` lines read before it."""
+    return (f"{column} + (SELECT count(*) FROM (SELECT line - row_number() OVER (ORDER BY line) AS before "
+            f"FROM ({refused})) WHERE before < {column})")
 
 
 def _field(i: int) -> str:
@@ -88,11 +159,13 @@ def _field(i: int) -> str:
 
 
 def reason_code_sql() -> str:
-    """The 1-based rejection reason of a line that failed GOOD_LINE (needs `fields`)."""
+    """The 1-based rejection reason of a line read as text that failed GOOD_LINE (needs `fields`)."""
     integer_bad = " OR ".join(f"({_field(i)} != '' AND NOT regexp_full_match({_field(i)}, {_quote(INTEGER_PATTERN)}))"
                               for i in range(1, FIRST_CATEGORICAL_INDEX))
-    return (f"CASE WHEN len(fields) != {NUM_FIELDS} THEN 1 WHEN fields[1] NOT IN ('0', '1') THEN 2 "
-            f"WHEN {integer_bad} THEN 3 ELSE 4 END")
+    code = {reason: k for k, reason in enumerate(REJECTION_REASONS, start=1)}
+    return (f"CASE WHEN len(fields) != {NUM_FIELDS} THEN {code['wrong_field_count']} "
+            f"WHEN fields[1] NOT IN ('0', '1') THEN {code['bad_label']} "
+            f"WHEN {integer_bad} THEN {code['non_integer_numerical']} ELSE {code['non_hex_categorical']} END")
 
 
 def categorical_sql(i: int) -> str:
@@ -140,12 +213,13 @@ def connect(database: str, temp_directory: str, threads: int, memory_limit: Opti
 
 
 def parse_pass(con: duckdb.DuckDBPyConnection, paths: Sequence[str], days: Sequence[int], seed: int,
-               take_log: bool, in_memory: bool, buffer_bytes: int) -> None:
+               take_log: bool, in_memory: bool, buffer_bytes: int, refusing: Collection[str] = ()) -> None:
     """One scan of every day file into table `typed`: day, line (last day only), reason code (null
     for a valid line), the train shuffle key (k1, k2: the first 30 hex digits of the md5 of
     criteo_rules.py, train days only), label, transformed numericals and the categorical values
-    (unsigned 64-bit; null when empty). `in_memory`: a temporary table (faster; it cannot spill),
-    else one in the working database file (spills)."""
+    (unsigned 64-bit; null when empty). In the files of `refusing`, a line that is not UTF-8 becomes
+    a row with its day, line and reason only (elsewhere it fails the scan). `in_memory`: a temporary table (faster; it cannot spill), else
+    one in the working database file (spills)."""
     last = days[-1]
     hex_key = f"md5(concat_ws(E'\\t', {int(seed)}, day, text))"
     # Only the valid rows (reason null) are ever used; the others' values are whatever TRY_CAST makes.
@@ -158,15 +232,26 @@ def parse_pass(con: duckdb.DuckDBPyConnection, paths: Sequence[str], days: Seque
               f"FROM (SELECT day, line, fields, good, CASE WHEN good AND day < {last} THEN {hex_key} END AS hex_key "
               f"FROM (SELECT day, line, text, string_split(text, E'\\t') AS fields, {good_sql()} AS good "
               f"FROM (@SCANS@)))")
-    train = " UNION ALL ".join(f"SELECT *, NULL::BIGINT AS line FROM ({scan_sql(path, day, buffer_bytes)})"
-                               for path, day in zip(paths[:-1], days[:-1]))
+    train_files = list(zip(paths[:-1], days[:-1]))
+    train = " UNION ALL ".join(
+        f"SELECT *, NULL::BIGINT AS line FROM ({scan_sql(path, day, buffer_bytes, 'train' if path in refusing else None)})"
+        for path, day in train_files)
     kind = "TEMP TABLE" if in_memory else "TABLE"
     con.execute(f"CREATE OR REPLACE {kind} typed AS {select.replace('@SCANS@', train)}")
+    refused_train = [(path, day) for path, day in train_files if path in refusing]
+    if refused_train:
+        con.execute(f"INSERT INTO typed (day, reason) SELECT day, {NOT_UTF8_CODE} "
+                    f"FROM ({refused_lines(con, 'train', *zip(*refused_train))})")
+    rejects = "last" if paths[-1] in refusing else None
     con.execute("SET preserve_insertion_order = true")  # row_number() OVER () numbers the lines in file order
     try:
-        con.execute(f"INSERT INTO typed {select.replace('@SCANS@', scan_sql(paths[-1], last, buffer_bytes, numbered=True))}")
+        con.execute(f"INSERT INTO typed {select.replace('@SCANS@', scan_sql(paths[-1], last, buffer_bytes, rejects, numbered=True))}")
     finally:
         con.execute("SET preserve_insertion_order = false")
+    if rejects:  # the lines read are numbered as in the file, and the refused ones added
+        refused = refused_lines(con, rejects, paths[-1:], [last])
+        con.execute(f"UPDATE typed SET line = {file_line_sql('typed.line', refused)} WHERE day = {last}")
+        con.execute(f"INSERT INTO typed (day, line, reason) SELECT day, line, {NOT_UTF8_CODE} FROM ({refused})")
     if not in_memory:
         con.execute("CHECKPOINT")  # written out now, its blocks can leave memory
 
@@ -276,14 +361,22 @@ def write_query(con: duckdb.DuckDBPyConnection, queries: Sequence[str], dictiona
                            FIRST_CATEGORICAL_INDEX - 1, cardinalities)
 
 
-def first_bad_line(con: duckdb.DuckDBPyConnection, path: str, day: int, buffer_bytes: int) -> Tuple[int, str]:
-    """(1-based line number, text) of the first line of a day file that breaks the rules."""
+def first_bad_line(con: duckdb.DuckDBPyConnection, path: str, day: int, buffer_bytes: int,
+                   refusing: bool = False) -> Tuple[int, Optional[str]]:
+    """(1-based line number, text; None when not UTF-8) of the first line of a day file that breaks
+    the rules; `refusing`: the file holds lines that are not UTF-8 (see not_utf8_files)."""
+    rejects = "strict" if refusing else None
     con.execute("SET preserve_insertion_order = true")
     try:
-        return con.execute(f"SELECT line, text FROM ({scan_sql(path, day, buffer_bytes, numbered=True)}) "
-                           f"WHERE NOT {good_sql()} ORDER BY line LIMIT 1").fetchone()
+        con.execute(f"CREATE OR REPLACE TEMP TABLE bad_lines AS SELECT line, text FROM "
+                    f"({scan_sql(path, day, buffer_bytes, rejects, numbered=True)}) WHERE NOT {good_sql()}")
     finally:
         con.execute("SET preserve_insertion_order = false")
+    if not rejects:
+        return con.execute("SELECT line, text FROM bad_lines ORDER BY line LIMIT 1").fetchone()
+    refused = refused_lines(con, rejects, [path], [day])
+    return con.execute(f"SELECT line, text FROM (SELECT {file_line_sql('bad_lines.line', refused)} AS line, text "
+                       f"FROM bad_lines UNION ALL SELECT line, NULL FROM ({refused})) ORDER BY line LIMIT 1").fetchone()
 
 
 # ----------------------------------------------------------------------------- the run
@@ -349,13 +442,21 @@ def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: 
         # The parsed table stays in memory when it takes under a third of the budget, else it spills.
         in_memory = estimated_lines * PARSED_BYTES_PER_LINE < memory_bytes(memory_limit) // 3
         buffer_bytes = csv_buffer_bytes(memory_limit)
+        refusing: List[str] = []
         with progress.stage("parse", estimated_lines, query_fraction(con)):
-            parse_pass(con, paths, days, seed, take_log, in_memory, buffer_bytes)
+            try:
+                parse_pass(con, paths, days, seed, take_log, in_memory, buffer_bytes)
+            except duckdb.InvalidInputException:  # once more, counting the lines that are not UTF-8 if that was it
+                refusing = not_utf8_files(paths, buffer_bytes)
+                if not refusing:
+                    raise
+                progress.say(f"lines that are not UTF-8 in {', '.join(refusing)}: counted and skipped")
+                parse_pass(con, paths, days, seed, take_log, in_memory, buffer_bytes, refusing)
         counts = line_counts(con)
         if strict:
             first = next((day for day in days if any(counts.get((day, r)) for r in REJECTION_REASONS)), None)
             if first is not None:
-                line, text = first_bad_line(con, paths[first], first, buffer_bytes)
+                line, text = first_bad_line(con, paths[first], first, buffer_bytes, paths[first] in refusing)
                 raise strict_error(paths[first], line, text)
         last, train_days = days[-1], days[:-1]
         last_lines = counts.get((last, "lines"), 0)

@@ -79,19 +79,16 @@ export NUM_DAYS STRICT PYTHON
     "$final_output_dir" || exit 1
 
 # A fresh scratch folder inside conversion_intermediate_dir, removed at the end (and
-# conversion_intermediate_dir too when this run created it).
+# conversion_intermediate_dir and its parents too where this run created them).
 make_scratch() {
-    intermediate_created=0
-    [[ -d "$conversion_intermediate_dir" ]] || intermediate_created=1
+    intermediate_created="$(first_missing_folder "$conversion_intermediate_dir")"
     mkdir -p "$conversion_intermediate_dir"
     scratch="$(mktemp -d "${conversion_intermediate_dir%/}/.conversion.XXXXXX")"
     on_exit remove_scratch
 }
 remove_scratch() {
     rm -rf "$scratch"
-    if [[ "$intermediate_created" == 1 ]]; then
-        rmdir "$conversion_intermediate_dir" 2>/dev/null || true
-    fi
+    remove_created_folders "$conversion_intermediate_dir" "$intermediate_created"
 }
 
 if [[ "$ENGINE" == duckdb ]]; then

@@ -1,7 +1,7 @@
 """Criteo 1TB preprocessing on Spark (reference §5.3), one Spark application for the whole run:
 
   1. one pass over all days validates every line (criteo_rules.GOOD_LINE, one regular expression per
-     line; the field-by-field reason only for lines that fail it), counts lines and rejections per
+     line; the reason, bytes that are not UTF-8 first, then field by field, only for lines that fail it), counts lines and rejections per
      day and reason, and counts every categorical value of the valid lines in one grouped
      aggregation over all 26 columns; the kept values get ids by a range-partitioned sort and
      per-partition offsets (no single-partition window) and are written to `models/`;
@@ -35,8 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE, INTEGER_COLUMNS,  # noqa: E402,F401
-                          INTEGER_PATTERN, LABEL_COLUMN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
-                          REJECTION_REASONS, InputError, column_limits, day_file_paths,
+                          INTEGER_PATTERN, LABEL_COLUMN, NOT_UTF8, NUM_FIELDS, NUMERICAL_CLAMP_MIN,
+                          NUMERICAL_LOG_SHIFT, REJECTION_REASONS, InputError, column_limits, day_file_paths,
                           parse_frequency_limit, rejection_summary, strict_error)
 from progress import Progress  # noqa: E402
 from safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir,  # noqa: E402
@@ -88,17 +88,25 @@ def _field(fields: Column, i: int) -> Column:
     return F.try_element_at(fields, F.lit(i + 1))
 
 
-def reason_code(fields: Column) -> Column:
-    """The 1-based rejection reason of a line that failed GOOD_LINE, from its split fields."""
+def is_utf8(value: Column) -> Column:
+    """Whether a raw line's bytes are valid UTF-8. Spark keeps the bytes it read and decodes them,
+    replacing invalid sequences by U+FFFD, only where a string function needs characters: the bytes
+    survive a decode and re-encode unchanged exactly when they are valid (Spark 3.5 and 4)."""
+    return F.encode(value, "UTF-8") == value.cast("binary")
+
+
+def reason_code(value: Column, fields: Column) -> Column:
+    """The 1-based rejection reason of a line that failed GOOD_LINE, from its text and split fields."""
     integer_bad = F.lit(False)
     for i in range(1, FIRST_CATEGORICAL_INDEX):
         field = _field(fields, i)
         integer_bad = integer_bad | F.coalesce((field != F.lit("")) & ~field.rlike(f"^{INTEGER_PATTERN}\\z"),
                                                F.lit(False))
-    return (F.when(F.size(fields) != NUM_FIELDS, F.lit(1))
-            .when(~_field(fields, 0).isin("0", "1"), F.lit(2))
-            .when(integer_bad, F.lit(3))
-            .otherwise(F.lit(4)))
+    return (F.when(~is_utf8(value), F.lit(1))
+            .when(F.size(fields) != NUM_FIELDS, F.lit(2))
+            .when(~_field(fields, 0).isin("0", "1"), F.lit(3))
+            .when(integer_bad, F.lit(4))
+            .otherwise(F.lit(5)))
 
 
 def categorical_key(field: Column) -> Column:
@@ -124,7 +132,7 @@ def parse_lines(raw: DataFrame, seed: Optional[int] = None, take_log: bool = Tru
                          *keys)
     split = checked.select(
         "value", F.split(F.col("_valid"), "\t", -1).alias(FIELDS),
-        F.when(F.col("_valid").isNull(), reason_code(F.split(F.col("value"), "\t", -1))).alias(REASON),
+        F.when(F.col("_valid").isNull(), reason_code(F.col("value"), F.split(F.col("value"), "\t", -1))).alias(REASON),
         *([] if seed is None else [F.md5(F.concat_ws("\t", F.lit(str(seed)), F.col(DAY).cast("string"),
                                                      F.col("_valid"))).alias("_digest")]),
         *keys)
@@ -309,7 +317,8 @@ def output_columns() -> List[Column]:
 
 # ----------------------------------------------------------------------------- strict mode
 def first_rejected_line(parsed: DataFrame) -> Optional[Dict[str, object]]:
-    """File, 1-based line number, text of the first bad line in input order (parsed: one file), or None."""
+    """File, 1-based line number, text (None when not UTF-8) of the first bad line in input order
+    (parsed: one file), or None."""
     order = [BLOCK_START, POSITION]
     first = (parsed.where(F.col(REASON).isNotNull())
              .select(F.min(F.struct(*order, FILE_PATH)).alias("first")).first()["first"])
@@ -318,7 +327,8 @@ def first_rejected_line(parsed: DataFrame) -> Optional[Dict[str, object]]:
     block, position = first[BLOCK_START], first[POSITION]
     here = (F.col(BLOCK_START) == block) & (F.col(POSITION) == position)
     earlier = (F.col(BLOCK_START) < block) | ((F.col(BLOCK_START) == block) & (F.col(POSITION) < position))
-    text = parsed.where(here).select("value").first()["value"]
+    found = parsed.where(here).select("value", REASON).first()
+    text = None if REJECTION_REASONS[found[REASON] - 1] == NOT_UTF8 else found["value"]
     location = urllib.parse.urlparse(first[FILE_PATH])
     file_path = urllib.parse.unquote(location.path) if location.scheme == "file" else first[FILE_PATH]
     return {"file": file_path, "line": parsed.where(earlier).count() + 1, "text": text}

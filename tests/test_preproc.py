@@ -47,6 +47,53 @@ MEMORY_TEST_LIMIT_MB = 16
 BAD_LINES = {1: {10: "wrong_field_count", 500: "bad_label", 999: "non_integer_numerical",
                  7_500: "non_hex_categorical"},
              3: {100: "non_hex_categorical", 6_000: "wrong_field_count"}}
+# Where garbage_lines() go, as original line indices: day 1 once; day 3 once in each half, so the
+# half boundary stays on the same original line (the pinned digest holds).
+GARBAGE_AT = {1: range(50, 9_000, 700), 3: [*range(20, 4_900, 400), *range(5_020, 9_900, 400)]}
+
+
+def garbage_lines() -> List[bytes]:
+    """Lines of random bytes and near-Criteo lines with stray bytes (no line breaks, no LINE_DELIMITER
+    of the embedded engine): not UTF-8 (lone 0xff/0xfe, truncated and overlong sequences, a UTF-16
+    surrogate, a latin-1 byte in a categorical value), and valid UTF-8 with NUL bytes or a non-ASCII
+    character (rejected for their fields)."""
+    good = synthetic_criteo.good_lines(1, day=0, seed=99)[0].encode()
+
+    def with_field(index: int, value: bytes) -> bytes:
+        fields = good.split(b"\t")
+        fields[index] = value
+        return b"\t".join(fields)
+
+    rng = np.random.default_rng(29)
+    random = [bytes(b for b in rng.integers(0, 256, 300, dtype=np.uint8).tobytes() if b not in b"\n\r\x01")
+              for _ in range(3)]
+    return [b"\x00\x00\x00", b"\xff", b"\xfe\xfe garbage \xfe", b"\xe2\x82", b"ab\xc0\xafcd", b"\xed\xa0\x80",
+            with_field(20, b"ab\xe9cd"), good[:-1] + b"\xe2\x82", with_field(20, b"ab\x00cd"),
+            with_field(20, "abé".encode()), good.replace(b"\t", b"\x00"), *random]
+
+
+def garbage_reason(line: bytes) -> str:
+    """The rejection reason of a garbage line, by Python's UTF-8 decoder and the rules."""
+    sys.path.insert(0, PREPROC)
+    from criteo_rules import NOT_UTF8, describe_bad_line
+    try:
+        return describe_bad_line(line.decode("utf-8"))[0]
+    except UnicodeDecodeError:
+        return NOT_UTF8
+
+
+def insert_garbage(path: str, positions: Sequence[int]) -> List[str]:
+    """Insert garbage_lines() in turn before the given original line indices of a day file; returns
+    their reasons."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")[:-1]
+    garbage = garbage_lines()
+    inserted = [garbage[k % len(garbage)] for k in range(len(positions))]
+    for index, line in sorted(zip(positions, inserted), reverse=True):
+        lines.insert(index, line)
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    return [garbage_reason(line) for line in inserted]
 
 
 def _environment(**overrides: str) -> Dict[str, str]:
@@ -152,6 +199,8 @@ def criteo_input(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("criteo"))
     days = synthetic_criteo.write_days(os.path.join(tmp, "raw"), NUM_DAYS, LINES_PER_DAY, seed=7,
                                        bad_lines=BAD_LINES)
+    garbage = {day: insert_garbage(os.path.join(tmp, "raw", f"day_{day}"), positions)
+               for day, positions in GARBAGE_AT.items()}
     lines = {day: written.lines for day, written in days.items()}
     good = {day: parse_good_lines(day_lines, BAD_LINES.get(day, {})) for day, day_lines in lines.items()}
     dictionaries = expected_dictionaries(pd.concat(good.values(), ignore_index=True), THRESHOLD)
@@ -161,7 +210,7 @@ def criteo_input(tmp_path_factory):
     test_good = parse_good_lines(lines[last][:half], bad_last)
     validation_good = parse_good_lines(lines[last][half:], {i - half: k for i, k in bad_last.items() if i >= half})
     return SimpleNamespace(tmp=tmp, raw=os.path.join(tmp, "raw"), lines=lines, good=good, dictionaries=dictionaries,
-                           test_good=test_good, validation_good=validation_good)
+                           test_good=test_good, validation_good=validation_good, garbage=garbage)
 
 
 _RUNS: Dict[str, SimpleNamespace] = {}
@@ -207,22 +256,30 @@ def test_layout_and_feature_spec(criteo_run):
 
 
 def test_row_counts_and_rejections_add_up(criteo_run):
+    """Every malformed line, garbage bytes included, is counted under its reason, per split and day."""
+    sys.path.insert(0, PREPROC)
+    from criteo_rules import NOT_UTF8, REJECTION_REASONS
     with open(os.path.join(criteo_run.final, "preprocessing_summary.json")) as f:
         summary = json.load(f)
     splits = summary["splits"]
     train_days = range(NUM_DAYS - 1)
-    train_bad = [kind for day in train_days for kind in BAD_LINES.get(day, {}).values()]
-    assert splits["train"]["input_lines"] == LINES_PER_DAY * len(train_days)
-    assert splits["train"]["rows"] == LINES_PER_DAY * len(train_days) - len(train_bad)
-    assert splits["train"]["rejected_by_reason"] == {k: train_bad.count(k) for k in synthetic_criteo.BAD_LINE_KINDS}
-    assert splits["train"]["by_day"]["day_1"]["rejected"] == {k: 1 for k in synthetic_criteo.BAD_LINE_KINDS}
+    day1 = list(BAD_LINES[1].values()) + criteo_run.garbage[1]
+    assert NOT_UTF8 in day1 and "wrong_field_count" in criteo_run.garbage[1]
+    assert splits["train"]["input_lines"] == LINES_PER_DAY * len(train_days) + len(criteo_run.garbage[1])
+    assert splits["train"]["rows"] == LINES_PER_DAY * len(train_days) - len(BAD_LINES[1])
+    assert splits["train"]["rejected_by_reason"] == {k: day1.count(k) for k in REJECTION_REASONS}
+    assert splits["train"]["by_day"]["day_1"]["rejected"] == {k: day1.count(k) for k in REJECTION_REASONS if k in day1}
+    last_garbage = criteo_run.garbage[NUM_DAYS - 1]
+    halves = {"test": ["non_hex_categorical"] + last_garbage[:len(last_garbage) // 2],
+              "validation": ["wrong_field_count"] + last_garbage[len(last_garbage) // 2:]}
     assert splits["test"]["rows"] == len(criteo_run.test_good) == LINES_PER_DAY // 2 - 1
-    assert splits["test"]["rejected_by_reason"]["non_hex_categorical"] == 1
     assert splits["validation"]["rows"] == len(criteo_run.validation_good) == LINES_PER_DAY - LINES_PER_DAY // 2 - 1
-    assert splits["validation"]["rejected_by_reason"]["wrong_field_count"] == 1
+    for split, rejected in halves.items():
+        assert splits[split]["rejected_by_reason"] == {k: rejected.count(k) for k in REJECTION_REASONS}, split
     for split in splits.values():
         assert split["rows"] + split["rejected_lines"] == split["input_lines"]
-    assert summary["total"]["input_lines"] == NUM_DAYS * LINES_PER_DAY
+    garbage = sum(len(lines) for lines in criteo_run.garbage.values())
+    assert summary["total"]["input_lines"] == NUM_DAYS * LINES_PER_DAY + garbage
     assert summary["engine"] == criteo_run.engine
     counts = criteo_run.spec.check_files()
     assert counts["train"] == splits["train"]["rows"] and counts["test"] == splits["test"]["rows"]
@@ -378,13 +435,30 @@ def test_strict_mode_stops_at_the_first_bad_line(tmp_path, engine):
     synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, 300, seed=5,
                             bad_lines={1: {57: "non_integer_numerical", 200: "bad_label"},
                                        2: {3: "wrong_field_count"}})
-    result = run_prepare(str(tmp_path), "--engine", engine, "CPU", "2", STRICT="1")
+    nested = {name: str(tmp_path / "new" / name / "out")  # no parent folder made for them may remain
+              for name in ("spark_output_path", "conversion_intermediate_dir", "final_output_dir")}
+    result = run_prepare(str(tmp_path), "--engine", engine, "CPU", "2", STRICT="1", **nested)
     assert result.returncode != 0
     # spark-submit forwards the Python driver's stderr to its stdout.
     output = result.stdout + result.stderr
     assert f"{tmp_path}/raw/day_1: line 58: non_integer_numerical: column 5 value '3.5' is not an integer" \
         in output, output[-3000:]
     assert_nothing_written(tmp_path)
+
+
+@pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")
+def test_engine_failure_leaves_no_folder_behind(small_raw):
+    """A run the embedded engine stops midway (a day file with bytes that are not UTF-8 and a line
+    over its reader's buffer) ends in one error naming the file, and leaves no output, scratch or
+    parent folder that it created: only the raw input remains."""
+    with open(small_raw / "raw" / "day_2", "ab") as f:
+        f.write(b"\xff\xfe\n" + b"7" * (1 << 21) + b"\n")
+    before = snapshot(small_raw)
+    outputs = {name: str(small_raw / "new" / name / "out") for name in
+               ("spark_output_path", "conversion_intermediate_dir", "final_output_dir")}
+    result = run_prepare(str(small_raw), "--engine", "duckdb", "CPU", "2", DUCKDB_MEMORY_LIMIT="16MB", **outputs)
+    assert_one_error(result, f"{small_raw}/raw/day_2 holds lines that are not UTF-8 and a line of 2,097,152 bytes")
+    assert snapshot(small_raw) == before
 
 
 def test_unknown_engine_is_one_clear_error(small_raw):
@@ -465,37 +539,71 @@ def validation_cases() -> List[tuple]:
     ]
 
 
+def write_validation_cases(path) -> List[str]:
+    """validation_cases() and then garbage_lines() as a day file; returns the expected reasons."""
+    cases, garbage = validation_cases(), garbage_lines()
+    with open(path, "wb") as f:
+        f.write(b"".join(line + b"\n" for line in [text.encode() for text, _ in cases] + garbage))
+    return [reason for _, reason in cases] + [garbage_reason(line) for line in garbage]
+
+
+# A day file whose first bad line (line 3) is not UTF-8, and whose error names it.
+NOT_UTF8_FIRST = (b"\n".join([b"1" + b"\t" * 39, b"0" + b"\t" * 39, b"0\t\xff", b"x"]) + b"\n",
+                  "line 3: not_utf8: the line is not valid UTF-8 text")
+
+
 @needs_spark
 def test_line_validation_rules(spark_utils, tmp_path):
     cases = validation_cases()
-    (tmp_path / "day_0").write_text("\n".join(text for text, _ in cases) + "\n")
+    reasons = write_validation_cases(tmp_path / "day_0")
     u = spark_utils.utils
     parsed = u.parse_lines(u.read_day_files(spark_utils.spark, [str(tmp_path / "day_0")]))
     got = parsed.orderBy(u.BLOCK_START, u.POSITION).collect()
-    assert [r[u.REASON] and u.REJECTION_REASONS[r[u.REASON] - 1] for r in got] == [reason for _, reason in cases]
+    assert [r[u.REASON] and u.REJECTION_REASONS[r[u.REASON] - 1] for r in got] == reasons
     assert got[0]["_c14"] == bytes.fromhex("00000000abcdef12") and got[0]["_c15"] == b"\xff" * 8
     assert got[0]["_c1"] == np.float32(np.log(3.0))
     assert got[1]["_c1"] == 0.0 and got[1]["_c14"] is None
     first = u.first_rejected_line(parsed)
     assert first["line"] == 3 and first["text"] == cases[2][0] and first["file"].endswith("day_0")
+    (tmp_path / "day_1").write_bytes(NOT_UTF8_FIRST[0])
+    first = u.first_rejected_line(u.parse_lines(u.read_day_files(spark_utils.spark, [str(tmp_path / "day_1")], 1)))
+    assert first["line"] == 3 and first["text"] is None
+    assert NOT_UTF8_FIRST[1] in str(u.strict_error(first["file"], first["line"], first["text"]))
 
 
 @pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")
 def test_line_validation_rules_duckdb(tmp_path):
-    """The embedded engine judges every case as the rules (and Spark, above) do."""
+    """The embedded engine judges every case as the rules (and Spark, above) do: lines read as text
+    by their fields, lines its reader refuses as not UTF-8, numbered as in the file."""
     sys.path.insert(0, PREPROC)
     import duckdb_pipeline as d
-    from criteo_rules import REJECTION_REASONS, describe_bad_line
+    from criteo_rules import NOT_UTF8, REJECTION_REASONS, describe_bad_line, strict_error
     cases = validation_cases()
-    (tmp_path / "day_0").write_text("\n".join(text for text, _ in cases) + "\n")
+    path = str(tmp_path / "day_0")
+    reasons = write_validation_cases(path)
+    buffer = d.CSV_BUFFER_BYTES
     con = d.connect(str(tmp_path / "work.duckdb"), str(tmp_path / "spill"), 1, None)
-    rows = con.execute(f"SELECT line, text, CASE WHEN NOT good THEN {d.reason_code_sql()} END FROM "
-                       f"(SELECT line, text, string_split(text, E'\\t') AS fields, {d.good_sql()} AS good "
-                       f"FROM ({d.scan_sql(str(tmp_path / 'day_0'), 0, d.CSV_BUFFER_BYTES, numbered=True)})) ORDER BY line").fetchall()
-    con.close()
-    assert [text for _, text, _ in rows] == [text for text, _ in cases]
-    assert [code and REJECTION_REASONS[code - 1] for _, _, code in rows] == [reason for _, reason in cases]
+    with pytest.raises(d.duckdb.InvalidInputException, match="[Ii]nvalid unicode"):
+        con.execute(f"SELECT count(*) FROM ({d.scan_sql(path, 0, buffer)})").fetchall()
+    (tmp_path / "clean").write_text("\n".join(text for text, _ in cases) + "\n")
+    assert d.not_utf8_files([path, str(tmp_path / "clean")], buffer) == [path]
+    con.execute("SET preserve_insertion_order = true")
+    con.execute(f"CREATE TABLE read AS SELECT line, text, CASE WHEN NOT good THEN {d.reason_code_sql()} END AS code "
+                f"FROM (SELECT line, text, string_split(text, E'\\t') AS fields, {d.good_sql()} AS good "
+                f"FROM ({d.scan_sql(path, 0, buffer, 'rules', numbered=True)}))")
+    refused = d.refused_lines(con, "rules", [path], [0])
+    rows = con.execute(f"SELECT {d.file_line_sql('read.line', refused)} AS line, text, code FROM read "
+                       f"UNION ALL SELECT line, NULL, {d.NOT_UTF8_CODE} FROM ({refused}) ORDER BY line").fetchall()
+    assert [line for line, _, _ in rows] == list(range(1, len(reasons) + 1))
+    assert [text for _, text, _ in rows[:len(cases)]] == [text for text, _ in cases]
+    assert [code and REJECTION_REASONS[code - 1] for _, _, code in rows] == reasons
     assert [(describe_bad_line(text) or (None,))[0] for text, _ in cases] == [reason for _, reason in cases]
+    assert d.first_bad_line(con, path, 0, buffer, refusing=True)[0] == 3
+    (tmp_path / "day_1").write_bytes(NOT_UTF8_FIRST[0])
+    line, text = d.first_bad_line(con, str(tmp_path / "day_1"), 1, buffer, refusing=True)
+    con.close()
+    assert (line, text, describe_bad_line(text)[0]) == (3, None, NOT_UTF8)
+    assert NOT_UTF8_FIRST[1] in str(strict_error(str(tmp_path / "day_1"), line, text))
 
 
 @pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")

@@ -55,6 +55,17 @@ def test_atomic_directory_replaces_whole_or_not_at_all(tmp_path):
     assert os.listdir(final) == ["b"] and sorted(os.listdir(tmp_path)) == ["out"]
 
 
+def test_failed_atomic_directory_leaves_no_parent_it_made(tmp_path):
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError):
+        with atomic_directory(str(tmp_path / "kept" / "a" / "b" / "out")):
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []
+    with atomic_directory(str(tmp_path / "kept" / "a" / "out")):
+        pass
+    assert os.listdir(tmp_path / "kept" / "a") == ["out"]
+
+
 def test_atomic_file_keeps_the_old_file_on_failure(tmp_path):
     final = tmp_path / "f.txt"
     final.write_text("old")
