@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +34,7 @@ from batch import TableReads
 from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 
 DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES, *torchrec_data.DATASET_TYPES)
+VALIDATE_BATCH = 1 << 18  # samples per read of a file layout's up-front scan (--validate_data)
 
 
 @dataclass
@@ -149,7 +150,7 @@ def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPi
         return _synthetic_pipelines(spec, config, reads)
     if config.dataset_type == "split_tfrecords":
         return _split_tfrecords_pipelines(spec, config, reads)
-    reader_class, validate = _file_layout(config.dataset_type, spec)
+    reader_class = _file_reader(config.dataset_type, spec)
     counts = None if reader_class else spec.check_files()
     where = spec.path or spec.base_directory
     readers: Dict[str, datasets.BatchReader] = {}
@@ -160,8 +161,11 @@ def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPi
         readers[mapping] = (reader_class(spec, mapping, batch, **options) if reader_class else
                             datasets.SplitBinaryReader(spec, mapping, batch, num_samples=counts[mapping], **options))
         _check_batch_fits(batch, readers[mapping].num_samples, mapping, where)
-    if config.validate_data:
-        validate(spec, (TRAIN_MAPPING, TEST_MAPPING))
+    if config.validate_data and reader_class:
+        for mapping in (TRAIN_MAPPING, TEST_MAPPING):
+            reader_class(spec, mapping, VALIDATE_BATCH, drop_remainder=False).check_every_batch()
+    elif config.validate_data:
+        datasets.validate_data(spec, (TRAIN_MAPPING, TEST_MAPPING))
     return InputPipelines(
         train=readers[TRAIN_MAPPING].dataset(config.shuffle_batch_order, config.seed),
         test=readers[TEST_MAPPING].dataset(),
@@ -170,14 +174,14 @@ def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPi
         teacher_auc=spec.metadata.get("teacher_auc"))
 
 
-def _file_layout(dataset_type: str, spec: FeatureSpec) -> Tuple[Optional[type], Callable[..., None]]:
-    """The reader class of a spec without files (HugeCTR/SOK records, TorchRec days; None: the
-    spec's split-binary files) and the up-front check of every value (`validate_data`)."""
+def _file_reader(dataset_type: str, spec: FeatureSpec) -> Optional[type]:
+    """The reader class of a spec without files (HugeCTR/SOK records, TorchRec days); None: the
+    spec's split-binary files."""
     if dataset_type in hugectr_data.DATASET_TYPES and hugectr_data.record_format(spec) is not None:
-        return hugectr_data.RecordReader, hugectr_data.validate_data
+        return hugectr_data.RecordReader
     if dataset_type in torchrec_data.DATASET_TYPES:
-        return torchrec_data.DayReader, torchrec_data.validate_data
-    return None, datasets.validate_data
+        return torchrec_data.DayReader
+    return None
 
 
 def _synthetic_pipelines(spec: FeatureSpec, config: PipelineConfig, reads: TableReads) -> InputPipelines:

@@ -361,6 +361,12 @@ class BatchReader:
             raise error
         return arrays
 
+    def check_every_batch(self) -> None:
+        """Read every batch once, each checked as read: the up-front scan of a whole mapping
+        (`--validate_data`); DataError naming the first culprit."""
+        for index in range(len(self)):
+            self.read_batch(index)
+
     def read_samples(self, batch_index: int) -> Samples:
         """One batch as `SplitBinaryWriter.append` takes it: numericals [n, n_num] float16 (None
         without numerical features), labels [n] bool, one id array per feature read ([rows], or

@@ -344,15 +344,6 @@ class RecordReader(BatchReader):
         return block
 
 
-def validate_data(spec: FeatureSpec, mappings: Sequence[str], chunk_samples: int = 1 << 18) -> None:
-    """Every stored value of a record layout's `mappings` passes the reader's checks, read once
-    before any training; DataError naming the first culprit."""
-    for mapping in mappings:
-        reader = RecordReader(spec, mapping, chunk_samples, drop_remainder=False)
-        for index in range(len(reader)):
-            reader.read_batch(index)
-
-
 # ----------------------------------------------------------------------------- writing
 class HugeCTRRawWriter(StagedWriter):
     """Writes a HugeCTR raw folder (`train_data.bin`, `test_data.bin`, `metadata.json`), all or nothing.

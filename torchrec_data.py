@@ -33,7 +33,7 @@ import re
 import struct
 import zipfile
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -70,49 +70,56 @@ def check_options(dataset_type: str, num_embeddings_per_feature: Optional[Sequen
 # ----------------------------------------------------------------------------- memory maps
 @dataclass(frozen=True)
 class Mapped:
-    """A memory-mapped 2-D array and what errors call it (a file, or an archive's member)."""
+    """A 2-D array viewing a memory-mapped file, and what errors call it (the file, or an archive's member)."""
     where: str
     array: np.ndarray
 
 
-def _map_npy(path: str, start: int, size: int, where: str, dtype: np.dtype) -> Mapped:
-    """The .npy image at bytes [start, start + size) of `path`, mapped; DataError naming `where` for a
-    header that is not .npy, a dtype other than `dtype`, an array that is not 2-D, or missing bytes."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        try:
-            version = np.lib.format.read_magic(f)
-            if version not in _HEADER_READERS:
-                raise ValueError(f"format version {version[0]}.{version[1]} is not read here (1.0 and 2.0 are)")
-            shape, fortran_order, stored = _HEADER_READERS[version](f)
-        except ValueError as error:
-            raise DataError(f"{where}: not a NumPy .npy array ({error})") from None
-        offset = f.tell()
+def _read_header(f: BinaryIO, start: int, size: int, where: str, dtype: np.dtype) -> Tuple[Tuple[int, ...], bool, int]:
+    """(shape, Fortran order, data offset) of the .npy image at bytes [start, start + size) of the
+    open file `f`; DataError naming `where` for a header that is not .npy, a dtype other than
+    `dtype`, an array that is not 2-D, or missing bytes."""
+    f.seek(start)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version not in _HEADER_READERS:
+            raise ValueError(f"format version {version[0]}.{version[1]} is not read here (1.0 and 2.0 are)")
+        shape, fortran_order, stored = _HEADER_READERS[version](f)
+    except ValueError as error:
+        raise DataError(f"{where}: not a NumPy .npy array ({error})") from None
     if stored != dtype:
         raise DataError(f"{where}: dtype {stored.str} ({stored}); TorchRec's layout stores {dtype} ({dtype.str}) here")
     if len(shape) != 2:
         raise DataError(f"{where}: shape {list(shape)}; TorchRec's layout stores 2-D arrays [samples, values]")
-    needed = offset - start + math.prod(shape) * dtype.itemsize
+    needed = f.tell() - start + math.prod(shape) * dtype.itemsize
     if needed > size:
         raise DataError(f"{where}: holds {size} B, but its header describes {list(shape)} {dtype} needing "
                         f"{needed} B; the file is truncated")
-    if 0 in shape:
-        return Mapped(where, np.zeros(shape, dtype))  # numpy cannot map zero bytes
-    return Mapped(where, np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
-                                   order="F" if fortran_order else "C"))
+    return shape, fortran_order, f.tell()
+
+
+def _array_at(whole: np.ndarray, header: Tuple[Tuple[int, ...], bool, int], dtype: np.dtype) -> np.ndarray:
+    """The array a `_read_header` header describes, as a view of its file mapped whole (bytes):
+    nothing is read until rows are sliced out, and one mapping (one descriptor) serves every
+    member of an archive."""
+    shape, fortran_order, offset = header
+    values = whole[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype)
+    return values.reshape(shape[::-1]).T if fortran_order else values.reshape(shape)
 
 
 def _map_file(path: str, part: str) -> Mapped:
     problem = file_kind_problem(path)
     if problem:
         raise DataError(f"{path}: the {part[:-len('.npy')]} file {problem}")
-    return _map_npy(path, 0, os.path.getsize(path), path, STORED_DTYPES[part])
+    with open(path, "rb") as f:
+        header = _read_header(f, 0, os.path.getsize(path), path, STORED_DTYPES[part])
+    return Mapped(path, _array_at(np.memmap(path, np.uint8, mode="r"), header, STORED_DTYPES[part]))
 
 
 def _map_members(path: str, count: Optional[int]) -> List[Mapped]:
-    """Members 0.npy, 1.npy, ... of an `np.savez` archive, each mapped in place; `count` None: as
-    many as the archive holds. DataError naming the archive for a bad or compressed archive, or a
-    member missing or unexpected."""
+    """Members 0.npy, 1.npy, ... of an `np.savez` archive, each a view of the archive mapped whole;
+    `count` None: as many as the archive holds. DataError naming the archive for a bad or
+    compressed archive, or a member missing or unexpected."""
     problem = file_kind_problem(path)
     if problem:
         raise DataError(f"{path}: the multi-hot ids file {problem}")
@@ -123,12 +130,12 @@ def _map_members(path: str, count: Optional[int]) -> List[Mapped]:
         raise DataError(f"{path}: not a readable .npz archive ({error}); is it truncated?") from None
     count = len(infos) if count is None else count
     expected = [f"{j}.npy" for j in range(count)]
-    if sorted(infos) != sorted(expected):
+    if not expected or sorted(infos) != sorted(expected):
         missing = [name for name in expected if name not in infos]
         extra = sorted(set(infos) - set(expected))
-        raise DataError(f"{path}: the archive must hold members {expected[0]} .. {expected[-1]} (one per feature, "
-                        f"np.savez keys '0' .. '{count - 1}'); " + (f"missing {missing}" if missing else f"unexpected {extra}"))
-    mapped = []
+        raise DataError(f"{path}: the archive must hold members 0.npy, 1.npy, ... (one per feature, np.savez keys "
+                        f"'0', '1', ...); " + (f"missing {missing}" if missing else f"unexpected {extra}"))
+    headers = []
     with open(path, "rb") as f:
         for name in expected:
             info = infos[name]
@@ -141,8 +148,9 @@ def _map_members(path: str, count: Optional[int]) -> List[Mapped]:
             if signature != _ZIP_LOCAL_SIGNATURE:
                 raise DataError(f"{where}: no zip entry at byte {info.header_offset}; the archive is damaged")
             start = info.header_offset + _ZIP_LOCAL_HEADER.size + name_length + extra_length
-            mapped.append(_map_npy(path, start, info.file_size, where, STORED_DTYPES[MULTI_HOT]))
-    return mapped
+            headers.append((where, _read_header(f, start, info.file_size, where, STORED_DTYPES[MULTI_HOT])))
+    whole = np.memmap(path, np.uint8, mode="r")
+    return [Mapped(where, _array_at(whole, header, STORED_DTYPES[MULTI_HOT])) for where, header in headers]
 
 
 # ----------------------------------------------------------------------------- days
@@ -394,12 +402,3 @@ class DayReader(BatchReader):
         except DataError as error:
             return arrays, error
         return arrays, None
-
-
-def validate_data(spec: FeatureSpec, mappings: Sequence[str], chunk_samples: int = 1 << 18) -> None:
-    """Every stored value of a torchrec_npy folder's `mappings` passes the reader's checks, read once
-    before any training; DataError naming the first culprit."""
-    for mapping in mappings:
-        reader = DayReader(spec, mapping, chunk_samples, drop_remainder=False)
-        for index in range(len(reader)):
-            reader.read_batch(index)
