@@ -11,7 +11,8 @@ Every element is `(features, labels)`:
 A rank's local slice of a global batch is the one of `batch.local_slice`.
 Training drops the last partial batch; evaluation covers every test sample (split-TFRecords data
 holds whole prebatches only, and is read in stored order). HugeCTR raw and SOK split folders are
-read by `hugectr_data` (SOK's per-feature variant is split-binary, read by `datasets`). Every value read is
+read by `hugectr_data` (SOK's per-feature variant is split-binary, read by `datasets`), TorchRec's
+day files (`day_<i>_*.npy`, MLPerf's `.npz` multi-hot ids) by `torchrec_data`. Every value read is
 checked (see `datasets`); consume the datasets inside `datasets.surface_data_errors` so that bad
 data arrives as one DataError rather than a TensorFlow error.
 """
@@ -28,10 +29,12 @@ import datasets
 import hugectr_data
 import split_tfrecords
 import synthetic_data
+import torchrec_data
 from batch import TableReads
 from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 
-DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES)
+DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES, *torchrec_data.DATASET_TYPES)
+VALIDATE_BATCH = 1 << 18  # samples per read of a file layout's up-front scan (--validate_data)
 
 
 @dataclass
@@ -100,17 +103,24 @@ def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[st
                       allow_external_paths: bool = False,
                       hugectr_cardinalities: Optional[Sequence[int]] = None,
                       hugectr_dense_log: Optional[bool] = None,
-                      hotness: Optional[Sequence[int]] = None) -> FeatureSpec:
+                      hotness: Optional[Sequence[int]] = None,
+                      num_embeddings_per_feature: Optional[Sequence[int]] = None) -> FeatureSpec:
     """The validated spec of the dataset, or the default spec of the synthetic dimensions.
 
     A tf_raw spec's files must lie inside `dataset_path` unless `allow_external_paths`; the files
     of a split-TFRecords dataset, and of a spec shaping synthetic data, are not the spec's business.
     HugeCTR raw and SOK split folders have no spec file: `hugectr_data.load_spec` derives it (the
     hugectr_ arguments describe a HugeCTR raw folder without metadata.json). `hotness` (one per
-    table, default 1) shapes the default synthetic spec's ids per sample."""
+    table, default 1) shapes the default synthetic spec's ids per sample. A torchrec_npy folder's
+    spec is `torchrec_data.load_spec`'s (`num_embeddings_per_feature`: TorchRec's table sizes)."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
     hugectr_data.check_raw_options(dataset_type, hugectr_cardinalities, hugectr_dense_log)
+    torchrec_data.check_options(dataset_type, num_embeddings_per_feature)
+    if dataset_type in torchrec_data.DATASET_TYPES:
+        if not dataset_path:
+            raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}")
+        return torchrec_data.load_spec(dataset_path, num_embeddings_per_feature, feature_spec_name)
     if dataset_type in hugectr_data.DATASET_TYPES:
         if not dataset_path:
             raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}")
@@ -153,25 +163,38 @@ def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPi
         return _synthetic_pipelines(spec, config, reads)
     if config.dataset_type == "split_tfrecords":
         return _split_tfrecords_pipelines(spec, config, reads)
-    records = config.dataset_type in hugectr_data.DATASET_TYPES and hugectr_data.record_format(spec) is not None
-    counts = None if records else spec.check_files()
+    reader_class = _file_reader(config.dataset_type, spec)
+    counts = None if reader_class else spec.check_files()
     where = spec.path or spec.base_directory
     readers: Dict[str, datasets.BatchReader] = {}
     for mapping, batch in ((TRAIN_MAPPING, config.train_batch_size), (TEST_MAPPING, config.eval_batch_size)):
         options = dict(rank=config.rank, world_size=config.world_size, reads=reads,
                        drop_remainder=(mapping == TRAIN_MAPPING), numerical_dtype=config.compute_dtype,
                        check_values=config.check_values)
-        readers[mapping] = (hugectr_data.RecordReader(spec, mapping, batch, **options) if records else
+        readers[mapping] = (reader_class(spec, mapping, batch, **options) if reader_class else
                             datasets.SplitBinaryReader(spec, mapping, batch, num_samples=counts[mapping], **options))
         _check_batch_fits(batch, readers[mapping].num_samples, mapping, where)
-    if config.validate_data:
-        (hugectr_data.validate_data if records else datasets.validate_data)(spec, (TRAIN_MAPPING, TEST_MAPPING))
+    if config.validate_data and reader_class:
+        for mapping in (TRAIN_MAPPING, TEST_MAPPING):
+            reader_class(spec, mapping, VALIDATE_BATCH, drop_remainder=False).check_every_batch()
+    elif config.validate_data:
+        datasets.validate_data(spec, (TRAIN_MAPPING, TEST_MAPPING))
     return InputPipelines(
         train=readers[TRAIN_MAPPING].dataset(config.shuffle_batch_order, config.seed),
         test=readers[TEST_MAPPING].dataset(),
         feature_spec=spec, train_steps=len(readers[TRAIN_MAPPING]),
         eval_steps=len(readers[TEST_MAPPING]),
         teacher_auc=spec.metadata.get("teacher_auc"))
+
+
+def _file_reader(dataset_type: str, spec: FeatureSpec) -> Optional[type]:
+    """The reader class of a spec without files (HugeCTR/SOK records, TorchRec days); None: the
+    spec's split-binary files."""
+    if dataset_type in hugectr_data.DATASET_TYPES and hugectr_data.record_format(spec) is not None:
+        return hugectr_data.RecordReader
+    if dataset_type in torchrec_data.DATASET_TYPES:
+        return torchrec_data.DayReader
+    return None
 
 
 def _synthetic_pipelines(spec: FeatureSpec, config: PipelineConfig, reads: TableReads) -> InputPipelines:

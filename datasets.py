@@ -119,6 +119,17 @@ def check_labels(raw: np.ndarray, path: str, feature: str, mapping: str, first_s
         raise label_error(path, feature, mapping, first_sample + index, raw[index])
 
 
+def label_values(values: np.ndarray, path: str, mapping: str, first_sample: int, check: bool = True) -> np.ndarray:
+    """Labels stored as numbers (int32 or float32 formats) as bool; with `check`, a value other
+    than 0 or 1 is a DataError naming the file and sample."""
+    labels = values == 1
+    if check and not (labels | (values == 0)).all():
+        row = int(np.flatnonzero(~(labels | (values == 0)))[0])
+        raise DataError(f"{path}: label (mapping '{mapping}') is {values[row]} at sample {first_sample + row}; "
+                        f"a label must be 0 or 1")
+    return labels
+
+
 _FLOAT16_MAGNITUDE = 0x7FFF
 _FLOAT16_INF = 0x7C00  # magnitude bits at or above it: Inf or NaN
 
@@ -336,6 +347,11 @@ class BatchReader:
         """The batch's arrays (whole even when the data is bad) and the DataError found, if any."""
         raise NotImplementedError
 
+    def _id_shape(self, members: Sequence[int]) -> Tuple[int, ...]:
+        """The per-sample shape of a group's ids: () one-hot, (h,) multi-hot."""
+        hotness = self.hotness[members[0]]
+        return (hotness,) if hotness != 1 else ()
+
     def read_batch(self, batch_index: int) -> List[np.ndarray]:
         """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), then one
         [features, rows] (or [features, rows, h]) block per categorical group. Bad data raises
@@ -344,6 +360,12 @@ class BatchReader:
         if error is not None:
             raise error
         return arrays
+
+    def check_every_batch(self) -> None:
+        """Read every batch once, each checked as read: the up-front scan of a whole mapping
+        (`--validate_data`); DataError naming the first culprit."""
+        for index in range(len(self)):
+            self.read_batch(index)
 
     def read_samples(self, batch_index: int) -> Samples:
         """One batch as `SplitBinaryWriter.append` takes it: numericals [n, n_num] float16 (None
@@ -514,11 +536,6 @@ class SplitBinaryReader(BatchReader):
         for (_, members), block, cardinalities in zip(self._groups, blocks, self._group_cardinalities):
             check_ids(block, cardinalities, [self._categorical_paths[p] for p in members],
                       [self.categorical_features[p] for p in members], self.mapping, categorical_first)
-
-    def _id_shape(self, members: Sequence[int]) -> Tuple[int, ...]:
-        """The per-sample shape of a group's ids: () one-hot, (h,) multi-hot."""
-        hotness = self.hotness[members[0]]
-        return (hotness,) if hotness != 1 else ()
 
     def _pread(self, path: str, buffer: np.ndarray, first_sample: int) -> None:
         sample_bytes = buffer.nbytes // max(len(buffer), 1)

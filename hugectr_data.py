@@ -43,8 +43,8 @@ import numpy as np
 import tensorflow as tf
 
 from batch import TableReads
-from datasets import (BatchReader, DataError, StagedWriter, check_ids, check_numericals, pread_into,
-                      unsigned_cardinalities)
+from datasets import (BatchReader, DataError, StagedWriter, check_ids, check_numericals, label_values,
+                      pread_into, unsigned_cardinalities)
 from feature_spec import (FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE, MAPPINGS, MAX_CARDINALITY,
                           NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, file_kind_problem)
 from preproc.criteo_rules import transform_numericals
@@ -324,12 +324,7 @@ class RecordReader(BatchReader):
 
     def _labels(self, path: str, records: np.ndarray, first: int) -> np.ndarray:
         values = records[:, self._fields["label"][1]].view(VALUE_TYPES[self.format.label_raw_type])
-        labels = values == 1
-        if self.check_values and not (labels | (values == 0)).all():
-            row = int(np.flatnonzero(~(labels | (values == 0)))[0])
-            raise DataError(f"{path}: label (mapping '{self.mapping}') is {values[row]} at sample {first + row}; "
-                            f"a label must be 0 or 1")
-        return labels
+        return label_values(values, path, self.mapping, first, self.check_values)
 
     def _dense(self, path: str, records: np.ndarray, first: int) -> np.ndarray:
         column = self._fields["dense"][1]
@@ -347,15 +342,6 @@ class RecordReader(BatchReader):
             check_ids(block, self._cardinalities, [path] * len(block), self.categorical_features,
                       self.mapping, first)
         return block
-
-
-def validate_data(spec: FeatureSpec, mappings: Sequence[str], chunk_samples: int = 1 << 18) -> None:
-    """Every stored value of a record layout's `mappings` passes the reader's checks, read once
-    before any training; DataError naming the first culprit."""
-    for mapping in mappings:
-        reader = RecordReader(spec, mapping, chunk_samples, drop_remainder=False)
-        for index in range(len(reader)):
-            reader.read_batch(index)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -110,15 +110,21 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name
 flags.DEFINE_bool("allow_external_data_paths", False,
                   "Let the feature spec name data files outside --dataset_path (absolute or ../ paths); "
                   "refused by default, so a stray path cannot read another dataset's files")
-flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic", "split_tfrecords", "hugectr_raw", "sok_split"],
+flags.DEFINE_enum("dataset_type", "tf_raw",
+                  ["tf_raw", "synthetic", "split_tfrecords", "hugectr_raw", "sok_split", "torchrec_npy"],
                   "Split-binary files, in-memory synthetic data, (V5) split-TFRecords files, HugeCTR raw "
-                  "files (train_data.bin, test_data.bin) or the SOK DLRM benchmark's split layout")
+                  "files (train_data.bin, test_data.bin), the SOK DLRM benchmark's split layout, or TorchRec's "
+                  "day_<i>_{labels,dense,sparse}.npy files (MLPerf's day_<i>_sparse_multi_hot.npz ids too)")
 flags.DEFINE_list("hugectr_cardinalities", None,
                   "(hugectr_raw) The cardinality of each categorical feature (HugeCTR's slot_size_array); "
                   "needed unless --dataset_path holds a metadata.json (SOK's keys), which it must then match")
 flags.DEFINE_bool("hugectr_dense_log", True,
                   "(hugectr_raw) The dense values still need the log transform; a metadata.json's dense_log "
                   "wins (given, the flag must match it)")
+flags.DEFINE_list("num_embeddings_per_feature", None,
+                  "(torchrec_npy) TorchRec's flag: each table's size; ids are taken modulo it as TorchRec does. "
+                  "Needed unless --dataset_path holds a feature spec (its cardinalities; ids then checked "
+                  "against them), which it must then match")
 flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
                   "Synthetic data shaped by --dataset_path/--feature_spec")
 flags.DEFINE_integer("synthetic_dataset_train_batches", 64008, "Synthetic train length in batches")
@@ -249,7 +255,7 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("cpu_offloading_threshold_gb", _optional(_at_least(0)), ">= 0"),
 )
 LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities", "synthetic_dataset_hotness",
-              "hugectr_cardinalities")
+              "hugectr_cardinalities", "num_embeddings_per_feature")
 
 
 def embedding_dims(value: str) -> Union[int, List[int]]:
@@ -457,7 +463,9 @@ def load_feature_spec():
                 hotness=synthetic_hotness(FLAGS.synthetic_dataset_hotness, len(FLAGS.synthetic_dataset_cardinalities)),
                 allow_external_paths=FLAGS.allow_external_data_paths,
                 hugectr_cardinalities=_ints(FLAGS.hugectr_cardinalities) if FLAGS.hugectr_cardinalities else None,
-                hugectr_dense_log=FLAGS.hugectr_dense_log if FLAGS["hugectr_dense_log"].present else None)
+                hugectr_dense_log=FLAGS.hugectr_dense_log if FLAGS["hugectr_dense_log"].present else None,
+                num_embeddings_per_feature=(_ints(FLAGS.num_embeddings_per_feature)
+                                            if FLAGS.num_embeddings_per_feature else None))
 
 
 def build_pipelines(spec, rank: int, world_size: int, reads, compute_dtype):

@@ -2,7 +2,11 @@
 
 Sources: `tf_raw` (split-binary), `split_tfrecords`, `hugectr_raw` and `sok_split` (HugeCTR's raw
 files and the SOK DLRM benchmark's split layout, see `hugectr_data`; --hugectr_cardinalities and
---[no-]hugectr_dense_log describe a HugeCTR raw folder without metadata.json), and `synthetic`:
+--[no-]hugectr_dense_log describe a HugeCTR raw folder without metadata.json), `torchrec_npy` and
+`binary_multihot` (TorchRec's day_<i>_*.npy files, and MLPerf DLRM-DCNv2's multi-hot
+day_<i>_sparse_multi_hot.npz ids, which binary_multihot insists on, see `torchrec_data`: days 0 to
+N-2 become train, the first half of the last day test; --num_embeddings_per_feature gives the table
+sizes, ids taken modulo them, unless the folder's spec gives them), and `synthetic`:
 teacher-labelled samples (`synthetic_data.SyntheticTeacher`) shaped by the spec in
 --src_dataset_path, e.g. one from `dataloading.generate_feature_spec`. Destinations:
 `split_tfrecords` (the default; records of --dst_prebatch_size samples, which must equal
@@ -47,6 +51,7 @@ from typing import Dict, Iterator, List, Optional, Union
 import numpy as np
 
 import hugectr_data
+import torchrec_data
 from dataloader import PipelineConfig
 from dataloading import ArgumentParser, run_or_fail
 from datasets import DataError, Samples, SplitBinaryReader, SplitBinaryWriter
@@ -55,7 +60,7 @@ from safe_io import refuse_overlap
 from split_tfrecords import SplitTFRecordsReader, SplitTFRecordsWriter
 from synthetic_data import SyntheticTeacher, write_teacher_samples
 
-SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES)
+SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES, *torchrec_data.SOURCE_TYPES)
 DESTINATION_TYPES = ("tf_raw", "split_tfrecords", hugectr_data.HUGECTR_RAW)
 SYNTHETIC_BATCHES = {TRAIN_MAPPING: PipelineConfig.synthetic_train_batches,
                      TEST_MAPPING: PipelineConfig.synthetic_eval_batches}
@@ -74,6 +79,8 @@ def _source_batches(src_type: str, spec: FeatureSpec, mapping: str, batch_size: 
         drop_remainder = not keep_remainder
         reader = (hugectr_data.RecordReader(spec, mapping, batch_size, drop_remainder=drop_remainder)
                   if hugectr_data.record_format(spec)
+                  else torchrec_data.DayReader(spec, mapping, batch_size, drop_remainder=drop_remainder)
+                  if torchrec_data.layout(spec)
                   else SplitBinaryReader(spec, mapping, batch_size, drop_remainder=drop_remainder))
         batches = (reader.read_samples(i) for i in range(len(reader)))
     if max_batches and not len(reader):
@@ -94,7 +101,8 @@ def _destination(dst_type: str, spec: FeatureSpec, dst_path: str, dst_feature_sp
         return hugectr_data.HugeCTRRawWriter(dst_path, spec.cardinalities, overwrite, DST_FLAG)
     out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
                                                os.path.abspath(dst_path)).take_multi_hot_properties(spec)
-    out.metadata = {key: value for key, value in spec.metadata.items() if key != hugectr_data.FORMAT_KEY}
+    out.metadata = {key: value for key, value in spec.metadata.items()
+                    if key not in (hugectr_data.FORMAT_KEY, torchrec_data.FORMAT_KEY)}
     return SplitBinaryWriter(out, overwrite, dst_feature_spec, DST_FLAG)
 
 
@@ -103,7 +111,8 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
                src_batch_size: int = 65536, dst_prebatch_size: int = 65536, max_batches_train: int = -1,
                max_batches_test: int = -1, train_only: bool = False, overwrite: bool = False,
                seed: int = 12345, hugectr_cardinalities: Optional[List[int]] = None,
-               hugectr_dense_log: Optional[bool] = None) -> Dict[str, int]:
+               hugectr_dense_log: Optional[bool] = None,
+               num_embeddings_per_feature: Optional[List[int]] = None) -> Dict[str, int]:
     """Write the dataset of `src_path` (or synthetic data shaped by its spec) to `dst_path` as
     `dst_type`; return the batches written per mapping. Everything is checked before any data is
     read; bad input raises ValueError (FeatureSpecError, DataError, OutputPathError) or OSError."""
@@ -120,7 +129,11 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
         raise ValueError(f"--dst_prebatch_size {dst_prebatch_size} must equal --src_batch_size "
                          f"{src_batch_size}: every source batch becomes one record")
     hugectr_data.check_raw_options(src_type, hugectr_cardinalities, hugectr_dense_log)
-    if src_type in hugectr_data.DATASET_TYPES:
+    torchrec_data.check_options(src_type, num_embeddings_per_feature)
+    if src_type in torchrec_data.SOURCE_TYPES:
+        spec = torchrec_data.load_spec(src_path, num_embeddings_per_feature, src_feature_spec, src_type)
+        inputs = {"--src_dataset_path": src_path}
+    elif src_type in hugectr_data.DATASET_TYPES:
         spec = hugectr_data.load_spec(src_type, src_path, hugectr_cardinalities, hugectr_dense_log)
         inputs = {"--src_dataset_path": src_path}
     else:
@@ -184,6 +197,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--hugectr_dense_log", action=argparse.BooleanOptionalAction, default=None,
                         help="hugectr_raw source without metadata.json: whether the dense values still need the "
                              "log transform (default: yes)")
+    parser.add_argument("--num_embeddings_per_feature", type=_integers, default=None,
+                        help="torchrec_npy or binary_multihot source: TorchRec's table sizes, comma separated; ids are "
+                             "taken modulo them (default: the cardinalities of --src_feature_spec in the folder)")
     args = parser.parse_args(argv)
     written = run_or_fail(lambda: transcribe(
         args.src_dataset_type, args.src_dataset_path, args.dst_dataset_path, args.dst_dataset_type,
@@ -191,7 +207,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         src_batch_size=args.src_batch_size, dst_prebatch_size=args.dst_prebatch_size,
         max_batches_train=args.max_batches_train, max_batches_test=args.max_batches_test,
         train_only=args.train_only, overwrite=args.overwrite, seed=args.seed,
-        hugectr_cardinalities=args.hugectr_cardinalities, hugectr_dense_log=args.hugectr_dense_log))
+        hugectr_cardinalities=args.hugectr_cardinalities, hugectr_dense_log=args.hugectr_dense_log,
+        num_embeddings_per_feature=args.num_embeddings_per_feature))
     print(f"wrote {written[TRAIN_MAPPING]} train and {written[TEST_MAPPING]} test batches of "
           f"{args.src_batch_size} samples ({args.dst_dataset_type}) to {args.dst_dataset_path}")
 
