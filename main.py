@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets
     from checkpoint import TrainingState
     from dataloader import InputPipelines
     from precision import Precision
+    from saved_model import ServedFeatures
     from trainer import Evaluator, Trainer
     from utils import DllLogger
 
@@ -638,6 +639,7 @@ class Job:
     trainer: Optional[Trainer] = None  # None when the weights come from --saved_model_input_path
     state: Optional[TrainingState] = None
     lineage: str = ""
+    features: Optional[ServedFeatures] = None  # the dataset's, recorded in an export
 
 
 def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job:
@@ -653,11 +655,12 @@ def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job
     dtype = precision.compute_dtype
     spec = load_feature_spec()
     check_preset_dataset(FLAGS.preset, spec.hotness, spec.cardinalities, spec.categorical_names)
-    if FLAGS.saved_model_input_path:
+    features = saved_model.ServedFeatures(spec.numerical_names, spec.categorical_names, spec.hotness)
+    if FLAGS.saved_model_input_path:  # an export made for other features is refused before any batch
+        predict = saved_model.load_predict_fn(FLAGS.saved_model_input_path, features)
         pipelines = build_pipelines(spec, rank, world_size, None, dtype)
         return Job(rank, logger, pipelines, inference_batches=_inference_batches(pipelines),
-                   evaluator=Evaluator(saved_model.load_predict_fn(FLAGS.saved_model_input_path),
-                                       FLAGS.auc_thresholds))
+                   evaluator=Evaluator(predict, FLAGS.auc_thresholds))
     interaction_name = chosen_interaction(rank)
     plan = sharding_plan(spec, rank, world_size)
     reads = plan.reads(rank, FLAGS.data_parallel_input)
@@ -673,7 +676,7 @@ def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job
     state = trainer.training_state(spec.categorical_names, FLAGS.optimizer)
     lineage = prepare_checkpoints(state, pipelines.train_steps, rank)
     return Job(rank, logger, pipelines, Evaluator.for_model(trainer.model, FLAGS.auc_thresholds), batches,
-               trainer, state, lineage)
+               trainer, state, lineage, features)
 
 
 def chosen_interaction(rank: int) -> str:
@@ -772,8 +775,8 @@ def run_train(job: Job) -> int:
     if result.stopped_by is not None:
         return stopped_early(result, loop_config, job)
     if FLAGS.saved_model_output_path:  # single process only (validate_flags)
-        print(f"SavedModel exported to: {saved_model.export(job.trainer.model, FLAGS.saved_model_output_path)}",
-              flush=True)
+        exported = saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, features=job.features)
+        print(f"SavedModel exported to: {exported}", flush=True)
     log_final(job.logger, final_record(result, job))
     return 0
 
@@ -841,8 +844,9 @@ def run_deploy(job: Job) -> None:
     import saved_model
     from utils import print_rank0
 
-    print_rank0(f"deployed to: {saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16)}",
-                rank=job.rank)
+    exported = saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16,
+                                  features=job.features)
+    print_rank0(f"deployed to: {exported}", rank=job.rank)
 
 
 MODES: Dict[str, Callable[[Job], Optional[int]]] = {"train": run_train, "eval": run_eval, "inference": run_inference,

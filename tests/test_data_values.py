@@ -1,6 +1,7 @@
 """Bad stored values (label bytes other than 0/1, NaN/Inf numericals, ids outside [0, cardinality))
 are caught by default where batches are read, by the up-front `validate_data` scan, by the served
 SavedModel's signature, and end to end in main.py as one error line and exit 2."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import dataloader
 import datasets
 import synthetic_data
 import saved_model
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from data_rank_worker import open_pipelines
 from feature_spec import get_default_feature_spec
 from model import Dlrm, DlrmConfig
@@ -136,15 +138,28 @@ def test_other_tensorflow_errors_pass_unchanged():
 
 
 # --------------------------------------------------------------------------- SavedModel
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory):
+def small_model():
     config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=CARDINALITIES,
                         embedding_dim=4, bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1],
                         interaction="tensorflow")
     model = Dlrm(config)
     model.build_weights()
-    path = saved_model.export(model, str(tmp_path_factory.mktemp("export") / "saved_model"))
-    return tf.saved_model.load(path).signatures[saved_model.SIGNATURE]
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return saved_model.export(small_model(), str(tmp_path_factory.mktemp("export") / "saved_model"))
+
+
+@pytest.fixture(scope="module")
+def loaded(exported):
+    return tf.saved_model.load(exported)
+
+
+@pytest.fixture(scope="module")
+def serve(loaded):
+    return loaded.signatures[saved_model.SIGNATURE]
 
 
 def serving_inputs():
@@ -203,3 +218,121 @@ def test_main_reports_bad_data_in_one_line_and_writes_nothing(data_dir, tmp_path
     assert "Traceback" not in result.stderr and "INVALID_ARGUMENT" not in result.stderr
     assert snapshot(data_dir) == before
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "exported").exists()
+
+
+# Inputs of the wrong shape: (numerical shape, categorical shape, what the one error says).
+SHAPE_ERRORS = {
+    "numerical too wide": ((4, 3), (4, 3), "numerical_features has shape (4, 3), the model expects (B, 2)"),
+    "numerical too narrow": ((4, 1), (4, 3), "numerical_features has shape (4, 1), the model expects (B, 2)"),
+    "categorical too wide": ((4, 2), (4, 4), "categorical_features has shape (4, 4), the model expects (B, 3)"),
+    "categorical too narrow": ((4, 2), (4, 2), "categorical_features has shape (4, 2), the model expects (B, 3)"),
+    "numerical rank 1": ((2,), (4, 3), "numerical_features has shape (2,), the model expects (B, 2)"),
+    "categorical rank 1": ((4, 2), (3,), "categorical_features has shape (3,), the model expects (B, 3)"),
+    "numerical rank 3": ((4, 2, 1), (4, 3), "numerical_features has shape (4, 2, 1), the model expects (B, 2)"),
+    "categorical rank 3": ((4, 2), (4, 3, 1), "categorical_features has shape (4, 3, 1), the model expects (B, 3)"),
+    "batch sizes": ((5, 2), (4, 3), "numerical_features has 5 rows and categorical_features 4: both must have B rows"),
+}
+
+
+def shaped_inputs(numerical_shape, categorical_shape):
+    return np.zeros(numerical_shape, np.float32), np.ones(categorical_shape, np.int32)
+
+
+@pytest.mark.parametrize("case", SHAPE_ERRORS)
+@pytest.mark.parametrize("call", ["signature", "serve"])
+def test_the_serving_signature_names_the_input_and_both_shapes(loaded, serve, case, call):
+    numerical_shape, categorical_shape, words = SHAPE_ERRORS[case]
+    numerical, categorical = shaped_inputs(numerical_shape, categorical_shape)
+    function = serve if call == "signature" else loaded.serve
+    with pytest.raises(datasets.DataError) as error:
+        with datasets.surface_data_errors():
+            function(numerical_features=numerical, categorical_features=categorical)
+    assert str(error.value).startswith(f"{datasets.SERVING_INPUT_ERROR} {words}") and "\n" not in str(error.value)
+    fine = shaped_inputs((4, 2), (4, 3))  # the same function serves a good batch
+    assert function(numerical_features=fine[0], categorical_features=fine[1])["logits"].shape == (4, 1)
+
+
+def pipeline_features(numerical_shape, *id_shapes):
+    """A batch as a pipeline gives it: numericals, and each feature's ids (`[B]` for one-hot)."""
+    return {NUMERICAL_KEY: tf.zeros(numerical_shape, tf.float32),
+            CATEGORICAL_KEY: tuple(tf.ones(shape, tf.int32) for shape in id_shapes)}
+
+
+GOOD_IDS = [(4,), (4,), (4,)]
+# Batches load_predict_fn refuses: (numerical shape, each feature's id shape, what the one error says).
+PREDICT_ERRORS = {
+    "numerical too wide": ((4, 3), GOOD_IDS, SHAPE_ERRORS["numerical too wide"][2]),
+    "numerical rank 1": ((2,), GOOD_IDS, SHAPE_ERRORS["numerical rank 1"][2]),
+    "numerical rank 3": ((4, 2, 1), GOOD_IDS, SHAPE_ERRORS["numerical rank 3"][2]),
+    "batch sizes": ((5, 2), GOOD_IDS, SHAPE_ERRORS["batch sizes"][2]),
+    "a categorical feature too many": ((4, 2), GOOD_IDS + [(4,)],
+                                       "the batch has 4 categorical features, the SavedModel serves 3 "
+                                       "(hotness [1, 1, 1])"),
+    "a categorical feature too few": ((4, 2), GOOD_IDS[:2], "the batch has 2 categorical features"),
+    "ids wider than the hotness": ((4, 2), [(4, 2), (4,), (4,)],
+                                   "categorical feature 0 has shape (4, 2), the SavedModel expects (B,) or (B, h) "
+                                   "of h <= its hotness 1"),
+    "ids of rank 3": ((4, 2), [(4,), (4, 1, 1), (4,)], "categorical feature 1 has shape (4, 1, 1)"),
+    "ids of different rows": ((4, 2), [(4,), (4,), (5,)],
+                              "the categorical features have [4, 4, 5] rows: each must have the batch's B rows"),
+}
+
+
+@pytest.mark.parametrize("case", PREDICT_ERRORS)
+def test_load_predict_fn_names_what_is_wrong_with_a_batch(exported, case):
+    numerical_shape, id_shapes, words = PREDICT_ERRORS[case]
+    predict = saved_model.load_predict_fn(exported)
+    with pytest.raises((datasets.DataError, saved_model.ServingMismatchError)) as error:
+        with datasets.surface_data_errors():
+            predict(pipeline_features(numerical_shape, *id_shapes))
+    assert words in str(error.value) and "\n" not in str(error.value)
+    assert predict(pipeline_features((4, 2), *GOOD_IDS)).shape == (4, 1)
+
+
+def write_version1_export(path, hotness_recorded):
+    """An export as version 1 wrote it: the widths fixed in the signature, no names nor numerical
+    count in the marker (and, before multi-hot, no hotness either)."""
+    module = saved_model._Serving(small_model())
+    fixed = tf.function(module._serve, input_signature=[
+        tf.TensorSpec([None, NUM_NUMERICAL], tf.float32, name=NUMERICAL_KEY),
+        tf.TensorSpec([None, len(CARDINALITIES)], tf.int32, name=CATEGORICAL_KEY)])
+    tf.saved_model.save(module, str(path), signatures={saved_model.SIGNATURE: fixed})
+    marker = {"format": saved_model.EXPORT_FORMAT, "version": 1} | ({"hotness": [1, 1, 1]} if hotness_recorded else {})
+    (path / saved_model.EXPORT_MARKER).write_text(json.dumps(marker))
+    return str(path)
+
+
+DATASET = saved_model.ServedFeatures(["n0", "n1"], ["c0", "c1", "c2"], [1, 1, 1])
+
+
+@pytest.mark.parametrize("hotness_recorded", [True, False])
+def test_a_version1_export_loads_and_is_compared_by_its_widths(tmp_path, hotness_recorded):
+    path = write_version1_export(tmp_path / "v1", hotness_recorded)
+    predict = saved_model.load_predict_fn(path, DATASET)
+    assert predict(pipeline_features((4, 2), *GOOD_IDS)).shape == (4, 1)
+    for other, words in [(saved_model.ServedFeatures(["n0", "n1", "n2"], DATASET.categorical, [1, 1, 1]),
+                          "numerical features ['n0', 'n1', 'n2']"),
+                         (saved_model.ServedFeatures(DATASET.numerical, ["c0", "c1", "c2", "c3"], [1, 1, 1, 1]),
+                          "categorical features ['c0', 'c1', 'c2', 'c3']")]:
+        with pytest.raises(saved_model.ServingMismatchError) as error:
+            saved_model.load_predict_fn(path, other)
+        assert str(error.value) == (f"the SavedModel {path} serves 2 numerical and 3 categorical features (its marker "
+                                    f"names none: an older export), but the dataset has {other.describe()}")
+        assert words in str(error.value)
+
+
+def test_an_export_with_names_refuses_another_dataset_naming_both_lists(tmp_path):
+    path = saved_model.export(small_model(), str(tmp_path / "named"), features=DATASET)
+    assert json.loads((tmp_path / "named" / saved_model.EXPORT_MARKER).read_text())["numerical_names"] == ["n0", "n1"]
+    saved_model.load_predict_fn(path, DATASET)
+    renamed = saved_model.ServedFeatures(["n0", "n1"], ["c0", "c1", "c9"], [1, 1, 1])
+    with pytest.raises(saved_model.ServingMismatchError) as error:
+        saved_model.load_predict_fn(path, renamed)
+    assert str(error.value) == (f"the SavedModel {path} was exported for numerical features ['n0', 'n1'] and "
+                                f"categorical features ['c0', 'c1', 'c2'], but the dataset has numerical features "
+                                f"['n0', 'n1'] and categorical features ['c0', 'c1', 'c9'] (c9 only in the dataset; "
+                                f"c2 only in the export)")
+    with pytest.raises(ValueError, match="the model's 2 numerical features and hotness"):
+        saved_model.export(small_model(), str(tmp_path / "wrong"),
+                           features=saved_model.ServedFeatures(["n0"], ["c0"], [1]))
+    assert not (tmp_path / "wrong").exists()

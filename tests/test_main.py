@@ -123,6 +123,35 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     assert final_record(tmp_path / "s.json")["auc"] == pytest.approx(evaluation["auc"], abs=1e-6)
 
 
+def test_a_saved_model_is_refused_on_a_dataset_with_other_features(tmp_path):
+    data = ["--dataset_type", "synthetic", "--synthetic_dataset_train_batches", "2",
+            "--synthetic_dataset_valid_batches", "12", "--batch_size", "64", "--valid_batch_size", "64"]
+    exported = tmp_path / "saved_model"
+    assert_ok(main_py(SMALL_MODEL + data + ["--synthetic_dataset_cardinalities", "50,20,7",
+                                            "--synthetic_dataset_num_numerical_features", "3",
+                                            "--saved_model_output_path", str(exported)]))
+    exported_lists = "numerical features ['num_0', 'num_1', 'num_2'] and categorical features ['cat_0.bin', " \
+                     "'cat_1.bin', 'cat_2.bin']"
+    for mode, cardinalities, numerical, dataset_lists in [
+            ("eval", "50,20,7,30", "3", "numerical features ['num_0', 'num_1', 'num_2'] and categorical features "
+                                        "['cat_0.bin', 'cat_1.bin', 'cat_2.bin', 'cat_3.bin'] (cat_3.bin only in the "
+                                        "dataset)"),
+            ("inference", "50,20,7,30", "3", "(cat_3.bin only in the dataset)"),
+            ("eval", "50,20,7", "4", "numerical features ['num_0', 'num_1', 'num_2', 'num_3'] and categorical "
+                                     "features ['cat_0.bin', 'cat_1.bin', 'cat_2.bin'] (num_3 only in the dataset)")]:
+        log = tmp_path / f"{mode}_{numerical}.json"
+        result = main_py(SMALL_MODEL + data + ["--synthetic_dataset_cardinalities", cardinalities,
+                                               "--synthetic_dataset_num_numerical_features", numerical,
+                                               "--mode", mode, "--saved_model_input_path", str(exported),
+                                               "--log_path", str(log)])
+        assert result.returncode == 2, result.stderr[-3000:]
+        errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+        assert errors == [errors[0]] and errors[0].startswith(
+            f"error: the SavedModel {exported} was exported for {exported_lists}, but the dataset has "), errors
+        assert dataset_lists in errors[0] and "Traceback" not in result.stderr
+        assert not log.exists()  # refused before the log's first record, before any evaluation
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
 def test_resumed_run_ends_with_the_same_weights(tmp_path, optimizer):
     common = SMALL + ["--optimizer", optimizer, "--deterministic", "--epochs", "2",

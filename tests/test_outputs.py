@@ -117,7 +117,8 @@ def test_export_writes_a_marker_and_replaces_only_its_own_exports(tmp_path, monk
     target.mkdir(parents=True)  # an empty folder may be used
     saved_model.export(model, str(target))
     marker = json.loads((target / saved_model.EXPORT_MARKER).read_text())
-    assert marker == {"format": saved_model.EXPORT_FORMAT, "version": saved_model.EXPORT_VERSION, "hotness": [1, 1]}
+    assert marker == {"format": saved_model.EXPORT_FORMAT, "version": saved_model.EXPORT_VERSION, "hotness": [1, 1],
+                      "num_numerical_features": 3}
     for table in model.table_views():
         table.write_rows(0, table.rows, np.full((table.rows, table.dim), 0.25, np.float32))
     saved_model.export(model, str(target))  # an earlier export is replaced whole
