@@ -37,7 +37,9 @@ The results name the CPU (model and bf16 units): the same targets read different
 AMX than on one with AVX512-BF16 only.
 Writes bench/results/train.json and prints two tables; `--only multihot_dcnv2` runs that row alone
 and replaces it in an existing bench/results/train.json.
-Usage: python bench/train.py [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2]
+`--only onednn` measures fp32 at batch 4096 with oneDNN off and on and records it under the CPU's
+model (the project's default, oneDNN on, is decided from these rows).
+Usage: python bench/train.py [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn]
 """
 from __future__ import annotations
 
@@ -296,8 +298,9 @@ VARIANTS = [(2048, False, False, "fp32"), (2048, True, False, "fp32"), (4096, Fa
             (2048, False, True, "fp32"), (4096, False, True, "fp32")]
 
 
-def run_worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: int) -> dict:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+def run_worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: int,
+               extra_env: dict = None) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **(extra_env or {}))
     if xla:
         env["TF_XLA_FLAGS"] = "--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit"
     if low_memory:
@@ -328,11 +331,36 @@ def run_tensorboard_rows(print_freq: int, steps: int) -> list:
     return [rows[False], rows[True]]
 
 
+def run_onednn_rows(steps: int) -> None:
+    """fp32 training at batch 4096 with oneDNN off and on (TF_ENABLE_ONEDNN_OPTS; TensorFlow 2.15 turns
+    it on by itself only on CPUs with AVX-512), interleaved, the faster of REPEATS each; recorded in
+    the results under this CPU's model, with the choice main.py makes (it sets the variable to 1
+    unless the user set it)."""
+    rows = {}
+    for _ in range(REPEATS):
+        for onednn in ("0", "1"):
+            row = run_worker(4096, False, False, "fp32", steps, {"TF_ENABLE_ONEDNN_OPTS": onednn})
+            if onednn not in rows or row["samples_per_s"] > rows[onednn]["samples_per_s"]:
+                rows[onednn] = row
+    cpu = cpu_description()
+    entry = {"cpu": cpu, "load_average": os.getloadavg(), "command": "python bench/train.py --only onednn",
+             "off_samples_per_s": rows["0"]["samples_per_s"], "on_samples_per_s": rows["1"]["samples_per_s"]}
+    entry["on_vs_off"] = entry["on_samples_per_s"] / entry["off_samples_per_s"]
+    with open(RESULTS) as f:
+        results = json.load(f)
+    results.setdefault("onednn", {})[cpu["model"]] = entry
+    with open(RESULTS, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"{cpu['model']}: fp32 batch 4096, oneDNN off {entry['off_samples_per_s']:,.0f} samples/s, on "
+          f"{entry['on_samples_per_s']:,.0f} ({entry['on_vs_off']:.3f}x); main.py runs with oneDNN on")
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="5 timed steps per configuration instead of 20")
-    parser.add_argument("--only", choices=["multihot_dcnv2"],
-                        help="run only this row and replace it in an existing results file")
+    parser.add_argument("--only", choices=["multihot_dcnv2", "onednn"],
+                        help="run only this row and replace it in an existing results file (onednn: fp32 at "
+                             "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's model)")
     parser.add_argument("--dlrm_repo", default=os.environ.get("DLRM_PYTORCH_REPO"),
                         help="a clone of facebookresearch/dlrm: run the PyTorch reference beside (default: "
                              "$DLRM_PYTORCH_REPO; without it the reference rows are left out, with the reason)")
@@ -382,6 +410,9 @@ def main() -> None:
     args = parse_args()
     quick = args.quick
     steps = 5 if quick else 20
+    if args.only == "onednn":
+        run_onednn_rows(steps)
+        return
     if args.only:
         with open(RESULTS) as f:
             results = json.load(f)
