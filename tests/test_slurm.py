@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
+import psutil
 import pytest
 
 import checkpoint
@@ -142,6 +143,24 @@ def test_two_rank_training_under_srun_pmix(slurm: SlurmCluster, tmp_path: Path) 
     assert final and 0.0 <= final[-1]["auc"] <= 1.0, report
 
 
+def start_requeued_job_now(slurm: SlurmCluster, job_id: str, output: Path, timeout_s: float = 150) -> None:
+    """Slurm holds a requeued job back (its begin time lies minutes ahead); once the job is pending
+    again, move its start to now so the test does not wait for that."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and "requeueing job" not in output.read_text(errors="replace"):
+        time.sleep(0.2)
+    while time.time() < deadline:
+        state = slurm.run_client(["squeue", "-h", "-j", job_id, "-o", "%T %r"]).stdout.split()
+        if state == ["PENDING", "BeginTime"]:  # the first run is gone, the second waits for its begin time
+            while time.time() < deadline and any(p.name() == "slurmstepd" for p in psutil.process_iter(["name"])):
+                time.sleep(0.5)  # the first run's step daemons still clean up (its PMIx folder among others)
+            slurm.run_client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+            return
+        if not state or state[0] in ("COMPLETED", "FAILED", "RUNNING"):
+            return
+        time.sleep(0.5)
+
+
 def test_warning_signal_stops_requeues_and_the_job_resumes_by_itself(slurm: SlurmCluster, tmp_path: Path) -> None:
     """Slurm's time-limit warning (SIGUSR1 to the batch script, as `#SBATCH --signal=B:USR1@120`
     sends it) reaches both ranks, which save and stop; requeue=1 requeues the job, whose second run
@@ -165,6 +184,7 @@ def test_warning_signal_stops_requeues_and_the_job_resumes_by_itself(slurm: Slur
         while time.time() < deadline and not (output.exists() and "step=" in output.read_text(errors="replace")):
             time.sleep(0.2)
         slurm.run_client(["scancel", "--batch", "--signal=USR1", job_id])
+        start_requeued_job_now(slurm, job_id, output)
         _, errors = job.communicate(timeout=300)
     finally:
         if job.poll() is None:
