@@ -115,12 +115,15 @@ def average_gradients(gradients: Sequence[Any], name: str) -> List[Any]:
     return [allreduce(gradient, name=f"{name}_{position}") for position, gradient in enumerate(gradients)]
 
 
-def grouped_allreduce(tensors: Sequence[TensorLike], average: bool = True) -> List[tf.Tensor]:
-    """Allreduce a list of dense tensors in one fused collective."""
+def grouped_allreduce(tensors: Sequence[TensorLike], average: bool = True, fp16: bool = False) -> List[tf.Tensor]:
+    """Allreduce a list of dense tensors in one fused collective; with `fp16` they travel as float16
+    (Horovod's Compression.fp16: each rank's values rounded to float16, the result cast back)."""
     hvd = _horovod()
     if hvd is None:
         return [tf.identity(t) for t in tensors]
-    return list(hvd.grouped_allreduce(list(tensors), op=hvd.Average if average else hvd.Sum))
+    compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+    return list(hvd.grouped_allreduce(list(tensors), op=hvd.Average if average else hvd.Sum,
+                                      compression=compression))
 
 
 def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None,

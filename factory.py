@@ -52,6 +52,7 @@ class ModelOptions:
     decay_start_step: int = 48000
     decay_steps: int = 24000
     loss_scale: Optional[float] = None
+    fp16_allreduce: bool = False  # the dense gradients' allreduce sent as float16 (Horovod's compression)
 
 
 def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmConfig:
@@ -99,4 +100,4 @@ def build_trainer(plan: ShardingPlan, rank: int, reads: TableReads, options: Mod
     scheduler = LearningRateScheduler(options.learning_rate, options.warmup_steps, options.decay_start_step,
                                       options.decay_steps)
     return Trainer(model, *make_optimizers(options.optimizer, options.beta_1, options.beta_2), scheduler,
-                   loss_scale=options.loss_scale)
+                   loss_scale=options.loss_scale, fp16_allreduce=options.fp16_allreduce)

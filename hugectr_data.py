@@ -345,6 +345,13 @@ class RecordReader(BatchReader):
 
 
 # ----------------------------------------------------------------------------- writing
+def converted_format(vocab_sizes: Sequence[int]) -> RawFormat:
+    """The format the writers here use for data that arrives transformed (split-binary float16 dense
+    values, which int32 cannot hold): label and dense values float32, `dense_log` false."""
+    return RawFormat(check_vocab_sizes(list(vocab_sizes), "vocab sizes"), label_raw_type="float32",
+                     dense_raw_type="float32", dense_log=False)
+
+
 class HugeCTRRawWriter(StagedWriter):
     """Writes a HugeCTR raw folder (`train_data.bin`, `test_data.bin`, `metadata.json`), all or nothing.
 
@@ -357,8 +364,7 @@ class HugeCTRRawWriter(StagedWriter):
 
     def __init__(self, destination: str, vocab_sizes: Sequence[int], overwrite: bool = False,
                  output_name: str = "output folder"):
-        self.format = RawFormat(check_vocab_sizes(list(vocab_sizes), "vocab sizes"), label_raw_type="float32",
-                                dense_raw_type="float32", dense_log=False)
+        self.format = converted_format(vocab_sizes)
         self.destination = os.path.abspath(destination)
         super().__init__(self.destination, check_replaceable(self.destination, output_name,
                                                              {*RAW_FILES.values(), METADATA_FILE}, overwrite))
@@ -380,5 +386,47 @@ class HugeCTRRawWriter(StagedWriter):
         """Write metadata.json, rename the folder into place; return its path."""
         with open(os.path.join(self._staging, METADATA_FILE), "w") as f:
             json.dump(self.format.to_json(), f)
+        self._publish()
+        return self.destination
+
+
+class SokSplitWriter(StagedWriter):
+    """Writes SOK split folders (`label.bin`, `dense.bin`, `category.bin`, `metadata.json`), all or nothing.
+
+    `folders` maps each mapping to its folder inside `destination`: by default `train/` and `test/`
+    (a `sok_split` dataset), or "" for one mapping written into `destination` itself, as SOK's
+    `split_bin.py` writes one split. Values as `HugeCTRRawWriter` writes them (`converted_format`).
+    A destination holding anything is refused unless `overwrite`, and even then when it holds
+    entries this writer would not replace.
+    """
+
+    def __init__(self, destination: str, vocab_sizes: Sequence[int], overwrite: bool = False,
+                 output_name: str = "output folder", folders: Optional[Dict[str, str]] = None):
+        self.format = converted_format(vocab_sizes)
+        self.destination = os.path.abspath(destination)
+        self._folders = folders or {mapping: mapping for mapping in MAPPINGS}
+        split_files = {LABEL_FILE, DENSE_FILE, CATEGORY_FILE, METADATA_FILE}
+        entries = {name for folder in self._folders.values() for name in ({folder} if folder else split_files)}
+        super().__init__(self.destination, check_replaceable(self.destination, output_name, entries, overwrite))
+        for mapping, folder in self._folders.items():
+            os.makedirs(os.path.join(self._staging, folder), exist_ok=True)
+            for name in (LABEL_FILE, DENSE_FILE, CATEGORY_FILE):
+                self._files[f"{mapping}/{name}"] = open(os.path.join(self._staging, folder, name), "wb")
+
+    def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
+               categoricals: Sequence[np.ndarray]) -> None:
+        """Append samples: numerical [n, 13] (float16 values), labels [n] (0/1), one id array per feature."""
+        np.asarray(labels).astype("<f4").tofile(self._files[f"{mapping}/{LABEL_FILE}"])
+        np.asarray(numerical).astype("<f4").tofile(self._files[f"{mapping}/{DENSE_FILE}"])
+        ids = np.empty((len(labels), len(self.format.vocab_sizes)), np.dtype("<i4"))
+        for column, values in enumerate(categoricals):
+            ids[:, column] = values
+        ids.tofile(self._files[f"{mapping}/{CATEGORY_FILE}"])
+
+    def commit(self) -> str:
+        """Write each folder's metadata.json, rename the destination into place; return its path."""
+        for folder in self._folders.values():
+            with open(os.path.join(self._staging, folder, METADATA_FILE), "w") as f:
+                json.dump(self.format.to_json(), f)
         self._publish()
         return self.destination

@@ -43,6 +43,11 @@ ACCEPTED_FLAGS = {
     "data_parallel_bottom_mlp": (False, "V3", "the bottom MLP is always data parallel (V4); the flag changes "
                                               "nothing"),
     "dummy_model": (False, "V3", "not provided (the reference's path crashed); the real model runs"),
+    "compress": (False, "SOK", "SOK deduplicates the ids before its lookup (tf.unique); the lookups here give the "
+                               "same vectors without it; the flag changes nothing (--fp16_allreduce compresses the "
+                               "dense gradients' allreduce)"),
+    "use_splited_dataset": (False, "SOK", "--dataset_type sok_split recognises category_<i>.bin files by itself; "
+                                          "the flag changes nothing"),
 }
 
 flags.DEFINE_enum("mode", "train", ["inference", "eval", "train", "deploy"], "Select task to be performed")
@@ -90,7 +95,7 @@ flags.DEFINE_enum("dot_interaction", "auto", ["custom_cuda", "custom_cpu", "tens
 flags.DEFINE_string("embedding_dim", "128", "Width of the embedding vectors: one integer for every table, or (V5) "
                                            "a comma list with one per table, or the path of a JSON list of them")
 flags.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (spread evenly over its steps)")
-flags.DEFINE_float("print_freq", 100, "Steps between progress lines (and the 2x warm-up of the timer)")
+flags.DEFINE_float("print_freq", 1000, "Steps between progress lines (and the 2x warm-up of the timer)")
 flags.DEFINE_integer("warmup_steps", 8000, "Linear learning-rate warmup length")
 flags.DEFINE_integer("decay_start_step", 48000, "Step at which polynomial decay starts")
 flags.DEFINE_integer("decay_steps", 24000, "Polynomial decay length (the rate is 0 afterwards)")
@@ -161,14 +166,28 @@ flags.DEFINE_float("beta1", 0.9, "(V5) Adam beta_1, for the MLPs and the embeddi
 flags.DEFINE_float("beta2", 0.999, "(V5) Adam beta_2, for the MLPs and the embeddings")
 flags.DEFINE_bool("embedding_zeros_initializer", False, "(V5) Start every embedding table at zero")
 flags.DEFINE_integer("cpu_offloading_threshold_gb", None,
-                     "(V5) Per-rank device budget (GiB) for embedding state, the rest in host memory; the same "
-                     "budget as --tf_gpu_memory_limit_gb (give one of the two)")
+                     "(V5) Per-rank device budget for embedding state in GB (10^9 bytes, V5's unit), the rest in "
+                     "host memory; the budget --tf_gpu_memory_limit_gb gives in GiB (give one of the two). V5's "
+                     "default, 75, is not kept: the default budget is measured from the GPU (README)")
 flags.DEFINE_bool("tfdata_debug", False, "(V5) Run tf.data in debug mode (eager, in order)")
 flags.DEFINE_enum("preset", None, ["mlperf_dcnv2"],
                   "A documented recipe's flag values, under any flag given explicitly: mlperf_dcnv2 is MLPerf "
                   "Training's DLRM-DCNv2 (README); the dataset must have its 26 multi-hot features")
 for _name, (_default, _version, _meaning) in ACCEPTED_FLAGS.items():
     flags.DEFINE_bool(_name, _default, f"({_version}) accepted: {_meaning}")
+# The SOK DLRM benchmark's main.py flags, aliases of this project's (apply_sok_aliases).
+flags.DEFINE_string("data_dir", None, "(SOK) The SOK benchmark's dataset folder: --dataset_type sok_split "
+                                      "--dataset_path DIR")
+flags.DEFINE_integer("global_batch_size", None, "(SOK) --batch_size (global); also --valid_batch_size unless given")
+flags.DEFINE_bool("custom_interact", False, "(SOK) A custom dot interaction: --dot_interaction custom_cuda on a GPU, "
+                                            "custom_cpu otherwise")
+flags.DEFINE_bool("eval_in_last", False, "(SOK) Evaluate once, after the last training step (--evals_per_epoch 0 "
+                                         "and an evaluation at the end)")
+flags.DEFINE_integer("early_stop", -1, "(SOK) Stop after N training steps in all (--max_steps N); <= 0: off")
+flags.DEFINE_float("target_auc", None, "Stop training after the evaluation that reaches this AUC (SOK and MLPerf: "
+                                       "0.8025), saving the checkpoint and export as at the end")
+flags.DEFINE_bool("fp16_allreduce", False, "Send the dense gradients' allreduce as float16 (Horovod's "
+                                           "Compression.fp16): half the bytes, rounded gradients; several processes")
 
 
 class UsageError(ValueError):
@@ -190,6 +209,45 @@ def apply_preset(opts: Any) -> None:
     for name, value in PRESETS.get(opts.preset, {}).items():
         if not opts[name].present:
             opts[name].value = value
+
+
+def sok_alias_targets(opts: Any, gpu_visible: bool) -> Dict[str, Dict[str, Any]]:
+    """{each SOK benchmark flag given: {this project's flag: value}} (README, Coming from HugeCTR / SOK)."""
+    targets: Dict[str, Dict[str, Any]] = {}
+    if opts["data_dir"].present:
+        targets["data_dir"] = {"dataset_type": "sok_split", "dataset_path": opts.data_dir}
+    if opts["global_batch_size"].present:  # SOK evaluates with the training batch too
+        targets["global_batch_size"] = {"batch_size": opts.global_batch_size} | (
+            {} if opts["valid_batch_size"].present else {"valid_batch_size": opts.global_batch_size})
+    if opts.custom_interact:
+        targets["custom_interact"] = {"dot_interaction": "custom_cuda" if gpu_visible else "custom_cpu"}
+    if opts.eval_in_last:
+        targets["eval_in_last"] = {"evals_per_epoch": 0}
+    if opts.early_stop > 0:
+        targets["early_stop"] = {"max_steps": opts.early_stop}
+    return targets
+
+
+def apply_sok_aliases(opts: Any, gpu_visible: bool) -> List[str]:
+    """Set the flags the SOK benchmark's flags stand for (`opts` is FLAGS); return one start-up line
+    per alias given. A target given on the command line with another value is a UsageError; values
+    are range-checked first, so an alias's bad value is reported as its own."""
+    _check_values(opts)
+    lines = []
+    for alias, targets in sok_alias_targets(opts, gpu_visible).items():
+        given = f"--{alias}" + ("" if isinstance(opts[alias].value, bool) else f" {opts[alias].value}")
+        for name, value in targets.items():
+            if opts[name].present and opts[name].value != value:
+                raise UsageError(f"{given} (SOK) means --{name} {value}, but --{name} {opts[name].value} is given "
+                                 f"too; give one of them")
+            opts[name].value = value
+        lines.append(f"{given} (SOK): " + " ".join(f"--{name} {value}" for name, value in targets.items()))
+    if opts.custom_interact and opts.interaction is not None:  # V5's --interaction would override the dot choice
+        if opts["interaction"].present or opts.interaction == "cross":
+            raise UsageError(f"--custom_interact (SOK) picks a custom dot interaction; --interaction "
+                             f"{opts.interaction} chooses another: give one of them")
+        opts.interaction = None  # dlrm.py's default dot_custom_cuda: --dot_interaction decides
+    return lines
 
 
 def check_preset_dataset(preset: Optional[str], hotness: List[int], cardinalities: List[int],
@@ -254,6 +312,9 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("cpu_offloading_threshold_gb", _optional(_at_least(0)), ">= 0"),
+    ("global_batch_size", _optional(_at_least(1)), ">= 1"),
+    ("early_stop", _at_least(-1), ">= -1 (<= 0: off)"),
+    ("target_auc", _optional(lambda v: 0 < v <= 1), "in (0, 1]"),
 )
 LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities", "synthetic_dataset_hotness",
               "hugectr_cardinalities", "num_embeddings_per_feature")
@@ -343,6 +404,9 @@ def validate_flags(opts: Any, world_size: int) -> None:
     if opts.profiler_start_step is not None and opts.profiled_rank >= world_size:
         raise UsageError(f"--profiled_rank {opts.profiled_rank} does not exist in a {world_size}-process run, "
                          f"so --profiler_start_step would profile nothing; use --profiled_rank 0")
+    if opts.target_auc is not None and not (opts.mode == "train" and (opts.evals_per_epoch or opts.eval_in_last)):
+        raise UsageError("--target_auc stops training at an evaluation: it needs --mode train and evaluations "
+                         "(--evals_per_epoch >= 1, or --eval_in_last)")
     if world_size > 1 and (opts.mode == "deploy" or opts.saved_model_output_path):
         raise UsageError("SavedModel export (--mode deploy, --saved_model_output_path) runs on a single process; "
                          "export the checkpoint with `python main.py --mode deploy --restore_checkpoint_path ...`")
@@ -489,12 +553,13 @@ def memory_budget(local_rank: int):
     from sharding import MemoryBudget, table_budget_from_device
 
     gpus = tf.config.list_physical_devices("GPU")
-    limit_gb = next((v for v in (FLAGS.tf_gpu_memory_limit_gb, FLAGS.cpu_offloading_threshold_gb) if v is not None),
-                    None)  # validate_flags allows at most one of the two
+    limit_bytes = (FLAGS.tf_gpu_memory_limit_gb << 30 if FLAGS.tf_gpu_memory_limit_gb is not None  # GiB (V3)
+                   else FLAGS.cpu_offloading_threshold_gb * 10**9 if FLAGS.cpu_offloading_threshold_gb is not None
+                   else None)  # GB (V5); validate_flags allows at most one of the two
     if FLAGS.cpu:
         device_bytes = 0
-    elif limit_gb is not None:
-        device_bytes = limit_gb << 30
+    elif limit_bytes is not None:
+        device_bytes = limit_bytes
     else:  # the GPU configure_tensorflow gave this rank; no GPU: tables stay where the ops run
         total = gpu_total_memory_bytes(local_rank % len(gpus)) if gpus else None
         device_bytes = None if total is None else table_budget_from_device(total)
@@ -535,7 +600,8 @@ def model_options(spec, interaction_name: str, compute_dtype):
         optimizer=FLAGS.optimizer, beta_1=FLAGS.beta1, beta_2=FLAGS.beta2,
         learning_rate=FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
         decay_start_step=FLAGS.decay_start_step, decay_steps=FLAGS.decay_steps,
-        loss_scale=float(FLAGS.loss_scale) if compute_dtype == tf.float16 and FLAGS.amp else None)
+        loss_scale=float(FLAGS.loss_scale) if compute_dtype == tf.float16 and FLAGS.amp else None,
+        fp16_allreduce=FLAGS.fp16_allreduce)
 
 
 def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
@@ -709,6 +775,15 @@ def announce_accepted_flags(rank: int) -> None:
             print_rank0(f"--{name} ({version}): {meaning}", rank=rank)
 
 
+def announce_sok_aliases(rank: int) -> None:
+    """Apply the SOK benchmark's flags (apply_sok_aliases) and say what each became, one line each."""
+    from interaction import visible_gpu
+    from utils import print_rank0
+
+    for line in apply_sok_aliases(FLAGS, gpu_visible=not FLAGS.cpu and visible_gpu() is not None):
+        print_rank0(line, rank=rank)
+
+
 def _inference_batches(pipelines) -> Optional[int]:
     if FLAGS.mode != "inference":
         return None
@@ -761,7 +836,8 @@ def run_train(job: Job) -> int:
         epochs=FLAGS.epochs, steps_per_epoch=job.pipelines.train_steps, global_batch_size=FLAGS.batch_size,
         max_steps=FLAGS.max_steps, evals_per_epoch=FLAGS.evals_per_epoch, print_freq=int(FLAGS.print_freq),
         checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps, profiler_start_step=FLAGS.profiler_start_step,
-        profile_this_rank=job.rank == FLAGS.profiled_rank)
+        profile_this_rank=job.rank == FLAGS.profiled_rank, evaluate_at_end=FLAGS.eval_in_last,
+        target_auc=FLAGS.target_auc)
     STOP.graceful = True  # from here a signal finishes the step and saves (train_loop, below)
     try:
         result = train_loop(job.trainer, job.evaluator, job.pipelines.train, job.pipelines.test, loop_config,
@@ -794,6 +870,8 @@ def final_record(result, job: Job) -> Dict[str, Any]:
         print_rank0(f"no evaluation ran before training ended (--max_steps {FLAGS.max_steps}, --evals_per_epoch "
                     f"{FLAGS.evals_per_epoch}): the final record has no auc or validation_loss", rank=job.rank)
     record |= {"train_loss": result.train_loss, "evaluations": len(result.evaluations)}
+    if result.target_reached_at is not None:
+        record |= {"target_auc": FLAGS.target_auc, "target_auc_step": result.target_reached_at}
     teacher_auc = job.pipelines.teacher_auc
     return record | ({"teacher_auc": teacher_auc} if teacher_auc is not None else {})
 
@@ -919,6 +997,7 @@ def _run() -> int:
     save_lock = None
     try:
         apply_preset(FLAGS)
+        announce_sok_aliases(rank)
         validate_flags(FLAGS, world_size)
         precision = configure_tensorflow(dist.local_rank())
         verdict = output_paths_verdict(FLAGS, rank)
@@ -936,17 +1015,86 @@ def _run() -> int:
             save_lock.release()
 
 
+# --help's sections: V5's entry points define the model's flags and main.py the common ones; the
+# common ones are cut further by topic. A flag not listed here is shown under "Other flags".
+FLAG_GROUPS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("Model and optimizer (V5: the flags dlrm.py and dcnv2.py define)", (
+        "batch_size", "valid_batch_size", "embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "interaction",
+        "dot_interaction", "num_cross_layers", "cross_layer_projection_dim", "optimizer", "learning_rate", "beta1",
+        "beta2", "warmup_steps", "decay_start_step", "decay_steps", "preset")),
+    ("Run: mode, length, evaluation, logging", (
+        "mode", "epochs", "max_steps", "evals_per_epoch", "target_auc", "auc_thresholds", "print_freq", "log_path",
+        "tensorboard_dir", "seed", "deterministic", "run_eagerly", "tfdata_debug", "profiler_start_step",
+        "profiled_rank")),
+    ("Checkpoints and SavedModel", (
+        "save_checkpoint_path", "restore_checkpoint_path", "auto_resume", "checkpoint_every_n_steps",
+        "keep_checkpoints", "saved_model_output_path", "saved_model_input_path", "save_input_signature")),
+    ("Precision, devices and threads", (
+        "amp", "fp16", "loss_scale", "xla", "cpu", "tf_gpu_memory_limit_gb", "cpu_offloading_threshold_gb",
+        "inter_op_parallelism", "intra_op_parallelism")),
+    ("Embeddings and parallelism", (
+        "embedding_trainable", "embedding_zeros_initializer", "gpu_embedding_type", "cpu_embedding_type",
+        "dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
+        "data_parallel_input", "print_sharding_plan", "fp16_allreduce")),
+    ("Dataset", (
+        "dataset_path", "feature_spec", "dataset_type", "allow_external_data_paths", "validate_data",
+        "shuffle_batch_order", "hugectr_cardinalities", "hugectr_dense_log", "num_embeddings_per_feature",
+        "synthetic_dataset_use_feature_spec", "synthetic_dataset_train_batches", "synthetic_dataset_valid_batches",
+        "synthetic_dataset_cardinalities", "synthetic_dataset_hotness", "synthetic_dataset_num_numerical_features")),
+    ("The SOK DLRM benchmark's flags (each says at start-up what it became)", (
+        "data_dir", "global_batch_size", "custom_interact", "eval_in_last", "early_stop",
+        *(name for name, (_, version, _) in ACCEPTED_FLAGS.items() if version == "SOK"))),
+    ("Flags of other versions, accepted (each says at start-up what it means here)",
+     tuple(name for name, (_, version, _) in ACCEPTED_FLAGS.items() if version != "SOK")),
+)
+HELP_ARGUMENTS = ("--help", "-help", "-h", "-?", "--helpshort", "-helpshort")
+
+
+def project_flags() -> List[Any]:
+    """Every flag this project defines (main.py's; absl's own logging and debugging flags excluded)."""
+    module = FLAGS.find_module_defining_flag("mode")
+    return list(FLAGS.flags_by_module_dict()[module])
+
+
+def describe_flag(flag: Any) -> str:
+    """One flag as --help shows it: the name, the help text wrapped, the default."""
+    name = f"--[no]{flag.name}" if flag.flag_type() == "bool" else f"--{flag.name}"
+    text = flags.text_wrap(f"{name}: {flag.help}", indent="    ", firstline_indent="  ")
+    default = flag.default_as_str if flag.default is not None else "none"
+    return f"{text}\n    (default: {default})"
+
+
+def help_text(doc: str) -> str:
+    """--help: `doc`, then every project flag in FLAG_GROUPS' sections (the rest under "Other flags")."""
+    by_name = {flag.name: flag for flag in project_flags()}
+    listed = {name for _, names in FLAG_GROUPS for name in names}
+    groups = [(title, [name for name in names if name in by_name]) for title, names in FLAG_GROUPS]
+    groups.append(("Other flags", sorted(set(by_name) - listed)))
+    sections = [f"{title}:\n" + "\n".join(describe_flag(by_name[name]) for name in names)
+                for title, names in groups if names]
+    return "\n\n".join([doc.strip(), *sections, "absl's own flags (logging, debugging): --helpfull"]) + "\n"
+
+
+def parse_flags_or_help(argv: List[str]) -> List[str]:
+    """absl's flag parsing, except that --help (or -h) prints every flag grouped (help_text) and exits 0."""
+    options = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    if any(arg in HELP_ARGUMENTS for arg in options):
+        print(help_text(sys.modules["__main__"].__doc__ or ""), end="")
+        sys.exit(0)
+    return app.parse_flags_with_usage(argv)
+
+
 # V5's defaults shared by dlrm.py and dcnv2.py where they differ from main.py's (V3/V4) ones.
 # V5's synthetic hotness is 26 x 20; one value here applies to every table (the same at 26 tables).
 V5_DEFAULTS = {"loss_scale": 65536, "column_slice_threshold": 5 * 10**9, "row_slice_threshold": 10 * 10**9,
-               "synthetic_dataset_hotness": ["20"]}
+               "synthetic_dataset_hotness": ["20"], "print_freq": 100}
 
 
 def main(defaults: Optional[Dict[str, Any]] = None) -> None:
     """Parse the flags, with `defaults` over main.py's own (dlrm.py and dcnv2.py give V5's), and run."""
     for name, value in (defaults or {}).items():
         FLAGS.set_default(name, value)
-    app.run(lambda argv: sys.exit(run(argv)))
+    app.run(lambda argv: sys.exit(run(argv)), flags_parser=parse_flags_or_help)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class TrainResult:
     train_loss: float
     evaluations: List[EvalResult] = field(default_factory=list)
     stopped_by: Optional[int] = None  # the signal the ranks stopped for, None when training ran to its end
+    target_reached_at: Optional[int] = None  # the step whose evaluation reached LoopConfig.target_auc
 
     @property
     def best_auc(self) -> Optional[float]:
@@ -73,8 +74,10 @@ class Trainer:
     """Owns the compiled train and predict functions of a model and its optimizers."""
 
     def __init__(self, model: Dlrm, dense_optimizer: Optimizer, embedding_optimizer: Optimizer,
-                 scheduler: LearningRateScheduler, loss_scale: Optional[float] = None) -> None:
+                 scheduler: LearningRateScheduler, loss_scale: Optional[float] = None,
+                 fp16_allreduce: bool = False) -> None:
         self.model = model
+        self.fp16_allreduce = fp16_allreduce
         self.dense_optimizer = dense_optimizer
         self.embedding_optimizer = embedding_optimizer
         self.scheduler = scheduler
@@ -115,7 +118,8 @@ class Trainer:
         gradients = tape.gradient(scaled_loss, dense_vars + embedding_vars)
         if self.loss_scale:
             gradients = [dist.scale_gradient(g, 1.0 / self.loss_scale) for g in gradients]
-        dense_grads = dist.grouped_allreduce(gradients[:len(dense_vars)]) if dense_vars else []
+        dense_grads = (dist.grouped_allreduce(gradients[:len(dense_vars)], fp16=self.fp16_allreduce)
+                       if dense_vars else [])
         embedding_grads = self.model.embedding.reduce_gradients(gradients[len(dense_vars):])
         dense_pairs = list(zip(dense_grads, dense_vars))
         embedding_pairs = list(zip(embedding_grads, embedding_vars))
@@ -248,6 +252,8 @@ class LoopConfig:
     profiler_start_step: Optional[int] = None
     profiler_logdir: str = "logdir"
     profile_this_rank: bool = False
+    evaluate_at_end: bool = False  # one more evaluation after the last step, unless one just ran (SOK's eval_in_last)
+    target_auc: Optional[float] = None  # stop after the evaluation whose AUC reaches it
 
 
 # Receives (global step, group, scalars) at each progress line (group "train": loss, learning_rate,
@@ -304,7 +310,25 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     train_loss = float("nan")
     step = start_step
     stopped_by = None
-    while step < total_steps and stopped_by is None:
+    reached_at: Optional[int] = None
+
+    def evaluate(at_step: int) -> Optional[int]:
+        """Evaluate after `at_step` steps; returns the step when the AUC reached the target."""
+        trainer.check_finite()
+        result = evaluator.evaluate(test_dataset)
+        evaluations.append(result)
+        print_rank0(f"Evaluation completed, AUC: {result.auc:.6f}, test_loss: {result.loss:.6f}, "
+                    f"step: {at_step}, samples: {result.num_samples}", rank=rank)
+        if record_scalars:
+            record_scalars(at_step, "eval", {"auc": result.auc, "validation_loss": result.loss})
+        if config.target_auc is None or not result.auc >= config.target_auc:  # NaN (one label class) never reaches
+            return None
+        print_rank0(f"target AUC {config.target_auc} reached at step {at_step} (AUC {result.auc:.6f}): "
+                    f"training stops", rank=rank)
+        return at_step
+
+    evaluated_at = None
+    while step < total_steps and stopped_by is None and reached_at is None:
         epoch, offset = divmod(step, config.steps_per_epoch)
         epoch_start = step
         epoch_steps = min(config.steps_per_epoch - offset, total_steps - step)
@@ -334,23 +358,21 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
                     if record_scalars:
                         record_scalars(step, "train", scalars)
             if in_epoch in points:
-                trainer.check_finite()
-                result = evaluator.evaluate(test_dataset)
-                evaluations.append(result)
-                print_rank0(f"Evaluation completed, AUC: {result.auc:.6f}, test_loss: {result.loss:.6f}, "
-                            f"step: {step}, samples: {result.num_samples}", rank=rank)
-                if record_scalars:
-                    record_scalars(step, "eval", {"auc": result.auc, "validation_loss": result.loss})
+                reached_at, evaluated_at = evaluate(step), step
+                if reached_at is not None:
+                    break
             if save_checkpoint and config.checkpoint_every_n_steps > 0 and step % config.checkpoint_every_n_steps == 0:
                 trainer.check_finite()
                 save_checkpoint(step)
         if step == epoch_start:
             raise RuntimeError(f"the training data yielded no batch at step {step} (epoch {epoch}, batch {offset})")
     trainer.check_finite()
+    if config.evaluate_at_end and stopped_by is None and reached_at is None and evaluated_at != step:
+        reached_at = evaluate(step)
     if step > start_step:
         train_loss = float(loss.numpy())
     return TrainResult(steps=step, mean_step_time_s=timer.mean_step_time(), train_loss=train_loss,
-                       evaluations=evaluations, stopped_by=stopped_by)
+                       evaluations=evaluations, stopped_by=stopped_by, target_reached_at=reached_at)
 
 
 def prefetch_to_device(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -6,13 +6,16 @@ files and the SOK DLRM benchmark's split layout, see `hugectr_data`; --hugectr_c
 `binary_multihot` (TorchRec's day_<i>_*.npy files, and MLPerf DLRM-DCNv2's multi-hot
 day_<i>_sparse_multi_hot.npz ids, which binary_multihot insists on, see `torchrec_data`: days 0 to
 N-2 become train, the first half of the last day test; --num_embeddings_per_feature gives the table
-sizes, ids taken modulo them, unless the folder's spec gives them), and `synthetic`:
+sizes, ids taken modulo them, unless the folder's spec gives them), `nvt` and `tfrecords_multihot`
+(NVTabular's parquet files and TFRecords of one tf.train.Example per sample under train/ and test/,
+columns named by the spec in --src_dataset_path, see `column_data`), and `synthetic`:
 teacher-labelled samples (`synthetic_data.SyntheticTeacher`) shaped by the spec in
 --src_dataset_path, e.g. one from `dataloading.generate_feature_spec`. Destinations:
 `split_tfrecords` (the default; records of --dst_prebatch_size samples, which must equal
 --src_batch_size), `tf_raw` (the default Criteo file layout of the source's cardinalities) and
 `hugectr_raw` (train_data.bin, test_data.bin and metadata.json; label and the transformed dense
-values as float32). Batches of --src_batch_size are copied; --max_batches_train/--max_batches_test
+values as float32) and `sok_split` (train/ and test/ with label.bin, dense.bin, category.bin and
+metadata.json, the same values; `split_raw_file` is SOK's split_bin.py for one raw file). Batches of --src_batch_size are copied; --max_batches_train/--max_batches_test
 cap them (-1: all; synthetic: 64008 and 1350 batches). Without a cap, a file destination (tf_raw,
 hugectr_raw) also receives the last partial batch, so every sample arrives; split_tfrecords
 records hold whole batches only.
@@ -21,8 +24,8 @@ Multi-hot features (FeatureSpec `hotness` > 1) carry over between tf_raw, split_
 synthetic data: a split-binary feature's [samples, h] ids become split-TFRecords ragged rows of
 length h; a ragged feature becomes split-binary [samples, h] only when every sample holds exactly
 h ids (nothing is padded: a shorter or empty row stops the copy with a DataError naming the
-feature). The destination spec keeps each feature's hotness, alpha and pooling. hugectr_raw holds
-one id per feature and refuses a multi-hot source.
+feature). The destination spec keeps each feature's hotness, alpha and pooling. hugectr_raw and
+sok_split hold one id per feature and refuse a multi-hot source.
 
 The source is read one batch at a time, every value checked, and the destination is written in a
 hidden sibling folder renamed into place when complete. The destination must not overlap the
@@ -50,6 +53,7 @@ from typing import Dict, Iterator, List, Optional, Union
 
 import numpy as np
 
+import column_data
 import hugectr_data
 import torchrec_data
 from dataloader import PipelineConfig
@@ -60,18 +64,22 @@ from safe_io import refuse_overlap
 from split_tfrecords import SplitTFRecordsReader, SplitTFRecordsWriter
 from synthetic_data import SyntheticTeacher, write_teacher_samples
 
-SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES, *torchrec_data.SOURCE_TYPES)
-DESTINATION_TYPES = ("tf_raw", "split_tfrecords", hugectr_data.HUGECTR_RAW)
+SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES, *torchrec_data.SOURCE_TYPES,
+                *column_data.SOURCE_TYPES)
+DESTINATION_TYPES = ("tf_raw", "split_tfrecords", hugectr_data.HUGECTR_RAW, hugectr_data.SOK_SPLIT)
 SYNTHETIC_BATCHES = {TRAIN_MAPPING: PipelineConfig.synthetic_train_batches,
                      TEST_MAPPING: PipelineConfig.synthetic_eval_batches}
 DST_FLAG = "--dst_dataset_path"
-Writer = Union[SplitBinaryWriter, SplitTFRecordsWriter, hugectr_data.HugeCTRRawWriter]
+Writer = Union[SplitBinaryWriter, SplitTFRecordsWriter, hugectr_data.HugeCTRRawWriter, hugectr_data.SokSplitWriter]
 
 
 def _source_batches(src_type: str, spec: FeatureSpec, mapping: str, batch_size: int,
                     max_batches: int, keep_remainder: bool) -> Iterator[Samples]:
     """Up to `max_batches` (-1: all) whole batches of a file source, read and checked one at a time;
     with `keep_remainder`, every batch and then the last partial one."""
+    if src_type in column_data.SOURCE_TYPES:
+        batches = column_data.read_batches(src_type, spec, mapping, batch_size, keep_remainder)
+        return itertools.islice(batches, None if max_batches < 0 else max_batches)
     if src_type == "split_tfrecords":
         reader = SplitTFRecordsReader(spec, mapping, batch_size)
         batches: Iterator[Samples] = reader.read_samples()
@@ -93,12 +101,13 @@ def _destination(dst_type: str, spec: FeatureSpec, dst_path: str, dst_feature_sp
                  prebatch_size: int, overwrite: bool) -> Writer:
     if dst_type == "split_tfrecords":
         return SplitTFRecordsWriter(spec, dst_path, prebatch_size, overwrite, dst_feature_spec, DST_FLAG)
-    if dst_type == hugectr_data.HUGECTR_RAW:
+    if dst_type in hugectr_data.DATASET_TYPES:
         if len(spec.numerical_names) != hugectr_data.NUM_DENSE:
-            raise ValueError(f"{spec.path or spec.base_directory}: HugeCTR raw records hold {hugectr_data.NUM_DENSE} "
-                             f"dense values; the source has {len(spec.numerical_names)} numerical features")
-        spec.refuse_multi_hot("a hugectr_raw destination")
-        return hugectr_data.HugeCTRRawWriter(dst_path, spec.cardinalities, overwrite, DST_FLAG)
+            raise ValueError(f"{spec.path or spec.base_directory}: {dst_type} holds {hugectr_data.NUM_DENSE} dense "
+                             f"values per sample; the source has {len(spec.numerical_names)} numerical features")
+        spec.refuse_multi_hot(f"a {dst_type} destination")
+        writer = hugectr_data.HugeCTRRawWriter if dst_type == hugectr_data.HUGECTR_RAW else hugectr_data.SokSplitWriter
+        return writer(dst_path, spec.cardinalities, overwrite, DST_FLAG)
     out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
                                                os.path.abspath(dst_path)).take_multi_hot_properties(spec)
     out.metadata = {key: value for key, value in spec.metadata.items()
@@ -133,6 +142,9 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
     if src_type in torchrec_data.SOURCE_TYPES:
         spec = torchrec_data.load_spec(src_path, num_embeddings_per_feature, src_feature_spec, src_type)
         inputs = {"--src_dataset_path": src_path}
+    elif src_type in column_data.SOURCE_TYPES:
+        spec = column_data.load_spec(src_path, src_feature_spec)
+        inputs = {"--src_dataset_path": src_path}
     elif src_type in hugectr_data.DATASET_TYPES:
         spec = hugectr_data.load_spec(src_type, src_path, hugectr_cardinalities, hugectr_dense_log)
         inputs = {"--src_dataset_path": src_path}
@@ -157,7 +169,7 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
             teacher = SyntheticTeacher.for_spec(spec, seed)
             chunks = {mapping: itertools.repeat(src_batch_size, count) for mapping, count in written.items()}
             auc = write_teacher_samples(writer, teacher, np.random.default_rng(seed), chunks)
-            if dst_type != hugectr_data.HUGECTR_RAW:  # HugeCTR raw has no place for it
+            if dst_type not in hugectr_data.DATASET_TYPES:  # HugeCTR raw and SOK have no place for it
                 writer.spec.metadata = dict(writer.spec.metadata, teacher_auc=auc)
         else:
             for mapping, batches in sources.items():
@@ -166,6 +178,30 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
                     written[mapping] += 1
         writer.commit()
     return written
+
+
+def split_raw_file(input_path: str, output: str, cardinalities: Optional[List[int]] = None,
+                   dense_log: Optional[bool] = None, batch_size: int = 65536, overwrite: bool = False) -> int:
+    """SOK's `split_bin.py`: one HugeCTR raw file (`train_data.bin` or `test_data.bin`, which names
+    the mapping) to one SOK split folder `output` (label.bin, dense.bin, category.bin, metadata.json),
+    read and checked batch by batch as `transcribe` reads a hugectr_raw source; returns the samples."""
+    mapping = {name: mapping for mapping, name in hugectr_data.RAW_FILES.items()}.get(os.path.basename(input_path))
+    if mapping is None:
+        raise ValueError(f"{input_path}: split_bin reads a HugeCTR raw file named "
+                         f"{' or '.join(hugectr_data.RAW_FILES.values())} (link another name to one of them)")
+    if batch_size < 1:
+        raise ValueError(f"--batch_size must be at least 1, got {batch_size}")
+    spec = hugectr_data.load_spec(hugectr_data.HUGECTR_RAW, os.path.dirname(os.path.abspath(input_path)),
+                                  cardinalities, dense_log)
+    refuse_overlap(output, "OUTPUT", {"INPUT": input_path})
+    samples = 0
+    with hugectr_data.SokSplitWriter(output, spec.cardinalities, overwrite, "OUTPUT", folders={mapping: ""}) as writer:
+        for numerical, labels, ids in _source_batches(hugectr_data.HUGECTR_RAW, spec, mapping, batch_size, -1,
+                                                      keep_remainder=True):
+            writer.append(mapping, numerical, labels, ids)
+            samples += len(labels)
+        writer.commit()
+    return samples
 
 
 def _integers(text: str) -> List[int]:
@@ -180,6 +216,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="the source folder (synthetic: the folder of the spec)")
     parser.add_argument("--src_feature_spec", default=DEFAULT_SPEC_NAME, help="spec file name inside the source")
     parser.add_argument("--src_batch_size", type=int, default=65536, help="samples per batch read")
+    parser.add_argument("--src_synthetic_dataset_use_feature_spec", action="store_true",
+                        help="(V5) accepted: synthetic data always takes its shape from the spec in "
+                             "--src_dataset_path, as V5's does; the flag changes nothing")
     parser.add_argument("--dst_dataset_path", required=True, help="the folder to write")
     parser.add_argument("--dst_dataset_type", default="split_tfrecords", choices=DESTINATION_TYPES)
     parser.add_argument("--dst_feature_spec", default=DEFAULT_SPEC_NAME, help="spec file name to write")

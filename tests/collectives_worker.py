@@ -29,6 +29,10 @@ def main(output_prefix: str) -> None:
         "broadcast": dist.broadcast(tf.constant([10.0 + rank, 20.0 + rank]), root_rank=1).numpy(),
         "allgather_object": np.array(dist.allgather_object({"rank": rank})[::-1][0]["rank"]),
     }
+    # 1 + 2**-20 survives float32 but rounds to 1 in float16: the compressed sum shows the cast.
+    fine = tf.constant([1.0 + 2.0 ** -20 if rank == 0 else 1.0, 3.0])
+    for fp16 in (False, True):
+        results[f"grouped_sum_fp16_{fp16}"] = dist.grouped_allreduce([fine], average=False, fp16=fp16)[0].numpy()
     # Rank r sends splits[r][d] rows to rank d; row values encode (source rank, row index).
     splits = tf.constant([[1, 3], [2, 2]][rank], dtype=tf.int32)
     x = tf.constant([[100.0 * rank + i, -(100.0 * rank + i)] for i in range(4)])

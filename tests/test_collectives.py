@@ -40,6 +40,8 @@ def test_collectives_two_processes(tmp_path, transport):
         np.testing.assert_array_equal(got["allgather"], np.array([[0, 0], [1, 1], [1, 1]], np.float32))
         np.testing.assert_array_equal(got["broadcast"], np.array([11.0, 21.0], np.float32))
         assert int(got["allgather_object"]) == 1
+        np.testing.assert_array_equal(got["grouped_sum_fp16_False"], np.array([2.0 + 2.0 ** -20, 6.0], np.float32))
+        np.testing.assert_array_equal(got["grouped_sum_fp16_True"], np.array([2.0, 6.0], np.float32))  # via float16
         expected_rows = np.array([[v, -v] for v in RECEIVED_ROWS[rank]], np.float32)
         np.testing.assert_array_equal(got["alltoall"], expected_rows)
         np.testing.assert_array_equal(got["alltoall_splits"], RECEIVED_SPLITS[rank])

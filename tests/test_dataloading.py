@@ -23,15 +23,20 @@ def run_module(module, *args):
                           capture_output=True, text=True, timeout=300)
 
 
-def transcribe_here(capsys, *args):
-    """`python -m dataloading.transcribe ARGS`, run by its `main` in this process."""
+def command_here(capsys, command_main, *args):
+    """A `python -m dataloading.<command> ARGS`, run by its `main` in this process."""
     try:
-        transcribe.main([str(arg) for arg in args])
+        command_main([str(arg) for arg in args])
         status = 0
     except SystemExit as exit:
         status = exit.code
     captured = capsys.readouterr()
     return subprocess.CompletedProcess(args, status, captured.out, captured.err)
+
+
+def transcribe_here(capsys, *args):
+    """`python -m dataloading.transcribe ARGS`, run by its `main` in this process."""
+    return command_here(capsys, transcribe.main, *args)
 
 
 def assert_one_error(result, *words):

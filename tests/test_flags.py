@@ -41,6 +41,9 @@ def refused_in_process(args, message, tmp_path, capsys):
 RESTORE = ["--restore_checkpoint_path", "/nonexistent/ckpt"]  # never read: the flags are refused first
 
 BAD_VALUES = [
+    (["--global_batch_size", "0"], "--global_batch_size must be >= 1, got 0"),
+    (["--early_stop", "-2"], "--early_stop must be >= -1 (<= 0: off), got -2"),
+    (["--target_auc", "0"], "--target_auc must be in (0, 1], got 0.0"),
     (["--learning_rate", "-0.5"], "--learning_rate must be a finite number >= 0, got -0.5"),
     (["--learning_rate", "nan"], "--learning_rate must be a finite number >= 0, got nan"),
     (["--learning_rate", "inf"], "--learning_rate must be a finite number >= 0, got inf"),
@@ -162,3 +165,39 @@ def test_main_py_exits_2_with_one_error_line(tmp_path, args, message):
     before = snapshot(tmp_path)
     result = main_py(SMALL + args + ["--log_path", str(tmp_path / "log.json")], timeout=180)
     assert_refused(result.returncode, result.stderr, message, tmp_path, before)
+
+
+@pytest.mark.parametrize("program, defaults", [("main.py", {"print_freq": "'1000.0'", "optimizer": "'sgd'"}),
+                                               ("dlrm.py", {"print_freq": "'100.0'", "optimizer": "'sgd'"}),
+                                               ("dcnv2.py", {"print_freq": "'100.0'", "optimizer": "'adam'"})])
+def test_help_lists_every_flag_in_the_groups(program, defaults):
+    """--help (not only --helpfull) shows every project flag once, in main.FLAG_GROUPS' sections and
+    order, with the entry point's own defaults (V3's print_freq 1000 in main.py, V5's 100)."""
+    import re
+
+    from multiproc import run_python
+
+    result = run_python([program, "--help"], timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    shown = re.findall(r"^  --(?:\[no\])?(\w+):", out, re.M)
+    names = [flag.name for flag in main.project_flags()]
+    assert sorted(shown) == sorted(names) and len(shown) == len(set(shown))
+    titles = [title for title, _ in main.FLAG_GROUPS]
+    positions = [out.index(f"\n{title}:\n") for title in titles]
+    assert positions == sorted(positions)
+    sections = dict(zip(titles, out.split("\n\n")[-len(titles) - 1:-1]))  # help_text's layout: one block each
+    for title, members in main.FLAG_GROUPS:
+        assert re.findall(r"^  --(?:\[no\])?(\w+):", sections[title], re.M) == list(members)
+    for name, value in defaults.items():
+        assert re.search(rf"^  --{name}: [^\n]*\n(?:    [^\n]*\n)*?    \(default: {re.escape(value)}\)$", out, re.M)
+
+
+@pytest.mark.parametrize("flag, device_bytes", [("--cpu_offloading_threshold_gb", 3 * 10**9),  # V5: GB
+                                                ("--tf_gpu_memory_limit_gb", 3 << 30)])  # V3: GiB
+def test_the_embedding_budget_flags_keep_their_versions_units(flag, device_bytes):
+    FLAGS(["main.py", flag, "3"])
+    try:
+        assert main.memory_budget(0).device_bytes == device_bytes
+    finally:
+        FLAGS.unparse_flags()

@@ -412,10 +412,15 @@ def test_empty_day_file_is_one_clear_error(small_raw):
 def test_unknown_platform_and_usage(small_raw):
     result = run_prepare(str(small_raw), "TPU", "2")
     assert result.returncode != 0 and "unknown platform 'TPU'" in result.stderr
-    for script in ("prepare_dataset.sh", "run_spark.sh", "run_spark_cpu.sh", "run_spark_gpu.sh",
+    for script in ("prepare_dataset.sh", "run_spark.sh", "run-spark.sh", "run_spark_cpu.sh", "run_spark_gpu.sh",
                    "verify_criteo_downloaded.sh"):
         usage = subprocess.run(["bash", os.path.join(PREPROC, script), "--help"], capture_output=True, text=True)
         assert usage.returncode == 0 and usage.stdout.startswith("Usage:"), script
+    # run-spark.sh, the reference README's name, is run_spark.sh with the same arguments
+    for script in ("run_spark.sh", "run-spark.sh"):
+        result = subprocess.run(["bash", os.path.join(PREPROC, script), "TPU", "in", "out", "2"], capture_output=True,
+                                text=True)
+        assert result.returncode != 0 and "unknown platform 'TPU'" in result.stderr, script
 
 
 def test_gpu_pipeline_without_rapids_names_the_jar(small_raw):
