@@ -880,7 +880,8 @@ def stopped_early(result, loop_config, job: Job) -> int:
     """After a stop signal: say where training stopped, what was saved and how to resume; every
     rank then leaves together (a rank's early exit would make the launcher kill the others)."""
     import distributed as dist
-    from stop_signals import exit_code, signal_name
+    from cli import signal_exit_code
+    from stop_signals import signal_name
     from utils import print_rank0
 
     rank = job.rank
@@ -894,7 +895,7 @@ def stopped_early(result, loop_config, job: Job) -> int:
     else:
         print_rank0(f"{where}; nothing was saved (no --save_checkpoint_path)", rank=rank)
     dist.barrier()
-    return exit_code(result.stopped_by)
+    return signal_exit_code(result.stopped_by)
 
 
 def run_eval(job: Job) -> None:
@@ -952,19 +953,20 @@ def user_error_types() -> tuple:
 
 
 def report_error(error: Any) -> int:
-    """One line on stderr for bad input; the exit code of such runs."""
-    print(f"error: {error}", file=sys.stderr, flush=True)
-    return 2
+    """One line on stderr for bad input; the exit code of such runs (cli.py)."""
+    from cli import bad_input
+
+    return bad_input(error)
 
 
 def report_stop(stop: Any) -> int:
     """One line for a run stopped at once by a signal (outside training, or a second signal); its
     exit code. Every writer is atomic, so what is on disk is whole."""
-    from stop_signals import exit_code
+    from cli import signal_exit_code
 
     print(f"stopped by {stop}: the run ended before finishing; outputs already on disk are complete, nothing "
           f"half-written remains", file=sys.stderr, flush=True)
-    return exit_code(stop.signum)
+    return signal_exit_code(stop.signum)
 
 
 def run(argv) -> int:
