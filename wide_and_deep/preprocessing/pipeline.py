@@ -93,8 +93,9 @@ class DuckDBEngine:
 
 
 class SparkEngine:
-    """The reference's engine: PySpark (local[*] unless SPARK_MASTER says otherwise), ANSI mode
-    off and the session time zone UTC; results pass through ordered parquet files in `work_dir`."""
+    """The reference's engine: PySpark (local[*] unless SPARK_MASTER says otherwise; the driver's
+    extra JVM options from SPARK_DRIVER_JAVA_OPTIONS), ANSI mode off and the session time zone UTC;
+    results pass through ordered parquet files in `work_dir`."""
     dialect = sql.SPARK
 
     def __init__(self, threads: Optional[int] = None) -> None:
@@ -102,10 +103,13 @@ class SparkEngine:
         from pyspark.errors import PySparkException
         self.error = PySparkException
         master = os.environ.get("SPARK_MASTER", f"local[{threads}]" if threads else "local[*]")
-        self.spark = (SparkSession.builder.master(master).appName("wide-and-deep-preprocessing")
+        builder = SparkSession.builder.master(master).appName("wide-and-deep-preprocessing")
+        if os.environ.get("SPARK_DRIVER_JAVA_OPTIONS"):
+            builder = builder.config("spark.driver.extraJavaOptions", os.environ["SPARK_DRIVER_JAVA_OPTIONS"])
+        self.spark = (builder
                       .config("spark.sql.ansi.enabled", "false").config("spark.sql.session.timeZone", "UTC")
                       .config("spark.sql.shuffle.partitions", str(max(2, 2 * (threads or os.cpu_count() or 1))))
-                      .config("spark.ui.enabled", "false").getOrCreate())
+                      .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
         self.spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "ERROR"))
 
     def lines(self, name: str, path: str) -> None:
