@@ -144,7 +144,7 @@ def generate(output: str, displays: int, seed: int, split_seed: int = DEFAULT_SP
     n_publishers = max(6, min(1300, n_sources // 10 + 5))
     n_advertisers = max(12, int(displays * 0.00026))
     n_campaigns = max(n_advertisers, int(displays * 0.002))
-    n_ads = max(40, int(displays * 0.033))
+    n_ads = max(40, int(displays * 0.06))
     n_users = max(10, int(displays * 0.85))
     n_entities = max(20, n_docs // 2)
 
@@ -205,22 +205,24 @@ def generate(output: str, displays: int, seed: int, split_seed: int = DEFAULT_SP
     events = pd.DataFrame({"display_id": display_ids, "uuid": user_names[users], "document_id": doc_ids[page_doc],
                            "timestamp": timestamps, "platform": platform, "geo_location": geo})
 
-    # ads per display: 2..12, most 3..6; a third drawn from the page's theme
+    # ads per display: 2..12, most 3..6; a fifth drawn from the page's theme
     per_display = np.minimum(12, 2 + rng.poisson(2.2, displays))
     row_display = np.repeat(np.arange(displays), per_display)
-    ad_p = _zipf_probabilities(n_ads, 0.9, rng)
+    ad_p = _zipf_probabilities(n_ads, 1.2, rng)
     by_theme = np.argsort(doc_theme[ad_doc], kind="stable")
     theme_start = np.searchsorted(doc_theme[ad_doc][by_theme], np.arange(NUM_THEMES + 1))
     row_theme = doc_theme[page_doc[row_display]]
 
+    theme_sizes = (theme_start[1:] - theme_start[:-1])[row_theme]
+
     def draw_ads(n: int) -> np.ndarray:
+        """Ads for the first n rows (all of them: a first draw) or n redrawn rows (by popularity)."""
         popular = _draw(rng, ad_p, n)
-        sizes = (theme_start[1:] - theme_start[:-1])[row_theme[:n]] if n == len(row_display) else None
-        if sizes is None:
+        if n != len(row_display):
             return popular
-        themed = by_theme[theme_start[row_theme] + (rng.random(n) * np.maximum(sizes, 1)).astype(np.int64)
-                          .clip(0, np.maximum(sizes - 1, 0))]
-        return np.where((rng.random(n) < 0.33) & (sizes > 0), themed, popular)
+        offset = (rng.random(n) ** 2 * theme_sizes).astype(np.int64)  # skewed too
+        themed = by_theme[np.minimum(theme_start[row_theme] + offset, n_ads - 1)]
+        return np.where((rng.random(n) < 0.2) & (theme_sizes > 0), themed, popular)
 
     row_ad = _distinct_ads(rng, row_display, draw_ads)
     keep = np.ones(len(row_ad), dtype=bool)
