@@ -22,6 +22,7 @@ from wide_and_deep.outbrain_rules import DAY_MS, INPUT_FILES, NUM_DAYS, eval_mas
 from wide_and_deep.outbrain_synthetic import generate
 from wide_and_deep.preprocessing import __main__ as cli
 from wide_and_deep.preprocessing.pipeline import DuckDBEngine, preprocess
+from wide_and_deep.preprocessing.tfrecord import write_record
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_SPARK = shutil.which("java") is not None and importlib.util.find_spec("pyspark") is not None
@@ -92,6 +93,17 @@ def test_generator_files_and_cardinalities(data):
 
 
 # ----------------------------------------------------------------------------- records
+@pytest.mark.parametrize("size", [0, 1, 100, 16383, 16384, 16385, 600_001])
+def test_record_framing_equals_tensorflows(tmp_path, size):
+    """The numpy CRC-32C framing writes the bytes of tf.io.TFRecordWriter."""
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    with tf.io.TFRecordWriter(str(tmp_path / "tf")) as writer:
+        writer.write(data)
+    with open(tmp_path / "ours", "wb") as handle:
+        write_record(handle, data)
+    assert (tmp_path / "ours").read_bytes() == (tmp_path / "tf").read_bytes()
+
+
 def test_records_readable_by_tf_data(data):
     meta = json.loads((data / "duckdb" / "metadata.json").read_text())
     assert meta == {"train_rows": meta["train_rows"], "eval_rows": meta["eval_rows"], "prebatch_size": 4096,

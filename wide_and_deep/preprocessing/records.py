@@ -39,6 +39,7 @@ import pyarrow as pa
 from wide_and_deep import features
 from wide_and_deep.outbrain_rules import ASPECTS
 from wide_and_deep.preprocessing.sql import COUNTS, CTRS
+from wide_and_deep.preprocessing.tfrecord import write_record
 
 METADATA_NAME = "metadata.json"
 SUMMARY_NAME = "preproc_summary.json"
@@ -151,8 +152,6 @@ def write_split(folder: str, batches: Iterable[pa.RecordBatch], num_rows: int, n
                 bounds: Dict[str, Tuple[float, float]]) -> int:
     """Write one split's rows (in order) as records of PREBATCH_SIZE rows into
     min(num_files, records) files `part-r-NNNNN` of `folder`; returns the number of files."""
-    import tensorflow as tf  # the TFRecord framing (masked crc32c); imported only when writing
-
     size = features.PREBATCH_SIZE
     num_records = -(-num_rows // size)
     files = min(num_files, num_records)
@@ -166,9 +165,9 @@ def write_split(folder: str, batches: Iterable[pa.RecordBatch], num_rows: int, n
             if index in starts:
                 if writer is not None:
                     writer.close()
-                writer = tf.io.TFRecordWriter(os.path.join(folder, f"part-r-{len(opened):05d}"))
+                writer = open(os.path.join(folder, f"part-r-{len(opened):05d}"), "wb")
                 opened.append(index)
-            writer.write(encode_example(record_columns(block, bounds)))
+            write_record(writer, encode_example(record_columns(block, bounds)))
             written += block.num_rows
     finally:
         if writer is not None:
