@@ -6,10 +6,8 @@ import importlib.util
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
-import sys
 from collections import defaultdict
 
 import numpy as np
@@ -201,6 +199,15 @@ def test_spark_writes_the_same_bytes(data):
     for name in names:
         if os.path.isfile(data / "duckdb" / name):
             assert (data / "duckdb" / name).read_bytes() == (data / "spark" / name).read_bytes(), name
+    # bytes that are not UTF-8: refused by Spark too (DuckDB's reader refuses them; test below)
+    shutil.copytree(data / "csv", data / "not_utf8")
+    with open(data / "not_utf8" / "documents_entities.csv", "ab") as f:
+        f.write(b"1,\xff\xfe,0.5\n")
+    env.update(INPUT_DIR=str(data / "not_utf8"), OUTPUT_DIR=str(data / "spark_not_utf8"))
+    result = subprocess.run(["bash", os.path.join(REPO, "wide_and_deep", "scripts", "preproc.sh"), "spark", "2"],
+                            env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 2 and "documents_entities.csv: cannot be read (not UTF-8)" in result.stderr
+    assert not (data / "spark_not_utf8").exists()
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -250,7 +257,7 @@ def test_strict_refuses_malformed_lines(tiny, tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not glob.glob(str(tmp_path / ".out*"))
 
 
-@pytest.mark.parametrize("problem", ["missing_file", "missing_column", "duplicate_ad", "empty_eval"])
+@pytest.mark.parametrize("problem", ["missing_file", "missing_column", "duplicate_ad", "empty_eval", "not_utf8"])
 def test_bad_input_is_one_error_naming_the_file(tiny, tmp_path, capsys, problem):
     folder = copy_input(tiny, tmp_path)
     if problem == "missing_file":
@@ -267,6 +274,10 @@ def test_bad_input_is_one_error_naming_the_file(tiny, tmp_path, capsys, problem)
         with open(folder / "promoted_content.csv", "a") as f:
             f.write(line)
         expected = ("promoted_content.csv", f"ad_id {line.split(',')[0]} occurs 2 times")
+    elif problem == "not_utf8":
+        with open(folder / "documents_entities.csv", "ab") as f:
+            f.write(b"1,\xff\xfe,0.5\n")
+        expected = ("documents_entities.csv", "not UTF-8")
     else:
         events = pd.read_csv(folder / "events.csv", dtype=str, keep_default_na=False)
         events["timestamp"] = "0"

@@ -1,6 +1,7 @@
 """Outbrain-format CSVs for the tests, the demo and the benchmarks (Outbrain's data cannot be
 downloaded here): the seven files the Wide & Deep preprocessing reads, with their real columns,
-realistic cardinalities (scaled from the real data's ratios to the number of displays) and skew
+realistic cardinalities (about the real data's ratios to the number of displays; ads a little
+more numerous, so that some fall under the CTR view thresholds at test sizes) and skew
 (power-law popularity of ads, documents, sources, users and places), 2..12 ads per display with
 exactly one clicked, geo strings like "US>CA>807", 13 days of timestamps in ms from the Outbrain
 epoch, and a few missing geo/platform/source/publisher/publish-time values as in the real files.

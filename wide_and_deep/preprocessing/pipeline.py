@@ -76,6 +76,10 @@ class DuckDBEngine:
     def query(self, select: str) -> List[tuple]:
         return [tuple(row) for row in self.con.execute(select).fetchall()]
 
+    def undecodable_lines(self, view: str) -> int:
+        """Lines of a file view that were not UTF-8: none here, DuckDB's reader refuses such a file."""
+        return 0
+
     def values(self, name: str, rows: Sequence[Tuple[str, Optional[float]]]) -> None:
         """A table `name` (aspect STRING, idf DOUBLE) of the given rows."""
         frame = pa.table({"aspect": pa.array([r[0] for r in rows], pa.string()),
@@ -120,6 +124,12 @@ class SparkEngine:
 
     def query(self, select: str) -> List[tuple]:
         return [tuple(row) for row in self.spark.sql(select).collect()]
+
+    def undecodable_lines(self, view: str) -> int:
+        """Lines of a file view that are not UTF-8. Spark keeps the bytes it read and decodes them
+        (invalid sequences to U+FFFD) only where a function needs characters: a line's bytes survive
+        a decode and re-encode unchanged exactly when they are valid (as preproc/spark_data_utils)."""
+        return int(self.query(f"SELECT count(*) FROM {view} WHERE encode(text, 'UTF-8') <> CAST(text AS BINARY)")[0][0])
 
     def values(self, name: str, rows: Sequence[Tuple[str, Optional[float]]]) -> None:
         self.spark.createDataFrame(list(rows), "aspect STRING, idf DOUBLE").createOrReplaceTempView(name)
@@ -176,7 +186,13 @@ def preprocess(engine, input_dir: str, output: str, seed: int = 0, num_train_fil
             try:
                 engine.table(name, select)
             except engine.error as error:
-                raise InputError(f"{paths[stem]}: cannot be read: {error}") from None
+                text = str(error)
+                reason = " (not UTF-8)" if "utf-8" in text.lower() else ""
+                raise InputError(f"{paths[stem]}: cannot be read{reason}: {text.splitlines()[0]}") from None
+            undecodable = engine.undecodable_lines(f"raw_{stem}")
+            if undecodable:
+                raise InputError(f"{paths[stem]}: cannot be read (not UTF-8): {undecodable} line(s) hold bytes "
+                                 f"that are not UTF-8")
         lines = {stem: _line_accounting(engine, stem, path) for stem, path in paths.items()}
         for stem, counts in lines.items():
             if strict and counts[sql.MALFORMED]:
