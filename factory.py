@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import distributed as dist
 from batch import TableReads
+from embedding import DualEmbeddingGroup, EmbeddingLayer
 from hybrid_embedding import HybridEmbedding
 from lr_scheduler import LearningRateScheduler
 from model import Dlrm, DlrmConfig
@@ -72,21 +73,41 @@ def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmCo
         seed=options.seed, hotness=list(plan.hotness), poolings=list(plan.poolings))
 
 
+def embedding_layer(config: DlrmConfig, plan: Optional[ShardingPlan] = None, rank: int = 0,
+                    reads: Optional[TableReads] = None, compute_dtype: Optional[tf.DType] = None,
+                    name: str = "hybrid_embedding") -> EmbeddingLayer:
+    """The one choice of embedding layer for `config`'s tables: the plain tables (DualEmbeddingGroup,
+    also the SavedModel's) without a plan or on one process, the hybrid-parallel layer (`name`) on
+    several, each honouring the config's trainability, initialisation and table dtype. Vectors leave
+    the layer in `compute_dtype` (default: the Keras policy's), except bfloat16 on several ranks,
+    which Horovod's collectives do not all take: those move in float32 and the model casts them.
+    The one-process layer also takes the config's tier layouts (`embedding_type`, `cpu_embedding_type`,
+    `host_tables`); the hybrid layer's pieces are one variable per table slice by construction."""
+    compute_dtype = compute_dtype or tf.as_dtype(tf.keras.mixed_precision.global_policy().compute_dtype)
+    seed = None if config.embedding_zeros_initializer else config.seed
+    if plan is None or plan.world_size == 1:
+        return DualEmbeddingGroup(config.cardinalities, config.embedding_dim,
+                                  device_embedding_type=config.embedding_type,
+                                  cpu_embedding_type=config.cpu_embedding_type, host_tables=config.host_tables,
+                                  table_dtype=tf.as_dtype(config.table_dtype), output_dtype=compute_dtype,
+                                  trainable=config.embedding_trainable, poolings=config.feature_poolings, seed=seed)
+    exchange_dtype = tf.float32 if compute_dtype == tf.bfloat16 else compute_dtype
+    return HybridEmbedding(plan, rank, reads, table_dtype=tf.as_dtype(config.table_dtype), output_dtype=exchange_dtype,
+                           trainable=config.embedding_trainable, seed=seed, name=name)
+
+
+def single_process_model(config: DlrmConfig) -> Dlrm:
+    """The DLRM of `config` with its tables in one process (the SavedModel's serving copy; tests),
+    vectors in the Keras policy's compute dtype; variables are created on first use."""
+    return Dlrm(config, embedding_layer(config))
+
+
 def build_model(plan: ShardingPlan, rank: int, reads: TableReads, options: ModelOptions,
                 name: str = "hybrid_embedding") -> Dlrm:
-    """The DLRM with its variables created: the plain tables on one process, the hybrid-parallel
-    layer (`name`, float32 tables) on several. Every rank starts from the same data-parallel weights.
-    The all-to-all moves vectors in the compute dtype, except bfloat16, which Horovod's collectives
-    do not all take: those move in float32 and the model casts them."""
+    """The DLRM with its variables created, its tables in `embedding_layer`'s choice for the plan.
+    Every rank starts from the same data-parallel weights."""
     config = model_config(plan, rank, options)
-    embedding_layer = None
-    if plan.world_size > 1:
-        exchange_dtype = tf.float32 if options.compute_dtype == tf.bfloat16 else options.compute_dtype
-        embedding_layer = HybridEmbedding(plan, rank, reads, output_dtype=exchange_dtype,
-                                          trainable=options.embedding_trainable,
-                                          seed=None if options.embedding_zeros_initializer else options.seed,
-                                          name=name)
-    model = Dlrm(config, embedding_layer)
+    model = Dlrm(config, embedding_layer(config, plan, rank, reads, options.compute_dtype, name))
     model.build_weights()
     dist.broadcast_variables(model.data_parallel_variables, root_rank=0)
     return model

@@ -134,19 +134,17 @@ class Mlp(tf.keras.layers.Layer):
 class Dlrm(tf.keras.Model):
     """Bottom MLP -> [bottom output, embeddings] -> dot interaction or cross network -> top MLP -> logit."""
 
-    def __init__(self, config: DlrmConfig, embedding_layer: Optional[tf.keras.layers.Layer] = None) -> None:
+    def __init__(self, config: DlrmConfig, embedding_layer: embedding.EmbeddingLayer) -> None:
+        """`embedding_layer` holds the tables of `config` (`factory.embedding_layer` makes the one for
+        the world size)."""
         super().__init__(name="dlrm")
         config.validate()
+        if not isinstance(embedding_layer, embedding.EmbeddingLayer):
+            raise TypeError(f"{type(embedding_layer).__name__} is not an embedding.EmbeddingLayer")
         self.config = config
         self.padded_numerical = _round_up(config.num_numerical_features, 8)
         self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp", seed=config.seed)
-        self.embedding = embedding_layer or embedding.DualEmbeddingGroup(
-            config.cardinalities, config.embedding_dim,
-            device_embedding_type=config.embedding_type, cpu_embedding_type=config.cpu_embedding_type,
-            host_tables=config.host_tables,
-            table_dtype=tf.as_dtype(config.table_dtype), output_dtype=self.compute_dtype,
-            trainable=config.embedding_trainable, poolings=config.feature_poolings,
-            seed=None if config.embedding_zeros_initializer else config.seed)
+        self.embedding = embedding_layer
         self.cross_network = (interaction.CrossNetwork(config.num_cross_layers, config.cross_layer_projection_dim,
                                                        seed=config.seed, seed_offset=len(config.bottom_mlp_dims)
                                                        + len(config.top_mlp_dims))
