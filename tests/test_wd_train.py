@@ -88,8 +88,8 @@ def data(tmp_path_factory):
     return str(folder), teacher
 
 
-SMALL = ["--deep_hidden_units", "32", "32", "--deep_learning_rate", "0.003", "--deep_warmup_epochs", "0",
-         "--linear_learning_rate", "0.2", "--global_batch_size", "8192", "--eval_batch_size", "8192"]
+SMALL = ["--deep_hidden_units", "32", "32", "--deep_learning_rate", "0.01", "--deep_warmup_epochs", "0",
+         "--linear_learning_rate", "0.5", "--global_batch_size", "8192", "--eval_batch_size", "8192"]
 
 
 def data_flags(folder):
@@ -182,3 +182,112 @@ def test_defaults_are_the_reference_ones():
     assert args.deep_hidden_units == [1024] * 5 and args.affinity == "socket_unique_interleaved"
     assert (args.benchmark_warmup_steps, args.benchmark_steps) == (500, 1000)
     assert (args.model_dir, args.results_dir, args.log_filename) == ("/outbrain/checkpoints", "/results", "log.json")
+
+
+# ---- training ----
+
+def test_one_process_learns_close_to_the_teacher_and_evaluate_reads_its_checkpoint(data, tmp_path):
+    folder, (teacher_map, teacher_auc) = data
+    result = wd(run_flags(folder, tmp_path, "--num_epochs", "3", "--global_batch_size", "4096"))
+    assert_ok(result)
+    last = final(str(tmp_path / "results"))
+    assert last["exact_map_val"] > teacher_map - 0.03 and last["auc_val"] > teacher_auc - 0.03, (last, teacher_map)
+    assert last["streaming_map_val"] == pytest.approx(last["exact_map_val"], abs=0.01)
+    records = log_records(str(tmp_path / "results"))
+    assert [r["step"] for r in records if r.get("type") == "LOG" and "auc_val" in r["data"]][:3] == [
+        [24, 72], [48, 72], [72, 72]]
+    assert json.load(open(tmp_path / "results" / "args.json"))["num_epochs"] == 3
+    evaluated = wd(run_flags(folder, tmp_path, "--evaluate", "--use_checkpoint", "--results_dir",
+                             str(tmp_path / "eval_results")))
+    assert_ok(evaluated)
+    again = final(str(tmp_path / "eval_results"))
+    for key in ("exact_map_val", "streaming_map_val", "auc_val", "loss_val", "binary_accuracy_val"):
+        assert again[key] == pytest.approx(last[key], abs=1e-6), key
+
+
+def test_two_ranks_under_horovodrun_equal_one_process(data, tmp_path):
+    folder, _ = data
+    common = ["--num_epochs", "1", "--deep_dropout", "0"]  # dropout masks are drawn per rank
+    one = wd(run_flags(folder, tmp_path / "one", *common))
+    assert_ok(one)
+    two = wd(run_flags(folder, tmp_path / "two", *common), np_=2)
+    assert_ok(two)
+    a, b = weights(str(tmp_path / "one" / "ckpt")), weights(str(tmp_path / "two" / "ckpt"))
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-6, err_msg=name)
+    m1, m2 = final(str(tmp_path / "one" / "results")), final(str(tmp_path / "two" / "results"))
+    assert m1["exact_map_val"] == pytest.approx(m2["exact_map_val"], abs=1e-4)  # every row once over both ranks
+    assert m1["auc_val"] == pytest.approx(m2["auc_val"], abs=1e-4)
+
+
+def test_resume_after_sigint_equals_an_uninterrupted_run(data, tmp_path):
+    folder, _ = data
+    common = ["--num_epochs", "3"]
+    whole = wd(run_flags(folder, tmp_path / "whole", *common))
+    assert_ok(whole)
+    flags = run_flags(folder, tmp_path / "cut", *common)
+    process = subprocess.Popen([sys.executable, "main.py", *flags], cwd=WD_DIR, env=launch_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if line.startswith("checkpoint saved"):  # the first epoch's: the signal lands in the second
+            process.send_signal(2)
+            break
+    output = "".join(seen) + process.communicate(timeout=200)[0]
+    assert process.returncode == 130, output[-3000:]
+    assert "stopped by SIGINT after step" in output
+    stopped = int(output.split("stopped by SIGINT after step ")[1].split()[0])
+    assert 12 <= stopped < 36
+    resumed = wd(flags + ["--use_checkpoint"])
+    assert_ok(resumed)
+    a, b = weights(str(tmp_path / "whole" / "ckpt")), weights(str(tmp_path / "cut" / "ckpt"))
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert final(str(tmp_path / "whole" / "results")) == final(str(tmp_path / "cut" / "results"))
+
+
+def test_benchmark_training_and_evaluation(data, tmp_path):
+    folder, _ = data
+    bench = ["--benchmark", "--benchmark_warmup_steps", "2", "--benchmark_steps", "14"]  # crosses an epoch
+    result = wd(run_flags(folder, tmp_path, *bench))
+    assert_ok(result)
+    assert final(str(tmp_path / "results"))["train_throughput"] > 0
+    assert not (tmp_path / "ckpt").exists()  # no evaluation, no checkpoint
+    records = log_records(str(tmp_path / "results"))
+    assert len([r for r in records if "batch_samplesps" in r.get("data", {})]) == 12
+    evaluated = wd(run_flags(folder, tmp_path, *bench, "--evaluate", "--results_dir", str(tmp_path / "ev")))
+    assert_ok(evaluated)
+    assert final(str(tmp_path / "ev"))["validation_throughput"] > 0
+
+
+def _foreign_checkpoint(root):
+    """A checkpoint of another model (a DLRM-like config) in `root`."""
+    variable = tf.Variable(np.ones((3, 2), np.float32))
+    state = checkpoint.TrainingState({"model": "dlrm"}, ["f0"], [], [], {"w": variable}, {},
+                                     {checkpoint.STEP_COUNTER: tf.Variable(5, dtype=tf.int64)})
+    checkpoint.save(str(root), 5, state, "foreign")
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ([], "holds checkpoints of another model"),
+    (["--use_checkpoint"], "written for a different model"),
+])
+def test_model_dir_of_another_model_is_refused_untouched(data, tmp_path, extra, fragment):
+    folder, _ = data
+    _foreign_checkpoint(tmp_path / "ckpt")
+    before = snapshot(tmp_path / "ckpt")
+    result = wd(run_flags(folder, tmp_path, *extra))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0] and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert snapshot(tmp_path / "ckpt") == before
+
+
+def test_batch_not_dividing_into_two_ranks_is_one_error(data, tmp_path):
+    folder, _ = data
+    result = wd(run_flags(folder, tmp_path, "--global_batch_size", "12288"), np_=2)
+    assert result.returncode != 0
+    assert "--global_batch_size 12288 must divide into 2 rank(s)" in result.stderr + result.stdout
+    assert ">:Traceback" not in result.stderr + result.stdout  # no rank's traceback (horovodrun prints its own)

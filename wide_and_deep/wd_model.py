@@ -15,6 +15,7 @@ touched, as the reference's optimizers did.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -25,6 +26,7 @@ import distributed as dist
 from wide_and_deep import features as F
 
 WIDE_INIT_LIMIT = 0.05  # Keras Embedding's default uniform initialiser
+TRUNCATION_STDDEV = 0.87962566103423978  # std of a unit normal truncated to [-2, 2] (Keras's correction)
 DEEP_WIDTHS = tuple(sorted({dim for _, _, dim in F.CATEGORICAL_FEATURES}, reverse=True))
 
 
@@ -63,16 +65,28 @@ def _offsets(names: Sequence[str], buckets: Dict[str, int]) -> np.ndarray:
     return np.cumsum([0] + [buckets[n] for n in names[:-1]]).astype(np.int64)
 
 
+def _truncated_normal(rng: np.random.Generator, shape: Tuple[int, int], stddev: float) -> np.ndarray:
+    """Normal values redrawn beyond two standard deviations (Keras's truncated normal), float32."""
+    values = rng.standard_normal(shape, dtype=np.float32)
+    outside = np.abs(values) > 2
+    while outside.any():
+        values[outside] = rng.standard_normal(int(outside.sum()), dtype=np.float32)
+        outside = np.abs(values) > 2
+    return values * np.float32(stddev)
+
+
 def _stacked_init(names: Sequence[str], buckets: Dict[str, int], dim: int, seed: int, wide: bool) -> np.ndarray:
-    """One table per feature from its own seed, stacked in `names` order."""
+    """One table per feature, each from its own generator seeded by (seed, feature), stacked in `names`
+    order: uniform +-0.05 (wide) or Glorot-normal (deep: truncated normal of variance 2 / (rows + dim),
+    as Keras's GlorotNormal draws it)."""
     parts = []
     for name in names:
-        feature_seed = seed * 1000 + F.CATEGORICAL_NAMES.index(name) + (500 if wide else 0)
+        rng = np.random.default_rng([seed, F.CATEGORICAL_NAMES.index(name), int(wide)])
+        shape = (buckets[name], dim)
         if wide:
-            init = tf.keras.initializers.RandomUniform(-WIDE_INIT_LIMIT, WIDE_INIT_LIMIT, seed=feature_seed)
+            parts.append(rng.uniform(-WIDE_INIT_LIMIT, WIDE_INIT_LIMIT, shape).astype(np.float32))
         else:
-            init = tf.keras.initializers.GlorotNormal(seed=feature_seed)
-        parts.append(init((buckets[name], dim), dtype=tf.float32).numpy())
+            parts.append(_truncated_normal(rng, shape, math.sqrt(2 / sum(shape)) / TRUNCATION_STDDEV))
     return np.concatenate(parts)
 
 
