@@ -136,8 +136,7 @@ class StepDropout(tf.keras.layers.Layer):
     def call(self, x: tf.Tensor, seed: Optional[tf.Tensor]) -> tf.Tensor:
         if seed is None or self.rate == 0:
             return x
-        keep = tf.random.stateless_uniform(tf.shape(x), seed=seed) >= self.rate
-        return tf.where(keep, x / (1 - self.rate), tf.zeros_like(x))
+        return tf.nn.experimental.stateless_dropout(x, rate=self.rate, seed=seed)
 
 
 class WideAndDeep(tf.keras.Model):
