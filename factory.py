@@ -8,8 +8,8 @@ first (`sharding.plan_sharding`) because the loader needs `plan.reads(rank, ...)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
 
 import tensorflow as tf
 
@@ -18,7 +18,8 @@ from batch import TableReads
 from embedding import DualEmbeddingGroup, EmbeddingLayer
 from hybrid_embedding import HybridEmbedding
 from lr_scheduler import LearningRateScheduler
-from model import Dlrm, DlrmConfig
+from model import Dlrm
+from model_config import DlrmConfig, DlrmSettings, TrainingSettings
 from optimizers import make_optimizers
 from sharding import ShardingPlan
 from trainer import Trainer
@@ -26,51 +27,28 @@ from trainer import Trainer
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """What shapes the stack besides the plan (which fixes the tables and their width), in plain values.
+    """What shapes the stack besides the plan (which fixes the tables and their widths): the model's
+    and the training's settings (model_config, each declared there once), the dataset's numerical
+    width and the compute dtype the run decided.
 
-    `interaction` is a concrete dot implementation (`interaction.resolve_interaction_name` resolves
-    `auto` once, before this) or "cross" (the DCNv2 cross network). `loss_scale` None trains without
-    loss scaling.
+    `model.interaction` is a concrete dot implementation (`interaction.resolve_interaction_name`
+    resolves `auto` once, before this) or "cross" (the DCNv2 cross network).
     """
     num_numerical_features: int
-    bottom_mlp_dims: Sequence[int] = (512, 256, 128)
-    top_mlp_dims: Sequence[int] = (1024, 1024, 512, 256, 1)
-    interaction: str = "tensorflow"
-    num_cross_layers: int = 3
-    cross_layer_projection_dim: int = 512
-    embedding_type: str = "fused"
-    cpu_embedding_type: str = "multitable"
-    embedding_trainable: bool = True
-    embedding_zeros_initializer: bool = False
-    table_dtype: str = "float32"
+    model: DlrmSettings = field(default_factory=DlrmSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
     compute_dtype: tf.DType = tf.float32
-    seed: int = 0
-    optimizer: str = "sgd"
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    learning_rate: float = 24.0
-    warmup_steps: int = 8000
-    decay_start_step: int = 48000
-    decay_steps: int = 24000
-    loss_scale: Optional[float] = None
-    fp16_allreduce: bool = False  # the dense gradients' allreduce sent as float16 (Horovod's compression)
 
 
 def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmConfig:
-    """The DLRM's configuration; on one process the plan's host tables go to host memory. The
-    tables' hotness and pooling come from the plan (`plan_sharding(..., hotness, poolings)`, the
-    FeatureSpec's), the one place they are decided."""
-    return DlrmConfig(
-        num_numerical_features=options.num_numerical_features, cardinalities=list(plan.cardinalities),
+    """The DLRM's configuration: the settings with the plan's tables; on one process the plan's
+    host tables go to host memory. The tables' hotness and pooling come from the plan
+    (`plan_sharding(..., hotness, poolings)`, the FeatureSpec's), the one place they are decided."""
+    return DlrmConfig.from_settings(
+        options.model, num_numerical_features=options.num_numerical_features, cardinalities=list(plan.cardinalities),
         embedding_dim=plan.dims[0] if len(set(plan.dims)) == 1 else list(plan.dims),
-        bottom_mlp_dims=list(options.bottom_mlp_dims), top_mlp_dims=list(options.top_mlp_dims),
-        interaction=options.interaction, num_cross_layers=options.num_cross_layers,
-        cross_layer_projection_dim=options.cross_layer_projection_dim,
-        embedding_type=options.embedding_type, cpu_embedding_type=options.cpu_embedding_type,
-        host_tables=plan.host_tables(rank) if plan.world_size == 1 else [],
-        embedding_trainable=options.embedding_trainable,
-        embedding_zeros_initializer=options.embedding_zeros_initializer, table_dtype=options.table_dtype,
-        seed=options.seed, hotness=list(plan.hotness), poolings=list(plan.poolings))
+        host_tables=plan.host_tables(rank) if plan.world_size == 1 else [], hotness=list(plan.hotness),
+        poolings=list(plan.poolings))
 
 
 def embedding_layer(config: DlrmConfig, plan: Optional[ShardingPlan] = None, rank: int = 0,
@@ -118,7 +96,8 @@ def build_trainer(plan: ShardingPlan, rank: int, reads: TableReads, options: Mod
     """The whole stack: the model of `build_model`, its optimizers, the learning-rate schedule and
     the trainer that owns them (`trainer.model`, `trainer.training_state`)."""
     model = build_model(plan, rank, reads, options, name)
-    scheduler = LearningRateScheduler(options.learning_rate, options.warmup_steps, options.decay_start_step,
-                                      options.decay_steps)
-    return Trainer(model, *make_optimizers(options.optimizer, options.beta_1, options.beta_2), scheduler,
-                   loss_scale=options.loss_scale, fp16_allreduce=options.fp16_allreduce)
+    training = options.training
+    scheduler = LearningRateScheduler(training.learning_rate, training.warmup_steps, training.decay_start_step,
+                                      training.decay_steps)
+    return Trainer(model, *make_optimizers(training.optimizer, training.beta_1, training.beta_2), scheduler,
+                   loss_scale=training.loss_scale, fp16_allreduce=training.fp16_allreduce)

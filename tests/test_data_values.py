@@ -16,7 +16,7 @@ from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from data_rank_worker import open_pipelines
 from feature_spec import get_default_feature_spec
 from factory import single_process_model
-from model import DlrmConfig
+from model_config import DlrmConfig
 from test_main import SMALL_MODEL, main_py
 
 NUM_NUMERICAL = 2

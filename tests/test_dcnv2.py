@@ -8,7 +8,7 @@ import checkpoint
 import interaction
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
-from model import DlrmConfig
+from model_config import DlrmConfig
 from multiproc import assert_ok, run_horovod, run_python
 from test_main import SMALL_DATA, checkpoint_arrays, final_record
 

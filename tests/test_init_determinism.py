@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 from hybrid_embedding import HybridEmbedding
-from model import Dlrm, DlrmConfig
+from model import Dlrm
+from model_config import DlrmConfig
 from factory import single_process_model
 from multiproc import assert_ok, run_horovod, run_python
 from sharding import plan_sharding

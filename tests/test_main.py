@@ -89,7 +89,7 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     import tensorflow as tf
 
     from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-    from model import Dlrm, DlrmConfig
+    from model_config import DlrmConfig
     config = DlrmConfig(num_numerical_features=5, cardinalities=[50, 20, 7, 30], embedding_dim=8,
                         bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="tensorflow")
     tf.keras.utils.set_random_seed(0)

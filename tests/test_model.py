@@ -11,7 +11,8 @@ import metrics
 from lr_scheduler import LearningRateScheduler, learning_rate_at
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
-from model import Dlrm, DlrmConfig
+from model import Dlrm
+from model_config import DlrmConfig
 from optimizers import SGD, Adam, make_optimizers
 from trainer import eval_points
 

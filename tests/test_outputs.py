@@ -10,7 +10,7 @@ import tensorflow as tf
 import saved_model
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
-from model import DlrmConfig
+from model_config import DlrmConfig
 from multiproc import assert_ok, run_horovod, snapshot
 from safe_io import OutputPathError
 from test_flags import assert_refused, refused_in_process

@@ -21,7 +21,9 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
+
+from cli import bad_input
 
 PRINT_FREQ = 100
 AFFINITIES = ("socket", "single", "single_unique", "socket_unique_interleaved", "socket_unique_continuous",
@@ -33,9 +35,8 @@ class UsageError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, the project's form
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    def error(self, message: str) -> None:  # one line, the project's form (cli.py)
+        sys.exit(bad_input(message))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,7 +331,8 @@ def train(run: Run) -> int:
     import checkpoint
     import distributed as dist
     from metrics import exact_auc
-    from stop_signals import STOP, agreed_signal, exit_code, signal_name, vote
+    from cli import signal_exit_code
+    from stop_signals import STOP, agreed_signal, signal_name, vote
     from utils import print_rank0
     from wide_and_deep import wd_data, wd_metrics, wd_model
 
@@ -376,7 +378,7 @@ def train(run: Run) -> int:
                 print_rank0(f"stopped by {signal_name(stopped)} after step {step} of {run.total_steps}; checkpoint "
                             f"saved in {args.model_dir}: run the same command with --use_checkpoint to resume",
                             rank=run.rank)
-                return exit_code(stopped)
+                return signal_exit_code(stopped)
         epoch += 1
         if bench is None:
             result = evaluate(run)
@@ -417,14 +419,15 @@ def write_args(args: argparse.Namespace, world_size: int) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse, check, build and run; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from stop_signals import STOP, StopNow, exit_code
+    from cli import signal_exit_code
+    from stop_signals import STOP, StopNow
 
     STOP.install()
     try:
         return _main(args)
     except StopNow as stop:
         print(f"stopped by {stop}: the run ended before finishing; outputs on disk are whole", file=sys.stderr)
-        return exit_code(stop.signum)
+        return signal_exit_code(stop.signum)
     finally:
         STOP.ignore_further()
 
@@ -467,11 +470,9 @@ def _main(args: argparse.Namespace) -> int:
         dist.barrier()
         return code
     except (UsageError, DataError, CheckpointError, OutputPathError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 2
+        return bad_input(error)
     except tf.errors.InvalidArgumentError as error:  # a record failing the reader's checks
-        print(f"error: bad training or eval record: {error.message.splitlines()[0]}", file=sys.stderr, flush=True)
-        return 2
+        return bad_input(f"bad training or eval record: {error.message.splitlines()[0]}")
     finally:
         logger.close()
         if lock is not None:

@@ -222,7 +222,7 @@ def join_statements(d: Dialect, seed: int) -> List[Tuple[str, str]]:
         s.append((f"{place}_counts", f"""
         SELECT {place} AS place, CASE WHEN count(*) >= {RARE_GEO_LIMIT} THEN count(*) ELSE -1 END AS code
         FROM events_kept GROUP BY {place}"""))
-    s.append(("meta_clean", f"""
+    s.append(("meta_clean", """
         SELECT document_id, source_id, publish_ms,
                coalesce(publisher_id, (SELECT coalesce(max(publisher_id), 0) FROM documents_meta_lines
                                        WHERE reject IS NULL)
