@@ -25,8 +25,9 @@ if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then usage; exit 0; fi
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_DIR}"
-export PATH="${REPO_DIR}/.venv/bin:${PATH}" PYTHONPATH="${REPO_DIR}" OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=scripts/demo_common.sh
+source "${REPO_DIR}/scripts/demo_common.sh"
+demo_environment "${REPO_DIR}"
 DEMO_DIR="${DEMO_DIR:-${REPO_DIR}/demo_output_wd}"
 DISPLAYS="${DEMO_DISPLAYS:-120000}"
 EPOCHS="${DEMO_EPOCHS:-3}"
@@ -40,16 +41,7 @@ if [[ ! "${EPOCHS}" =~ ^[1-9][0-9]*$ || ! "${NP}" =~ ^[1-9][0-9]*$ ]]; then
   echo "error: DEMO_EPOCHS and DEMO_NP must be positive integers, got '${EPOCHS}' and '${NP}'" >&2
   exit 2
 fi
-if [[ -e "${DEMO_DIR}" ]]; then  # replace only an earlier demo's output (or an empty folder)
-  if [[ -f "${MARKER}" || -z "$(ls -A "${DEMO_DIR}")" ]]; then
-    rm -rf "${DEMO_DIR}"
-  else
-    echo "error: DEMO_DIR ${DEMO_DIR} exists and is not an earlier Wide & Deep demo's output; refusing to delete it" >&2
-    exit 2
-  fi
-fi
-mkdir -p "${DEMO_DIR}"
-touch "${MARKER}"
+demo_fresh_dir "${DEMO_DIR}" "${MARKER}"
 CSV="${DEMO_DIR}/outbrain"
 RECORDS="${DEMO_DIR}/tfrecords"
 
@@ -86,8 +78,7 @@ teacher = json.load(open(sys.argv[1]))
 final = [r["data"] for r in read_dllogger_file(sys.argv[2]) if r["type"] == "LOG" and r["step"] == []][-1]
 summary = json.load(open(sys.argv[3]))
 print(f"preprocessing: {json.dumps(summary.get('rows', summary.get('total', {})))}")
-teacher_map = next(v for k, v in teacher.items() if "map" in k.lower())
 print(f"MAP@12: reference's {final['streaming_map_val']:.4f}, exact {final['exact_map_val']:.4f}; "
-      f"teacher {teacher_map:.4f}")
+      f"teacher {teacher['map_at_12_eval']:.4f}")
 print(f"AUC {final['auc_val']:.4f}, loss {final['loss_val']:.4f}, accuracy {final['binary_accuracy_val']:.4f}")
 PY

@@ -768,7 +768,7 @@ def test_spark_outputs_are_written_whole_or_not_at_all(spark_utils, tmp_path, ca
             (["--output_folder", str(raw / "out"), "--write_mode", "overwrite"], "lies inside --input_folder"),
             (["--output_folder", str(tmp_path)], "contains --input_folder")):
         arguments = ["--num_days", "2", "--input_folder", str(raw), "--halves_folder", str(raw), *args]
-        assert u.main(arguments) == 1  # refused before Spark is asked to do anything
+        assert u.main(arguments) == 2  # bad input (cli.py), refused before Spark is asked to do anything
         errors = capsys.readouterr().err.strip().splitlines()
         assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0], errors
     assert sorted(os.listdir(tmp_path)) == ["out", "raw"]

@@ -137,12 +137,15 @@ def saves_checkpoints(args: argparse.Namespace) -> bool:
 
 @dataclass
 class Data:
-    """The indexed splits and the per-rank batch geometry."""
+    """The indexed splits and the per-rank batch geometry. Training reads the full 4096-row records
+    only (`full_train_records`, the first ones: the preprocessing writes the short one last), as DLRM
+    drops a last partial batch: every rank's batch of every step then has the same size."""
     train: Any
     eval: Any
     steps_per_epoch: int
     train_records_per_step: int
     eval_records_per_rank: int
+    full_train_records: int
 
 
 def open_data(args: argparse.Namespace, world_size: int) -> Data:
@@ -159,10 +162,13 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
     evaluation = wd_data.index_records(wd_data.expand_patterns(args.eval_data_pattern, "--eval_data_pattern"),
                                        meta.eval_rows, "eval")
     records_per_step = args.global_batch_size // PREBATCH_SIZE
-    steps = wd_data.train_steps_per_epoch(len(train), records_per_step)
+    full_records = meta.train_rows // PREBATCH_SIZE
+    steps = wd_data.train_steps_per_epoch(full_records, records_per_step)
     if steps == 0 and not args.evaluate:
-        raise UsageError(f"--global_batch_size {args.global_batch_size} exceeds the {meta.train_rows} training rows")
-    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
+        raise UsageError(f"--global_batch_size {args.global_batch_size} exceeds the {full_records * PREBATCH_SIZE} "
+                         f"training rows in full {PREBATCH_SIZE}-row records")
+    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE,
+                full_records)
 
 
 def configure_tensorflow(args: argparse.Namespace, local_rank: int):
@@ -351,7 +357,7 @@ def train(run: Run) -> int:
     STOP.graceful = True
     epoch = step // data.steps_per_epoch
     while bench is not None or epoch < args.num_epochs:
-        groups = wd_data.train_record_groups(len(data.train), data.train_records_per_step, run.rank, run.world_size,
+        groups = wd_data.train_record_groups(data.full_train_records, data.train_records_per_step, run.rank, run.world_size,
                                              args.seed, epoch, step % data.steps_per_epoch)
         for batch in wd_data.dataset(data.train, groups, run.config.buckets):
             run.optimizers.deep_lr.assign(wd_model.deep_learning_rate(step, data.steps_per_epoch, run.config))
