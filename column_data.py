@@ -15,7 +15,7 @@ part_10). Each sample has one value per feature, found by the spec's name:
 - TFRecords: the label an int64 list of one 0/1 value, each numerical feature a float list of one
   value, each categorical feature an int64 list of 0 to hotness ids.
 
-`read_batches` serves `datasets.Samples` of exactly the batch size (files are concatenated), every
+`read_batches` serves `batch.Samples` of exactly the batch size (files are concatenated), every
 value checked as it is read (labels 0 or 1, numericals finite in float16, ids in [0, cardinality),
 at most hotness ids per sample); a bad value, a missing column or an unreadable file is one
 DataError naming the file. One-hot features come as `[n]` int32, multi-hot ones as `RaggedIds`.
@@ -29,7 +29,8 @@ from typing import Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from datasets import DataError, RaggedIds, Samples, check_numericals, id_error, label_values
+from batch import RaggedIds, Samples
+from data_errors import DataError, check_numericals, id_error, label_values
 from feature_spec import NUMERICAL_DTYPE, FeatureSpec
 
 NVT = "nvt"

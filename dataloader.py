@@ -13,7 +13,7 @@ Training drops the last partial batch; evaluation covers every test sample (spli
 holds whole prebatches only, and is read in stored order). HugeCTR raw and SOK split folders are
 read by `hugectr_data` (SOK's per-feature variant is split-binary, read by `datasets`), TorchRec's
 day files (`day_<i>_*.npy`, MLPerf's `.npz` multi-hot ids) by `torchrec_data`. Every value read is
-checked (see `datasets`); consume the datasets inside `datasets.surface_data_errors` so that bad
+checked (see `data_errors`); consume the datasets inside `pipeline_errors.surface_data_errors` so that bad
 data arrives as one DataError rather than a TensorFlow error.
 """
 from __future__ import annotations
@@ -31,6 +31,8 @@ import split_tfrecords
 import synthetic_data
 import torchrec_data
 from batch import TableReads
+from batch_reader import BatchReader
+from data_errors import DataError
 from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 
 DATASET_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES, *torchrec_data.DATASET_TYPES)
@@ -92,7 +94,7 @@ def _check_partitioning(config: PipelineConfig, num_categorical: int) -> TableRe
 
 def _check_batch_fits(batch_size: int, num_samples: int, what: str, where: str) -> None:
     if batch_size > num_samples:
-        raise datasets.DataError(f"{where}: the {what} batch size {batch_size} is larger than the "
+        raise DataError(f"{where}: the {what} batch size {batch_size} is larger than the "
                                  f"{num_samples} samples of the {what} data")
 
 
@@ -166,7 +168,7 @@ def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPi
     reader_class = _file_reader(config.dataset_type, spec)
     counts = None if reader_class else spec.check_files()
     where = spec.path or spec.base_directory
-    readers: Dict[str, datasets.BatchReader] = {}
+    readers: Dict[str, BatchReader] = {}
     for mapping, batch in ((TRAIN_MAPPING, config.train_batch_size), (TEST_MAPPING, config.eval_batch_size)):
         options = dict(rank=config.rank, world_size=config.world_size, reads=reads,
                        drop_remainder=(mapping == TRAIN_MAPPING), numerical_dtype=config.compute_dtype,

@@ -43,12 +43,13 @@ import numpy as np
 import tensorflow as tf
 
 from batch import TableReads
-from datasets import (BatchReader, DataError, StagedWriter, check_ids, check_numericals, label_values,
-                      pread_into, unsigned_cardinalities)
+from batch_reader import BatchReader, pread_into
+from data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
 from feature_spec import (FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE, MAPPINGS, MAX_CARDINALITY,
                           NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, file_kind_problem)
 from preproc.criteo_rules import transform_numericals
 from safe_io import check_replaceable
+from staged_writer import StagedWriter
 
 HUGECTR_RAW = "hugectr_raw"
 SOK_SPLIT = "sok_split"
@@ -358,7 +359,7 @@ class HugeCTRRawWriter(StagedWriter):
     The dense values arrive transformed (split-binary float16), which HugeCTR's int32 dense
     values cannot hold, so label and dense are written as float32 (HugeCTR's `float_label_dense`)
     and metadata.json says `dense_log: false`: reading the folder back serves the same batches.
-    All or nothing (`datasets.StagedWriter`): a destination holding anything is refused unless
+    All or nothing (`staged_writer.StagedWriter`): a destination holding anything is refused unless
     `overwrite`, and even then when it holds entries this writer would not replace.
     """
 

@@ -27,13 +27,13 @@ serialized `tf.train.Example` whose bytes features hold serialized `TensorProto`
     values[sum(row_lengths[:i]) : sum(row_lengths[:i+1])]; an empty row is allowed.
 A feature of hotness h > 1 in the spec must have a `multihot: true` folder and a one-hot feature a
 `multihot: false` one. The reader serves a multi-hot feature as a `tf.RaggedTensor` [rows, (ids)]
-of int32 values with int64 row splits (`datasets.RaggedIds` from `read_samples`).
+of int32 values with int64 row splits (`batch.RaggedIds` from `read_samples`).
 
 Records are read in order, so the global batch must equal the prebatch size B. Every batch is
-checked as it is read with the split-binary reader's checks (`datasets.check_labels`,
+checked as it is read with the split-binary reader's checks (`data_errors.check_labels`,
 `check_numericals`, `check_ids`); a bad value, a corrupt or short file, or a record of the wrong
 shape, or a row length outside [0, hotness] or not summing to the values stops the pipeline with
-one DataError naming the file (see `datasets.surface_data_errors`).
+one DataError naming the file (see `pipeline_errors.surface_data_errors`).
 """
 from __future__ import annotations
 
@@ -48,11 +48,12 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.framework import tensor_pb2
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
-from datasets import (PREFETCH_BATCHES, DataError, Ids, RaggedIds, Samples, check_ids, check_labels,
-                      check_numericals, file_pipeline_error, pipeline_error_check, unsigned_cardinalities)
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, Ids, RaggedIds, Samples, TableReads, local_slice
+from batch_reader import PREFETCH_BATCHES
+from data_errors import DataError, check_ids, check_labels, check_numericals, unsigned_cardinalities
 from feature_spec import (DEFAULT_SPEC_NAME, DTYPE_SELECTOR, MAPPINGS, NUMERICAL_DTYPE, FeatureSpec,
                           file_kind_problem)
+from pipeline_errors import file_pipeline_error, pipeline_error_check
 from safe_io import OutputPathError, StagedDirectory, check_replaceable
 
 FORMAT_FILE = "format.json"
@@ -467,7 +468,7 @@ class SplitTFRecordsReader:
 
     def _rank_batches(self) -> Iterator[Tuple[Any, ...]]:
         """This rank's rows of every batch, then 0; or, at bad data, empty arrays and the number
-        its DataError is filed under (`datasets.file_pipeline_error`)."""
+        its DataError is filed under (`pipeline_errors.file_pipeline_error`)."""
         lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
         row_lo, row_hi = self.reads.rows(self.global_batch_size, self.rank, self.world_size)
         no_numericals = np.zeros((hi - lo, 0), NUMERICAL_DTYPE)

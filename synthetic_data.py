@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
-from datasets import PREFETCH_BATCHES, SplitBinaryWriter
+from batch_reader import PREFETCH_BATCHES
+from datasets import SplitBinaryWriter
 from feature_spec import DEFAULT_ALPHA, POOLINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 from metrics import exact_auc
+from staged_writer import SampleWriter
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -158,14 +160,6 @@ class SyntheticTeacher:
         probabilities = 1.0 / (1.0 + np.exp(-self.logits(numerical, categoricals)))
         labels = rng.random(num_samples, dtype=np.float32) < probabilities
         return numerical, labels, categoricals, probabilities
-
-
-class SampleWriter(Protocol):
-    """What the dataset writers share (`datasets.SplitBinaryWriter`, `split_tfrecords.SplitTFRecordsWriter`)."""
-
-    def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
-               categoricals: Sequence[np.ndarray]) -> None:
-        ...
 
 
 def write_teacher_samples(writer: SampleWriter, teacher: SyntheticTeacher, rng: np.random.Generator,

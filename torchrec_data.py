@@ -39,7 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 from batch import TableReads
-from datasets import BatchReader, DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
+from batch_reader import BatchReader
+from data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
 from feature_spec import (DEFAULT_SPEC_NAME, NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
                           file_kind_problem)
 from hugectr_data import check_vocab_sizes

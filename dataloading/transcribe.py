@@ -56,9 +56,11 @@ import numpy as np
 import column_data
 import hugectr_data
 import torchrec_data
+from batch import Samples
+from data_errors import DataError
 from dataloader import PipelineConfig
 from dataloading import ArgumentParser, run_or_fail
-from datasets import DataError, Samples, SplitBinaryReader, SplitBinaryWriter
+from datasets import SplitBinaryReader, SplitBinaryWriter
 from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 from safe_io import refuse_overlap
 from split_tfrecords import SplitTFRecordsReader, SplitTFRecordsWriter
