@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +19,7 @@ from data_errors import DataError, truncated_error
 from pipeline_errors import file_pipeline_error, pipeline_error_check
 
 PREFETCH_BATCHES = 2
+VALIDATE_BATCH = 1 << 18  # samples per read of a reader's up-front scan (--validate_data)
 
 
 def pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
@@ -116,6 +117,10 @@ class BatchReader:
             for position, row in zip(members, block):
                 ids[position] = row
         return numerical, labels, ids
+
+    def batches(self) -> Iterator[Samples]:
+        """Every batch in order, as `read_samples` gives it (what `dataloading.transcribe` copies)."""
+        return (self.read_samples(index) for index in range(len(self)))
 
     def _read_and_file_error(self, batch_index: int) -> List[np.ndarray]:
         """`read_batch` for the pipeline: the arrays, then the number its DataError is filed

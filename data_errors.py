@@ -104,3 +104,10 @@ def check_ids(block: np.ndarray, cardinalities: np.ndarray, paths: Sequence[str]
             position, of = index - int(ends[sample] - row_lengths[sample]), int(row_lengths[sample])
         raise id_error(paths[row], features[row], mapping, first_sample + sample, flat[row, index],
                        cardinalities[row], position, of)
+
+
+def check_batch_fits(batch_size: int, num_samples: int, what: str, where: str) -> None:
+    """A global batch of `batch_size` needs at least that many samples in mapping `what` of `where`."""
+    if batch_size > num_samples:
+        raise DataError(f"{where}: the {what} batch size {batch_size} is larger than the "
+                        f"{num_samples} samples of the {what} data")

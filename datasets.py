@@ -12,7 +12,8 @@ Every batch's values are checked where they are read, at a cost of a few vectori
 label bytes are 0 or 1, numericals are finite, ids lie in [0, cardinality). A bad value stops the
 pipeline with a DataError naming the file, feature, sample and value; since TensorFlow turns errors
 inside the pipeline into its own, `pipeline_errors.surface_data_errors` turns them back where batches
-are consumed. The shared data layer lives beside it: `data_errors` (DataError, the value checks),
+are consumed. It registers the `tf_raw` format (`data_formats`): training, transcribe source and
+destination. The shared data layer lives beside it: `data_errors` (DataError, the value checks),
 `pipeline_errors`, `batch_reader.BatchReader`, `staged_writer.StagedWriter`, `batch.RaggedIds`.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -29,10 +30,11 @@ import tensorflow as tf
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, Ids, RaggedIds, TableReads, local_sizes, rank_start
 from batch_reader import BatchReader, pread_into
 from custom_ops import op_package
+import data_formats
 from data_errors import (DataError, check_ids, check_labels, check_numericals, id_error, label_error,
                          numerical_error, truncated_error, unsigned_cardinalities)
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
-                          NUMERICAL_DTYPE, FeatureSpec)
+                          NUMERICAL_DTYPE, SPLIT_BINARY, FeatureSpec, load_folder_spec)
 from pipeline_errors import file_read_tag
 from safe_io import OutputPathError, check_replaceable
 from staged_writer import StagedWriter
@@ -380,3 +382,27 @@ def _dataset_files(spec: FeatureSpec) -> List[str]:
     """The spec's data files, relative to its folder."""
     return sorted({os.path.normpath(chunk[FILES_SELECTOR][0])
                    for chunks in spec.source_spec.values() for chunk in chunks})
+
+
+def load_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+    """The split-binary spec of the folder (see `feature_spec.load_folder_spec` for `options`)."""
+    return load_folder_spec("tf_raw", dataset_path, spec_file_name, SPLIT_BINARY, options)
+
+
+def validate(spec: FeatureSpec, batches: Mapping[str, int]) -> None:
+    """--validate_data: `validate_data` over the mappings of `batches`."""
+    validate_data(spec, tuple(batches))
+
+
+def transcribed_writer(spec: FeatureSpec, destination: str, prebatch_size: int, overwrite: bool,
+                       spec_file_name: str, output_name: str) -> SplitBinaryWriter:
+    """A writer of the default Criteo file layout of `spec`'s features (hotness, alpha and pooling
+    kept) in `destination`, the source's metadata kept but for its format's own entries."""
+    out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
+                                               os.path.abspath(destination)).take_multi_hot_properties(spec)
+    out.metadata = {key: value for key, value in spec.metadata.items() if key not in data_formats.metadata_keys()}
+    return SplitBinaryWriter(out, overwrite, spec_file_name, output_name)
+
+
+data_formats.register_format("tf_raw", training=True, source=True, destination=True, load_spec=load_spec,
+                             reader=SplitBinaryReader, validate=validate, writer=transcribed_writer)

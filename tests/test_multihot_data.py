@@ -171,7 +171,7 @@ def test_transcribe_both_ways(binary, tmp_path):
     assert FeatureSpec.from_yaml(os.path.join(records, "feature_spec.yaml")).hotness == HOTNESS
     reader = split_tfrecords.SplitTFRecordsReader(FeatureSpec.from_yaml(os.path.join(records, "feature_spec.yaml")),
                                                   "train", BATCH)
-    _, _, ids = next(reader.read_samples())
+    _, _, ids = next(reader.batches())
     assert isinstance(ids[1], RaggedIds) and (ids[1].row_lengths == 3).all()
     transcribe.transcribe("split_tfrecords", records, back, "tf_raw", src_batch_size=BATCH)
     again = FeatureSpec.from_yaml(os.path.join(back, "feature_spec.yaml"))
