@@ -162,14 +162,16 @@ def _declared_in(path: str, module: str) -> List[Declaration]:
         function = call.func
         if (function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)) != _CALL:
             continue
-        fields: Dict[str, Any] = {"name": ast.literal_eval(call.args[0])} if call.args else {}
-        for keyword in call.keywords:
-            if keyword.arg in ("name", "own_options", *ROLES):
-                try:
-                    fields[keyword.arg] = ast.literal_eval(keyword.value)
-                except ValueError:
-                    raise ValueError(f"{path}:{keyword.value.lineno}: {_CALL}'s {keyword.arg} must be a "
-                                     f"literal, so that the formats are listed without importing {module}")
+        given = [("name", call.args[0])] if call.args else []
+        given += [(keyword.arg, keyword.value) for keyword in call.keywords
+                  if keyword.arg in ("name", "own_options", *ROLES)]
+        fields: Dict[str, Any] = {}
+        for field, node in given:
+            try:
+                fields[field] = ast.literal_eval(node)
+            except ValueError:
+                raise ValueError(f"{path}:{node.lineno}: {_CALL}'s {field} must be a literal, so that "
+                                 f"the formats are listed without importing {module}") from None
         fields["own_options"] = tuple(fields.get("own_options", ()))
         found.append(Declaration(module=module, **fields))
     return found

@@ -1,8 +1,10 @@
-"""The all-or-nothing writer every dataset format's writer builds on, and what writers share.
+"""What the dataset writers share: the all-or-nothing life of their files, and `append`.
 
 `StagedWriter` owns a hidden temporary sibling of the destination (`safe_io.StagedDirectory`) in
-which a format's files grow; `SampleWriter` is the one method `dataloading.transcribe` and the
-synthetic teacher (`synthetic_data.write_teacher_samples`) call on any writer.
+which a format's files grow (the split-binary, HugeCTR raw and SOK writers build on it; the
+split-TFRecords writer stages its folder the same way itself). `SampleWriter` is the protocol every
+writer meets: the `append` that `dataloading.transcribe` and the synthetic teacher
+(`synthetic_data.write_teacher_samples`) call.
 """
 from __future__ import annotations
 
