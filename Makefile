@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup demo test bench clean
+.PHONY: help setup demo demo-wd test bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -15,6 +15,9 @@ setup:  ## install what is missing for this host, CPU or GPU (DLRM_GPU=1|0 overr
 
 demo: setup  ## set up, then run the whole pipeline (raw Criteo-format days, preprocessing, 2-rank training, eval, inference, export) small
 	scripts/demo.sh
+
+demo-wd: setup  ## set up, then run the Wide & Deep pipeline small (Outbrain-format CSVs, preprocessing, 2-rank training, evaluation; MAP@12 against the teacher's)
+	scripts/demo_wd.sh
 
 test: setup  ## set up, then run the whole pytest suite (prints passed/failed/skipped and skip reasons)
 	scripts/run_tests.sh

@@ -370,14 +370,15 @@ def refuse_inside_checkpoints(path: str, name: str, root: Optional[str], root_na
 
 
 def check_save_folder(root: str, model_config: Dict[str, Any], feature_names: List[str], lineage: str,
-                      resumed: Optional[Manifest], name: str) -> None:
+                      resumed: Optional[Manifest], name: str, resume_hint: Optional[str] = None) -> None:
     """Before training, refuse a save folder (flag `name`) whose checkpoints this run could
     overwrite or be mistaken for, so that the folder's newest checkpoint is always this run's.
 
     Refused: a file or unwritable folder; a checkpoint directory itself; unless the run resumes
     from this folder, any checkpoint of another model, another lineage, or unreadable; and any
     checkpoint newer than the restored step (another run's, or this lineage's abandoned future).
-    Stale temporaries of dead writers are ignored. Nothing is written.
+    Stale temporaries of dead writers are ignored. Nothing is written. `resume_hint` says how the
+    entry point resumes from `root` (default: DLRM's --restore_checkpoint_path).
     """
     check_output_dir(root, name)
     if os.path.isfile(os.path.join(root, MANIFEST)):
@@ -387,7 +388,8 @@ def check_save_folder(root: str, model_config: Dict[str, Any], feature_names: Li
         if resumed is not None and real_path(path) == real_path(resumed.path):
             continue
         if not resuming_here:
-            _check_folder_mate(root, path, model_config, feature_names, lineage, name)
+            _check_folder_mate(root, path, model_config, feature_names, lineage, name,
+                               resume_hint or f"--restore_checkpoint_path {root}")
         if resumed is not None and int(STEP_DIR.match(os.path.basename(path)).group(1)) > resumed.step:
             raise CheckpointError(
                 f"{name} {root} holds {os.path.basename(path)}, newer than the restored step {resumed.step}; "
@@ -395,7 +397,7 @@ def check_save_folder(root: str, model_config: Dict[str, Any], feature_names: Li
 
 
 def _check_folder_mate(root: str, path: str, model_config: Dict[str, Any], feature_names: List[str],
-                       lineage: str, name: str) -> None:
+                       lineage: str, name: str, resume_hint: str) -> None:
     """A checkpoint already in the save folder of a run that does not resume from that folder
     must be of this model and lineage (an ancestor of the restored checkpoint)."""
     try:
@@ -409,7 +411,7 @@ def _check_folder_mate(root: str, path: str, model_config: Dict[str, Any], featu
                               f"({os.path.basename(path)}: {differences[0]}); choose an empty folder")
     if found.lineage != lineage:
         raise CheckpointError(f"{name} {root} holds checkpoints of another run ({os.path.basename(path)}); "
-                              f"resume with --restore_checkpoint_path {root}, or choose an empty folder")
+                              f"resume with {resume_hint}, or choose an empty folder")
 
 
 def check_resume_step(manifest: Manifest, total_steps: int, max_steps: int) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
@@ -317,6 +317,36 @@ def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Se
     return cls([cardinalities[i] for i in table_ids], dim, table_dtype=table_dtype, trainable=trainable,
                output_dtype=output_dtype, name=name, table_ids=table_ids, seed=seed,
                poolings=[poolings[i] for i in table_ids])
+
+
+@runtime_checkable
+class EmbeddingLayer(Protocol):
+    """What the model asks of an embedding layer, whatever the world size: `DualEmbeddingGroup` on one
+    process, `hybrid_embedding.HybridEmbedding` on several (`factory.embedding_layer` chooses). Both
+    are Keras layers: called on the ids of the tables they read (a tuple in feature order), they return
+    the pooled vectors `[B, sum of widths]`, or the blocks of them (`as_blocks`), in feature order."""
+
+    trainable_variables: List[tf.Variable]
+
+    def __call__(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
+        ...
+
+    def build(self, input_shape) -> None:
+        ...
+
+    @property
+    def model_parallel_variables(self) -> List[tf.Variable]:
+        """The variables this rank alone holds (never broadcast, never averaged)."""
+
+    def reduce_gradients(self, gradients: Sequence) -> list:
+        """The gradients of `trainable_variables` as the optimizers apply them (averaged where every
+        rank holds the table, local where one rank does)."""
+
+    def table_views(self, selector: Optional[VariableSelector] = None) -> List[TableView]:
+        """Every table (or, with `selector`, its optimizer slot) in global layout, in feature order."""
+
+    def placement(self) -> List[str]:
+        """Where each table lives for this rank ('device', 'cpu', 'replicated', 'remote'), in feature order."""
 
 
 class DualEmbeddingGroup(tf.keras.layers.Layer):

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from absl import app, flags
 
+from cli import bad_input
 from feature_spec import (CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME, FEATURES_SELECTOR,
                           FILES_SELECTOR, FeatureSpec, FeatureSpecError)
 from safe_io import atomic_directory, check_replaceable, refuse_overlap
@@ -96,7 +97,7 @@ def main(argv: List[str]) -> None:
         paths = generate_csv(FLAGS.feature_spec_in, FLAGS.output, FLAGS.size, FLAGS.seed,
                              FLAGS.overwrite)
     except (ValueError, OSError) as error:  # FeatureSpecError, OutputPathError, I/O
-        sys.exit(f"error: {error}")
+        sys.exit(bad_input(error))
     print(f"wrote {len(paths)} CSV files of {FLAGS.size} rows under {FLAGS.output}")
 
 

@@ -6,6 +6,7 @@ defined before TensorFlow is imported so that `--xla` can set TF_XLA_FLAGS first
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from absl import app, flags
 
 import data_formats  # plain Python: the formats' names without importing them (or TensorFlow)
 from feature_spec import MLPERF_HOTNESS, MLPERF_ROW_CAP  # plain Python, as sharding
+from model_config import DlrmSettings, TrainingSettings, flag_name  # plain Python: the settings' defaults
 from sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
 
 if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets
     from utils import DllLogger
 
 FLAGS = flags.FLAGS
+MODEL, TRAINING = DlrmSettings(), TrainingSettings()  # the declared defaults the flags start from
 
 # V5 --interaction -> this project's interaction (a --dot_interaction value, or the cross network).
 V5_INTERACTIONS = {"dot_custom_cuda": "custom_cuda", "dot_tensorflow": "tensorflow", "cross": "cross"}
@@ -52,14 +55,14 @@ ACCEPTED_FLAGS = {
 }
 
 flags.DEFINE_enum("mode", "train", ["inference", "eval", "train", "deploy"], "Select task to be performed")
-flags.DEFINE_float("learning_rate", 24, "Learning rate (peak after warmup) of every optimizer")
+flags.DEFINE_float("learning_rate", TRAINING.learning_rate, "Learning rate (peak after warmup) of every optimizer")
 flags.DEFINE_integer("batch_size", 64 * 1024, "Global training batch size (split evenly across ranks)")
 flags.DEFINE_integer("valid_batch_size", 64 * 1024, "Global batch size for evaluation and inference")
 flags.DEFINE_bool("run_eagerly", False, "Disable all tf.function graph compilation")
-flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "Top MLP layer widths")
-flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"],
+flags.DEFINE_list("top_mlp_dims", [str(d) for d in MODEL.top_mlp_dims], "Top MLP layer widths")
+flags.DEFINE_list("bottom_mlp_dims", [str(d) for d in MODEL.bottom_mlp_dims],
                   "Bottom MLP layer widths (with the dot interaction the last equals --embedding_dim)")
-flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam", "adagrad"],
+flags.DEFINE_enum("optimizer", TRAINING.optimizer, ["sgd", "adam", "adagrad"],
                   "sgd for everything, Adam for the MLPs with lazy Adam for the embeddings, or Adagrad for "
                   "both (an extension: the MLPerf DLRM-DCNv2 recipe's optimizer)")
 flags.DEFINE_string("save_checkpoint_path", None,
@@ -76,9 +79,9 @@ flags.DEFINE_bool("save_input_signature", False,
                   "Kept for compatibility: the SavedModel always carries the serving input signature")
 flags.DEFINE_string("saved_model_input_path", None, "Load a SavedModel for eval or inference instead of building")
 flags.DEFINE_bool("cpu", False, "Run on the CPU: every table and layer placed on /CPU:0")
-flags.DEFINE_enum("gpu_embedding_type", "fused", ["multitable", "fused"],
+flags.DEFINE_enum("gpu_embedding_type", MODEL.embedding_type, ["multitable", "fused"],
                   "Implementation of the tables that fit the device memory budget")
-flags.DEFINE_enum("cpu_embedding_type", "multitable", ["multitable", "fused"],
+flags.DEFINE_enum("cpu_embedding_type", MODEL.cpu_embedding_type, ["multitable", "fused"],
                   "Implementation of the tables offloaded to CPU memory")
 flags.DEFINE_bool("amp", False, "Mixed precision with float32 weights: float16 compute with static loss scaling "
                                 "on a GPU, bfloat16 compute on a CPU with bf16 units (float32 on other CPUs)")
@@ -90,16 +93,16 @@ flags.DEFINE_integer("auc_thresholds", None,
 flags.DEFINE_integer("epochs", 1, "Number of passes over the training data")
 flags.DEFINE_integer("max_steps", -1, "Stop after this many training steps in total (-1: all epochs); "
                                       "inference: number of batches (1000 when -1)")
-flags.DEFINE_bool("embedding_trainable", True, "If False, the embedding tables are frozen")
+flags.DEFINE_bool("embedding_trainable", MODEL.embedding_trainable, "If False, the embedding tables are frozen")
 flags.DEFINE_enum("dot_interaction", "auto", ["custom_cuda", "custom_cpu", "tensorflow", "dummy", "auto"],
                   "Interaction implementation; auto picks the fastest available and says which")
 flags.DEFINE_string("embedding_dim", "128", "Width of the embedding vectors: one integer for every table, or (V5) "
                                            "a comma list with one per table, or the path of a JSON list of them")
 flags.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (spread evenly over its steps)")
 flags.DEFINE_float("print_freq", 1000, "Steps between progress lines (and the 2x warm-up of the timer)")
-flags.DEFINE_integer("warmup_steps", 8000, "Linear learning-rate warmup length")
-flags.DEFINE_integer("decay_start_step", 48000, "Step at which polynomial decay starts")
-flags.DEFINE_integer("decay_steps", 24000, "Polynomial decay length (the rate is 0 afterwards)")
+flags.DEFINE_integer("warmup_steps", TRAINING.warmup_steps, "Linear learning-rate warmup length")
+flags.DEFINE_integer("decay_start_step", TRAINING.decay_start_step, "Step at which polynomial decay starts")
+flags.DEFINE_integer("decay_steps", TRAINING.decay_steps, "Polynomial decay length (the rate is 0 afterwards)")
 flags.DEFINE_integer("profiler_start_step", None, "Start the TF profiler at this step, for 100 steps")
 flags.DEFINE_integer("profiled_rank", 1, "Rank that runs the profiler")
 flags.DEFINE_integer("inter_op_parallelism", None, "TF inter-op thread count")
@@ -160,11 +163,11 @@ flags.DEFINE_bool("validate_data", False, "Check every categorical id against it
 # V5 (DLRM_and_DCNv2) flags; dlrm.py and dcnv2.py set their V5 defaults.
 flags.DEFINE_enum("interaction", None, list(V5_INTERACTIONS),
                   "(V5) dot_custom_cuda, dot_tensorflow or cross (DCNv2); overrides --dot_interaction")
-flags.DEFINE_integer("num_cross_layers", 3, "(V5) Cross layers of the DCNv2 cross network")
-flags.DEFINE_integer("cross_layer_projection_dim", 512, "(V5) Rank of the cross kernels W = U V (0: full rank)")
-flags.DEFINE_float("beta1", 0.9, "(V5) Adam beta_1, for the MLPs and the embeddings")
-flags.DEFINE_float("beta2", 0.999, "(V5) Adam beta_2, for the MLPs and the embeddings")
-flags.DEFINE_bool("embedding_zeros_initializer", False, "(V5) Start every embedding table at zero")
+flags.DEFINE_integer("num_cross_layers", MODEL.num_cross_layers, "(V5) Cross layers of the DCNv2 cross network")
+flags.DEFINE_integer("cross_layer_projection_dim", MODEL.cross_layer_projection_dim, "(V5) Rank of the cross kernels W = U V (0: full rank)")
+flags.DEFINE_float("beta1", TRAINING.beta_1, "(V5) Adam beta_1, for the MLPs and the embeddings")
+flags.DEFINE_float("beta2", TRAINING.beta_2, "(V5) Adam beta_2, for the MLPs and the embeddings")
+flags.DEFINE_bool("embedding_zeros_initializer", MODEL.embedding_zeros_initializer, "(V5) Start every embedding table at zero")
 flags.DEFINE_integer("cpu_offloading_threshold_gb", None,
                      "(V5) Per-rank device budget for embedding state in GB (10^9 bytes, V5's unit), the rest in "
                      "host memory; the budget --tf_gpu_memory_limit_gb gives in GiB (give one of the two). V5's "
@@ -186,7 +189,7 @@ flags.DEFINE_bool("eval_in_last", False, "(SOK) Evaluate once, after the last tr
 flags.DEFINE_integer("early_stop", -1, "(SOK) Stop after N training steps in all (--max_steps N); <= 0: off")
 flags.DEFINE_float("target_auc", None, "Stop training after the evaluation that reaches this AUC (SOK and MLPerf: "
                                        "0.8025), saving the checkpoint and export as at the end")
-flags.DEFINE_bool("fp16_allreduce", False, "Send the dense gradients' allreduce as float16 (Horovod's "
+flags.DEFINE_bool("fp16_allreduce", TRAINING.fp16_allreduce, "Send the dense gradients' allreduce as float16 (Horovod's "
                                            "Compression.fp16): half the bytes, rounded gradients; several processes")
 
 
@@ -584,24 +587,29 @@ def sharding_plan(spec, rank: int, world_size: int):
     return plan
 
 
+def settings_from_flags(settings_class: type, **decided: Any) -> Any:
+    """A model_config settings dataclass filled from the flag named by each field (list flags as
+    integers); `decided` gives the fields the run decides itself."""
+    values = {}
+    for setting in dataclasses.fields(settings_class):
+        if setting.name not in decided:
+            value = FLAGS[flag_name(setting)].value
+            values[setting.name] = _ints(value) if isinstance(value, list) else value
+    return settings_class(**values, **decided)
+
+
 def model_options(spec, interaction_name: str, compute_dtype):
     """The stack's options from the flags; bfloat16 needs no loss scaling (float32's exponent range)."""
     import tensorflow as tf
 
     from factory import ModelOptions
 
+    loss_scale = float(FLAGS.loss_scale) if compute_dtype == tf.float16 and FLAGS.amp else None
     return ModelOptions(
-        num_numerical_features=len(spec.numerical_names), bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims),
-        top_mlp_dims=_ints(FLAGS.top_mlp_dims), interaction=interaction_name,
-        num_cross_layers=FLAGS.num_cross_layers, cross_layer_projection_dim=FLAGS.cross_layer_projection_dim,
-        embedding_type=FLAGS.gpu_embedding_type, cpu_embedding_type=FLAGS.cpu_embedding_type,
-        embedding_trainable=FLAGS.embedding_trainable, embedding_zeros_initializer=FLAGS.embedding_zeros_initializer,
-        table_dtype="float16" if FLAGS.fp16 else "float32", compute_dtype=compute_dtype, seed=FLAGS.seed,
-        optimizer=FLAGS.optimizer, beta_1=FLAGS.beta1, beta_2=FLAGS.beta2,
-        learning_rate=FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
-        decay_start_step=FLAGS.decay_start_step, decay_steps=FLAGS.decay_steps,
-        loss_scale=float(FLAGS.loss_scale) if compute_dtype == tf.float16 and FLAGS.amp else None,
-        fp16_allreduce=FLAGS.fp16_allreduce)
+        num_numerical_features=len(spec.numerical_names), compute_dtype=compute_dtype,
+        model=settings_from_flags(DlrmSettings, interaction=interaction_name,
+                                  table_dtype="float16" if FLAGS.fp16 else "float32"),
+        training=settings_from_flags(TrainingSettings, loss_scale=loss_scale))
 
 
 def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
@@ -880,7 +888,8 @@ def stopped_early(result, loop_config, job: Job) -> int:
     """After a stop signal: say where training stopped, what was saved and how to resume; every
     rank then leaves together (a rank's early exit would make the launcher kill the others)."""
     import distributed as dist
-    from stop_signals import exit_code, signal_name
+    from cli import signal_exit_code
+    from stop_signals import signal_name
     from utils import print_rank0
 
     rank = job.rank
@@ -894,7 +903,7 @@ def stopped_early(result, loop_config, job: Job) -> int:
     else:
         print_rank0(f"{where}; nothing was saved (no --save_checkpoint_path)", rank=rank)
     dist.barrier()
-    return exit_code(result.stopped_by)
+    return signal_exit_code(result.stopped_by)
 
 
 def run_eval(job: Job) -> None:
@@ -952,19 +961,20 @@ def user_error_types() -> tuple:
 
 
 def report_error(error: Any) -> int:
-    """One line on stderr for bad input; the exit code of such runs."""
-    print(f"error: {error}", file=sys.stderr, flush=True)
-    return 2
+    """One line on stderr for bad input; the exit code of such runs (cli.py)."""
+    from cli import bad_input
+
+    return bad_input(error)
 
 
 def report_stop(stop: Any) -> int:
     """One line for a run stopped at once by a signal (outside training, or a second signal); its
     exit code. Every writer is atomic, so what is on disk is whole."""
-    from stop_signals import exit_code
+    from cli import signal_exit_code
 
     print(f"stopped by {stop}: the run ended before finishing; outputs already on disk are complete, nothing "
           f"half-written remains", file=sys.stderr, flush=True)
-    return exit_code(stop.signum)
+    return signal_exit_code(stop.signum)
 
 
 def run(argv) -> int:

@@ -10,93 +10,16 @@ needs one width, equal to the bottom MLP's output.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
 import embedding
 import interaction
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from sharding import describe_dims, table_dims
+from model_config import DlrmConfig
 
 
-@dataclass
-class DlrmConfig:
-    """Everything that fixes the shapes of the weights (stored in checkpoint manifests)."""
-    num_numerical_features: int
-    cardinalities: List[int]
-    embedding_dim: Union[int, List[int]] = 128  # one width for every table, or one per table
-    bottom_mlp_dims: List[int] = field(default_factory=lambda: [512, 256, 128])
-    top_mlp_dims: List[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
-    interaction: str = "tensorflow"  # a dot implementation (interaction.IMPLEMENTATIONS) or "cross"
-    num_cross_layers: int = 3
-    cross_layer_projection_dim: int = 512  # 0: full-rank cross kernels
-    embedding_type: str = "fused"
-    cpu_embedding_type: str = "multitable"
-    host_tables: List[int] = field(default_factory=list)  # offloaded to host memory (the plan decides)
-    embedding_trainable: bool = True
-    embedding_zeros_initializer: bool = False
-    table_dtype: str = "float32"
-    seed: int = 0
-    hotness: List[int] = field(default_factory=list)  # ids per sample of every feature (empty: all one-hot)
-    poolings: List[str] = field(default_factory=list)  # 'sum' or 'mean' per feature (empty: all 'sum')
-
-    @property
-    def dims(self) -> List[int]:
-        """The width of every table."""
-        return table_dims(self.embedding_dim, len(self.cardinalities))
-
-    @property
-    def feature_hotness(self) -> List[int]:
-        """Ids per sample of every feature (1: one-hot)."""
-        return list(self.hotness) or [1] * len(self.cardinalities)
-
-    @property
-    def feature_poolings(self) -> List[str]:
-        """The pooling of every feature."""
-        return list(self.poolings) or ["sum"] * len(self.cardinalities)
-
-    @property
-    def cross(self) -> bool:
-        return self.interaction == CROSS
-
-    def validate(self) -> None:
-        """Shape rules of the reference, each as one clear message naming the flag."""
-        if self.num_numerical_features < 1:
-            raise ValueError("the model needs at least one numerical feature for the bottom MLP "
-                             f"(the dataset has {self.num_numerical_features})")
-        if not self.cardinalities:
-            raise ValueError("the model needs at least one categorical feature")
-        if not self.bottom_mlp_dims:
-            raise ValueError("--bottom_mlp_dims needs at least one layer")
-        dims = self.dims
-        if not self.cross and (len(set(dims)) != 1 or self.bottom_mlp_dims[-1] != dims[0]):
-            raise ValueError(f"the dot interaction needs every table of one width equal to the last "
-                             f"--bottom_mlp_dims entry ({self.bottom_mlp_dims[-1]}), got --embedding_dim "
-                             f"{describe_dims(dims)}; use --interaction cross for mixed widths")
-        if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
-            raise ValueError(f"the last --top_mlp_dims entry must be 1 (one logit), got {self.top_mlp_dims}")
-        if any(d < 1 for d in self.bottom_mlp_dims + self.top_mlp_dims + dims):
-            raise ValueError("layer widths and --embedding_dim must be positive")
-        if self.cross and (self.num_cross_layers < 1 or self.cross_layer_projection_dim < 0):
-            raise ValueError(f"the cross network needs --num_cross_layers >= 1 and --cross_layer_projection_dim "
-                             f">= 0, got {self.num_cross_layers} and {self.cross_layer_projection_dim}")
-
-    def shape_fields(self) -> Dict[str, Any]:
-        """The fields two checkpoints must agree on to hold the same weights."""
-        fields = asdict(self)
-        for free in ("interaction", "num_cross_layers", "cross_layer_projection_dim", "embedding_type",
-                     "cpu_embedding_type", "host_tables", "embedding_trainable", "embedding_zeros_initializer",
-                     "table_dtype", "seed", "hotness", "poolings"):
-            fields.pop(free)
-        if self.cross:  # a dot model's fields stay as they were before the cross network existed
-            fields |= {"interaction": CROSS, "num_cross_layers": self.num_cross_layers,
-                       "cross_layer_projection_dim": self.cross_layer_projection_dim}
-        return fields
-
-
-CROSS = "cross"
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -134,19 +57,17 @@ class Mlp(tf.keras.layers.Layer):
 class Dlrm(tf.keras.Model):
     """Bottom MLP -> [bottom output, embeddings] -> dot interaction or cross network -> top MLP -> logit."""
 
-    def __init__(self, config: DlrmConfig, embedding_layer: Optional[tf.keras.layers.Layer] = None) -> None:
+    def __init__(self, config: DlrmConfig, embedding_layer: embedding.EmbeddingLayer) -> None:
+        """`embedding_layer` holds the tables of `config` (`factory.embedding_layer` makes the one for
+        the world size)."""
         super().__init__(name="dlrm")
         config.validate()
+        if not isinstance(embedding_layer, embedding.EmbeddingLayer):
+            raise TypeError(f"{type(embedding_layer).__name__} is not an embedding.EmbeddingLayer")
         self.config = config
         self.padded_numerical = _round_up(config.num_numerical_features, 8)
         self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp", seed=config.seed)
-        self.embedding = embedding_layer or embedding.DualEmbeddingGroup(
-            config.cardinalities, config.embedding_dim,
-            device_embedding_type=config.embedding_type, cpu_embedding_type=config.cpu_embedding_type,
-            host_tables=config.host_tables,
-            table_dtype=tf.as_dtype(config.table_dtype), output_dtype=self.compute_dtype,
-            trainable=config.embedding_trainable, poolings=config.feature_poolings,
-            seed=None if config.embedding_zeros_initializer else config.seed)
+        self.embedding = embedding_layer
         self.cross_network = (interaction.CrossNetwork(config.num_cross_layers, config.cross_layer_projection_dim,
                                                        seed=config.seed, seed_offset=len(config.bottom_mlp_dims)
                                                        + len(config.top_mlp_dims))

@@ -20,6 +20,7 @@ from typing import List, Optional, Tuple
 
 from absl import app, flags
 
+from cli import bad_input
 from synthetic_data import write_synthetic_dataset
 from feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, MAX_CARDINALITY, SPLIT_BINARY,
                           FeatureSpec, FeatureSpecError)
@@ -127,7 +128,7 @@ def main(argv: List[str]) -> None:
                                               overwrite=FLAGS.overwrite,
                                               output_name="--synthetic_dataset_dir")
     except (ValueError, OSError) as error:  # FeatureSpecError, DataError, OutputPathError, I/O
-        sys.exit(f"error: {error}")
+        sys.exit(bad_input(error))
     print(f"wrote {num_train} train and {num_test} test samples to {spec.base_directory}")
     print(f"teacher_auc {teacher_auc:.6f} (AUC of the teacher's probabilities on the test split)")
 

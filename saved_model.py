@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from embedding import copy_table
+from factory import single_process_model
 from model import Dlrm
 from pipeline_errors import SERVING_INPUT_ERROR
 from safe_io import OutputPathError, atomic_directory, check_replaceable
@@ -235,7 +236,7 @@ def export(model: Dlrm, output_path: str, fp16: bool = False, features: Optional
     config = dataclasses.replace(model.config, interaction=portable,
                                  table_dtype="float16" if fp16 else model.config.table_dtype,
                                  host_tables=[])
-    serving_model = Dlrm(config)
+    serving_model = single_process_model(config)
     serving_model.build_weights()
     for source, target in zip(model.table_views(), serving_model.table_views()):
         copy_table(source, target)

@@ -5,7 +5,7 @@ from Slurm, Kubernetes or horovodrun), and Slurm's advance warning (`--signal=US
 Training treats the first one as a request: the current step (and an evaluation or checkpoint in
 progress) finishes, the ranks agree on the step to stop after (`Trainer.train_next` carries each
 rank's request through the step's loss allreduce), the run saves a checkpoint and exits with
-`exit_code(signal)`. A second signal stops at once (`StopNow`). Outside training, where nothing is
+`cli.signal_exit_code(signal)`. A second signal stops at once (`StopNow`). Outside training, where nothing is
 worth finishing, the first signal already raises `StopNow`.
 Nothing here touches TensorFlow; handlers only set a flag or raise, as Python requires.
 """
@@ -29,11 +29,6 @@ class StopNow(BaseException):
 
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
-
-
-def exit_code(signum: int) -> int:
-    """The exit status of a run ended by `signum`: 128 + its number, as shells report a signal."""
-    return 128 + signum
 
 
 class StopRequest:

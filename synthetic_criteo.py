@@ -24,6 +24,7 @@ from typing import Collection, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from cli import bad_input
 from safe_io import atomic_directory, atomic_file, check_output_file, check_replaceable, refuse_overlap
 
 NUM_INTEGER = 13
@@ -189,8 +190,7 @@ def main() -> int:
             refuse_overlap(args.summary, "--summary", {"--output": args.output})
             check_output_file(args.summary, "--summary")
     except ValueError as error:  # OutputPathError too
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return bad_input(error)
     bad = spread_bad_lines(args.days, args.lines_per_day, args.malformed_per_day, args.seed)
     with atomic_directory(args.output, replace=replace) as staging:
         written = write_days(staging, args.days, args.lines_per_day, args.seed, bad, args.teacher)

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from absl import app, flags
 
+from cli import bad_input
 from data_errors import DataError
 from datasets import SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME,
@@ -205,7 +206,7 @@ def main(argv: List[str]) -> None:
         spec = transcode(FLAGS.input, FLAGS.output, FLAGS.feature_spec_in, FLAGS.feature_spec_out,
                          FLAGS.chunk_size, FLAGS.overwrite, FLAGS.allow_external_paths)
     except (ValueError, OSError) as error:  # FeatureSpecError, DataError, OutputPathError, I/O
-        sys.exit(f"error: {error}")
+        sys.exit(bad_input(error))
     counts = spec.check_files()
     print(f"wrote {counts['train']} train and {counts['test']} test samples to {spec.path}; "
           f"cardinalities {spec.cardinalities}")

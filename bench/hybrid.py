@@ -133,6 +133,7 @@ def build(options: dict, data_parallel_input: bool) -> tuple:
     """Plan, what this rank reads, and the SGD trainer for this process's rank and world size."""
     import distributed as dist
     from factory import ModelOptions, build_trainer
+    from model_config import DlrmSettings, TrainingSettings
     from interaction import resolve_interaction_name
     from sharding import plan_sharding
 
@@ -140,9 +141,10 @@ def build(options: dict, data_parallel_input: bool) -> tuple:
                          row_slice_threshold=options.get("row_slice_threshold"), hotness=options.get("hotness"))
     reads = plan.reads(dist.rank(), data_parallel_input)
     trainer = build_trainer(plan, dist.rank(), reads, ModelOptions(
-        num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
-        interaction=resolve_interaction_name("auto"), learning_rate=0.01, warmup_steps=0,
-        decay_start_step=10**9, decay_steps=1), name="hybrid_dp" if data_parallel_input else "hybrid_mp")
+        num_numerical_features=NUM_NUMERICAL,
+        model=DlrmSettings(bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
+                           interaction=resolve_interaction_name("auto")),
+        training=TrainingSettings(learning_rate=0.01, warmup_steps=0, decay_start_step=10**9, decay_steps=1)), name="hybrid_dp" if data_parallel_input else "hybrid_mp")
     return plan, reads, trainer
 
 

@@ -151,6 +151,8 @@ def build_bench_trainer(precision: str = "fp32"):
     import tensorflow as tf
 
     from factory import ModelOptions, build_trainer
+
+    from model_config import DlrmSettings, TrainingSettings
     from interaction import resolve_interaction_name
     from sharding import MemoryBudget, plan_sharding
 
@@ -159,9 +161,11 @@ def build_bench_trainer(precision: str = "fp32"):
     if precision == "bf16":
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
     plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0))  # the CPU: host memory
-    options = ModelOptions(num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
-                           interaction=resolve_interaction_name("auto"), learning_rate=0.01, warmup_steps=0,
-                           decay_start_step=10**9, decay_steps=1, compute_dtype=compute_dtype)
+    options = ModelOptions(num_numerical_features=NUM_NUMERICAL, compute_dtype=compute_dtype,
+                           model=DlrmSettings(bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
+                                              interaction=resolve_interaction_name("auto")),
+                           training=TrainingSettings(learning_rate=0.01, warmup_steps=0, decay_start_step=10**9,
+                                                     decay_steps=1))
     return build_trainer(plan, 0, plan.reads(0), options), options
 
 
@@ -198,7 +202,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     batch_bytes = batch_size * (NUM_NUMERICAL * 4 + len(CARDINALITIES) * 4 + 4)
     state_bytes = parameter_bytes + 2 * batch_bytes
     return {"batch_size": batch_size, "xla": xla, "low_memory_allocator": low_memory, "precision": precision,
-            "interaction": options.interaction,
+            "interaction": options.model.interaction,
             "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
             "flops_per_sample": flops_per_sample(), "achieved_flops_per_s": achieved,
             "matmul_flops_per_s": peak_matmul,
@@ -217,14 +221,17 @@ def multihot_worker(steps: int) -> dict:
 
     from batch import CATEGORICAL_KEY, NUMERICAL_KEY
     from factory import ModelOptions, build_trainer
+    from model_config import DlrmSettings, TrainingSettings
     from sharding import MemoryBudget, plan_sharding
 
     tf.keras.utils.set_random_seed(0)
     plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0), hotness=MLPERF_HOTNESS)
     trainer = build_trainer(plan, 0, plan.reads(0), ModelOptions(
-        num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cross",
-        num_cross_layers=CROSS_LAYERS, cross_layer_projection_dim=CROSS_PROJECTION, optimizer="adagrad",
-        learning_rate=0.005, warmup_steps=0, decay_start_step=10**9, decay_steps=1))
+        num_numerical_features=NUM_NUMERICAL,
+        model=DlrmSettings(bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cross",
+                           num_cross_layers=CROSS_LAYERS, cross_layer_projection_dim=CROSS_PROJECTION),
+        training=TrainingSettings(optimizer="adagrad", learning_rate=0.005, warmup_steps=0, decay_start_step=10**9,
+                                  decay_steps=1)))
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(4):

@@ -6,8 +6,8 @@
       --dst_dataset_type tf_raw
 
 The formats and readers live in the top-level modules, each registered in `data_formats`; this
-package holds only the entry points and their shared command-line conventions: bad input is one
-`error: ...` line on stderr and exit status 2.
+package holds only the entry points and their shared command-line conventions (cli.py): bad input is
+one `error: ...` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ import argparse
 import sys
 from typing import Callable, NoReturn, TypeVar
 
-T = TypeVar("T")
+from cli import bad_input
 
-USAGE_ERROR_STATUS = 2
+T = TypeVar("T")
 
 
 def fail(message: str) -> NoReturn:
-    """Print one `error: ...` line and exit with status 2."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(USAGE_ERROR_STATUS)
+    """Print one `error: ...` line and exit with status 2 (cli.BAD_INPUT)."""
+    sys.exit(bad_input(message))
 
 
 def run_or_fail(action: Callable[[], T]) -> T:

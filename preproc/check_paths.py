@@ -16,6 +16,7 @@ import sys
 from typing import Dict, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cli import bad_input  # noqa: E402
 from safe_io import OutputPathError, check_output_dir, check_replaceable, refuse_overlap  # noqa: E402
 from split_dataset import output_entries  # noqa: E402
 
@@ -51,8 +52,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         check(*argv[1:])
     except OutputPathError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return bad_input(error)
     return 0
 
 

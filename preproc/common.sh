@@ -9,9 +9,10 @@ STRICT="${STRICT:-0}"
 RANDOM_SEED="${RANDOM_SEED:-12345}"
 BROADCAST_MAX_ROWS="${BROADCAST_MAX_ROWS:-1000000}"
 
+# Bad input or a missing prerequisite: one error line, exit 2 (the convention of cli.py).
 die() {
     echo "error: $*" >&2
-    exit 1
+    exit 2
 }
 
 # Prints the usage block: the leading comment of the calling script, without the '# '.
@@ -102,7 +103,8 @@ replace_folder() {
     fi
     if ! mv "$staging" "$final"; then
         [[ -e "$old" ]] && mv "$old" "$final"
-        die "could not move $staging to $final"
+        echo "error: could not move $staging to $final" >&2
+        exit 1
     fi
     rm -rf "$old"
 }
@@ -145,7 +147,7 @@ run_criteo_spark_jobs() {
     local input_path="$1" output_path="$2" frequency_limit="$3"
     require_num_days
     find_spark_home
-    "$PYTHON" "$PREPROC_DIR/check_paths.py" spark "$input_path" "$output_path" || exit 1
+    "$PYTHON" "$PREPROC_DIR/check_paths.py" spark "$input_path" "$output_path" || exit 2
     local last_day=$((NUM_DAYS - 1))
     local staging="${output_path%/}.partial" halves="${output_path%/}.halves"
     local strict_flag=() parent created

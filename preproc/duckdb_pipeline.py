@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+from cli import bad_input, failure  # noqa: E402
 from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE,  # noqa: E402
                           INTEGER_PATTERN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
                           NOT_UTF8, REJECTION_REASONS, InputError, column_limits, day_file_paths,
@@ -520,8 +521,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.threads < 1:
-        print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
-        return 2
+        return bad_input(f"--threads must be at least 1, got {args.threads}")
     if args.reuse and finished_run(args.output, args.params):
         print(f"Reusing the dataset in {args.output} (same input, NUM_DAYS, threshold and seed)")
         return 0
@@ -529,9 +529,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         summary = prepare(args.input_folder, args.num_days, args.frequency_limit, args.output, args.scratch_dir,
                           args.random_seed, args.strict, not args.no_numeric_log_col, args.threads, args.memory_limit,
                           args.overwrite, args.progress_interval, args.params)
-    except (InputError, OutputPathError, ValueError, OSError, duckdb.Error) as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 1
+    except (InputError, OutputPathError, ValueError) as error:
+        return bad_input(error)
+    except (OSError, duckdb.Error) as error:  # a lost disk, an engine failure
+        return failure(error)
     by_reason = {r: sum(split["rejected_by_reason"][r] for split in summary["splits"].values())
                  for r in REJECTION_REASONS}
     reasons = ", ".join(f"{r}: {n}" for r, n in by_reason.items() if n)

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cli import bad_input  # noqa: E402
 from safe_io import atomic_directory, check_output_dir, check_replaceable, refuse_overlap  # noqa: E402
 
 SPLITS = ("train", "test", "validation")
@@ -125,9 +126,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         rows = convert_dataset(args.src_dir, args.intermediate_dir, args.dst_dir, args.parallel_jobs,
                                args.overwrite)
-    except (ValueError, OSError) as error:  # OutputPathError, unreadable parts, I/O
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except (ValueError, OSError) as error:  # OutputPathError, unreadable parts
+        return bad_input(error)
     print(", ".join(f"{split}: {n} rows" for split, n in rows.items()) + f" -> {args.dst_dir}/<split>_data.bin")
     return 0
 

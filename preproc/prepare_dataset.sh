@@ -76,7 +76,7 @@ export NUM_DAYS STRICT PYTHON
 
 "$HERE/verify_criteo_downloaded.sh" "$download_dir"
 "$PYTHON" "$HERE/check_paths.py" dataset "$download_dir" "$spark_output_path" "$conversion_intermediate_dir" \
-    "$final_output_dir" || exit 1
+    "$final_output_dir" || exit 2
 
 # A fresh scratch folder inside conversion_intermediate_dir, removed at the end (and
 # conversion_intermediate_dir and its parents too where this run created them).

@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+from cli import bad_input  # noqa: E402
 from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE, INTEGER_COLUMNS,  # noqa: E402,F401
                           INTEGER_PATTERN, LABEL_COLUMN, NOT_UTF8, NUM_FIELDS, NUMERICAL_CLAMP_MIN,
                           NUMERICAL_LOG_SHIFT, REJECTION_REASONS, InputError, column_limits, day_file_paths,
@@ -463,14 +464,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.num_days < 2 or args.partitions < 1 or args.test_partitions < 1:
-        print("error: --num_days must be at least 2, --partitions and --test_partitions at least 1", file=sys.stderr)
-        return 2
+        return bad_input("--num_days must be at least 2, --partitions and --test_partitions at least 1")
     try:
         check_outputs(args)
         parse_frequency_limit(args.frequency_limit)
     except (OutputPathError, InputError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return bad_input(error)
     builder = SparkSession.builder.appName("dlrm-criteo-preprocessing")
     if not hasattr(Column, "try_cast"):  # Spark 3: _try_cast relies on the non-ANSI cast
         builder = builder.config("spark.sql.ansi.enabled", "false")
@@ -482,8 +481,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             args.broadcast_max_rows, args.partitions, args.test_partitions, args.strict,
                             args.progress_interval)
     except (InputError, OutputPathError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return bad_input(error)
     finally:
         spark.stop()
     for name, summary in summaries.items():

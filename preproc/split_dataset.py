@@ -24,6 +24,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cli import bad_input  # noqa: E402
 from feature_spec import DEFAULT_SPEC_NAME, FeatureSpec, get_categorical_feature_type  # noqa: E402
 from safe_io import atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
 
@@ -197,9 +198,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         rows = split_dataset(args.dataset, args.output, args.numerical_features, args.batch_size,
                              args.spark_summary_dir, args.overwrite)
-    except (ValueError, OSError) as error:  # OutputPathError, FeatureSpecError, bad records, I/O
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except (ValueError, OSError) as error:  # OutputPathError, FeatureSpecError, bad records, unreadable input
+        return bad_input(error)
     print(", ".join(f"{split}: {n} rows" for split, n in rows.items()) + f" -> {args.output}")
     return 0
 

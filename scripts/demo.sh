@@ -28,8 +28,9 @@ if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then usage; exit 0; fi
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_DIR}"
-export PATH="${REPO_DIR}/.venv/bin:${PATH}" PYTHONPATH="${REPO_DIR}" OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=scripts/demo_common.sh
+source "${REPO_DIR}/scripts/demo_common.sh"
+demo_environment "${REPO_DIR}"
 DEMO_DIR="${DEMO_DIR:-${REPO_DIR}/demo_output}"
 LINES_PER_DAY="${DEMO_LINES_PER_DAY:-250000}"
 EPOCHS="${DEMO_EPOCHS:-1}"
@@ -45,16 +46,7 @@ if [[ ! "${LINES_PER_DAY}" =~ ^[0-9]+$ ]] || (( LINES_PER_DAY < 21000 )); then
   echo "error: DEMO_LINES_PER_DAY must be an integer >= 21000, got '${LINES_PER_DAY}'" >&2
   exit 2
 fi
-if [[ -e "${DEMO_DIR}" ]]; then  # replace only an earlier demo's output (or an empty folder)
-  if [[ -f "${MARKER}" || -z "$(ls -A "${DEMO_DIR}")" ]]; then
-    rm -rf "${DEMO_DIR}"
-  else
-    echo "error: DEMO_DIR ${DEMO_DIR} exists and is not an earlier demo's output; refusing to delete it" >&2
-    exit 2
-  fi
-fi
-mkdir -p "${DEMO_DIR}"
-touch "${MARKER}"
+demo_fresh_dir "${DEMO_DIR}" "${MARKER}"
 
 # shellcheck disable=SC2054  # the commas are inside flag values (64,16), not array separators
 MODEL=(--embedding_dim 16 --bottom_mlp_dims 64,16 --top_mlp_dims 128,64,1 --optimizer adam

@@ -16,7 +16,8 @@ Installs only what is missing:
   * Horovod 0.28.1 with TensorFlow + Gloo + MPI, and NCCL on a GPU host, built from the PyPI
     sdist once per host kind and cached under $DLRM_CACHE_DIR (default ~/.cache/dlrm-tf2);
     a fresh install is checked with `horovodrun --check-build` (NCCL must be listed on GPUs);
-  * the custom dot-interaction op: `make cpu`, or `make gpu` (CUDA kernels) on a GPU host.
+  * the custom dot-interaction op: `make cpu`, or `make gpu` (CUDA kernels) on a GPU host;
+  * a .pth file in the venv naming the repository root (wide_and_deep/main.py imports the root modules).
 
   --plan   print what would be installed for this host kind, change nothing
 
@@ -124,6 +125,17 @@ venv_site_packages() {
   fi
 }
 
+# A .pth file in the venv's site-packages naming the repository root, so that entry points run from
+# a subfolder (`cd wide_and_deep && python main.py`) import the root modules without sys.path edits.
+REPO_PTH="dlrm_tf2_repo_root.pth"
+install_repo_path() {
+  local pth
+  pth="$(venv_site_packages)/${REPO_PTH}"
+  if [[ -f "${pth}" && "$(cat "${pth}")" == "${REPO_DIR}" ]]; then log "${REPO_PTH} names ${REPO_DIR}"; return; fi
+  printf '%s\n' "${REPO_DIR}" > "${pth}.tmp" && mv "${pth}.tmp" "${pth}"
+  log "${REPO_PTH}: the repository root ${REPO_DIR} is importable from the venv"
+}
+
 # The CUDA 12 toolkit Horovod's NCCL build compiles against: CUDA_HOME, else the toolkit root
 # that nvcc on PATH reports (also right when nvcc is a wrapper script or a link).
 cuda_home() {
@@ -226,11 +238,13 @@ print_plan() {
   if [[ "${HOROVOD_FLAVOUR}" == nccl ]]; then echo "  (${NCCL_LINK_DIR}/libnccl.so -> ${NCCL_DIR}/lib/libnccl.so.2)"; fi
   echo "horovod check: horovodrun --check-build lists ${HOROVOD_CHECKS[*]}"
   echo "dot-interaction op: make -C tensorflow-dot-based-interact ${OP_TARGET}"
+  echo "import path: $(venv_site_packages)/${REPO_PTH} naming ${REPO_DIR}"
 }
 
 if [[ "${PLAN}" == 1 ]]; then print_plan; exit 0; fi
 install_debian_packages
 create_venv
+install_repo_path
 install_horovod
 build_interaction_op
 "${VENV}/bin/pip" check

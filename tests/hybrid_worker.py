@@ -17,6 +17,7 @@ import tensorflow as tf
 import distributed as dist
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, local_slice
 from factory import ModelOptions, build_trainer
+from model_config import DlrmSettings, TrainingSettings
 from sharding import plan_sharding
 
 CARDINALITIES = [50, 20, 7, 30, 3, 64]
@@ -76,8 +77,9 @@ def main(options: dict, output: str) -> None:
                          hotness=[h for _, h, _ in forms], poolings=[p for _, _, p in forms])
     reads = plan.reads(rank, options["data_parallel_input"])
     trainer = build_trainer(plan, rank, reads, ModelOptions(
-        num_numerical_features=NUM_NUMERICAL, bottom_mlp_dims=[16, DIM], top_mlp_dims=[16, 1],
-        optimizer=options["optimizer"], learning_rate=0.05, warmup_steps=0, decay_start_step=10**9, decay_steps=1))
+        num_numerical_features=NUM_NUMERICAL, model=DlrmSettings(bottom_mlp_dims=[16, DIM], top_mlp_dims=[16, 1]),
+        training=TrainingSettings(optimizer=options["optimizer"], learning_rate=0.05, warmup_steps=0,
+                                  decay_start_step=10**9, decay_steps=1)))
     model = trainer.model
     rng = np.random.default_rng(1234)
     for table, rows in zip(model.table_views(), CARDINALITIES):

@@ -13,6 +13,7 @@ import dataloader
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from dataloading import transcribe
 from factory import ModelOptions, build_trainer
+from model_config import DlrmSettings, TrainingSettings
 from pipeline_errors import surface_data_errors
 from sharding import plan_sharding
 from test_dataloading import REPO_ROOT, transcribe_here
@@ -113,8 +114,8 @@ def elements(dataset):
 def train(dataset, steps=4):
     plan = plan_sharding(CARDINALITIES, 4, 1)
     trainer = build_trainer(plan, 0, plan.reads(0), ModelOptions(
-        num_numerical_features=3, bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1], learning_rate=0.5, warmup_steps=0,
-        decay_start_step=10**9, decay_steps=1, seed=3))
+        num_numerical_features=3, model=DlrmSettings(bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1], seed=3),
+        training=TrainingSettings(learning_rate=0.5, warmup_steps=0, decay_start_step=10**9, decay_steps=1)))
     losses = [float(trainer.train_step(features, labels)[0]) for features, labels in dataset.take(steps)]
     return losses, [v.numpy() for v in trainer.model.trainable_variables]
 

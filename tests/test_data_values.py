@@ -17,7 +17,8 @@ import synthetic_data
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from data_rank_worker import open_pipelines
 from feature_spec import get_default_feature_spec
-from model import Dlrm, DlrmConfig
+from factory import single_process_model
+from model_config import DlrmConfig
 from test_main import SMALL_MODEL, main_py
 
 NUM_NUMERICAL = 2
@@ -144,7 +145,7 @@ def small_model():
     config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=CARDINALITIES,
                         embedding_dim=4, bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1],
                         interaction="tensorflow")
-    model = Dlrm(config)
+    model = single_process_model(config)
     model.build_weights()
     return model
 

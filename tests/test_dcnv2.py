@@ -7,7 +7,8 @@ import tensorflow as tf
 import checkpoint
 import interaction
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from model import Dlrm, DlrmConfig
+from factory import single_process_model
+from model_config import DlrmConfig
 from multiproc import assert_ok, run_horovod, run_python
 from test_main import SMALL_DATA, checkpoint_arrays, final_record
 
@@ -64,7 +65,7 @@ def test_mixed_widths_flow_through_every_embedding_layout():
     def model(**overrides):
         config = DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=WIDTHS,
                             bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="cross", seed=3, **overrides)
-        built = Dlrm(config)
+        built = single_process_model(config)
         built.build_weights()
         return built
 
@@ -79,7 +80,7 @@ def test_mixed_widths_flow_through_every_embedding_layout():
     assert [t.shape for t in tables] == [(c, w) for c, w in zip(CARDINALITIES, WIDTHS)]
     np.testing.assert_array_equal(expected[:, 8:12], tables[1][np.arange(6) % 20])
     with pytest.raises(ValueError, match="the dot interaction needs every table of one width"):
-        Dlrm(DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=WIDTHS,
+        single_process_model(DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=WIDTHS,
                         bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1]))
 
 
@@ -109,7 +110,7 @@ def test_dcnv2_trains_resumes_exactly_evaluates_and_exports(tmp_path):
     config = DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=WIDTHS,
                         bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="cross", num_cross_layers=2,
                         cross_layer_projection_dim=4)
-    live = Dlrm(config)
+    live = single_process_model(config)
     live.build_weights()
     for table, array in zip(live.table_views(), checkpoint.table_arrays(ckpt)):
         table.write_rows(0, table.rows, np.asarray(array))

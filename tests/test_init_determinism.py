@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf
 
 from hybrid_embedding import HybridEmbedding
-from model import Dlrm, DlrmConfig
+from model import Dlrm
+from model_config import DlrmConfig
+from factory import single_process_model
 from multiproc import assert_ok, run_horovod, run_python
 from sharding import plan_sharding
 from test_main import SMALL, checkpoint_arrays
@@ -26,7 +28,7 @@ def _config(**overrides) -> DlrmConfig:
 
 
 def _model(config: DlrmConfig, layer=None) -> Dlrm:
-    model = Dlrm(config, layer)
+    model = Dlrm(config, layer) if layer is not None else single_process_model(config)
     model.build_weights()
     return model
 

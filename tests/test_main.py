@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import checkpoint
+from factory import single_process_model
 from multiproc import REPO_ROOT, assert_ok, launch_env, run_horovod, run_python
 from precision import choose_precision, host_cpu_bf16_support
 from utils import read_dllogger_file
@@ -88,11 +89,11 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     import tensorflow as tf
 
     from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-    from model import Dlrm, DlrmConfig
+    from model_config import DlrmConfig
     config = DlrmConfig(num_numerical_features=5, cardinalities=[50, 20, 7, 30], embedding_dim=8,
                         bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="tensorflow")
     tf.keras.utils.set_random_seed(0)
-    live = Dlrm(config)
+    live = single_process_model(config)
     live.build_weights()
     for table, array in zip(live.table_views(), checkpoint.table_arrays(str(ckpt))):
         table.write_rows(0, table.rows, np.asarray(array))

@@ -10,7 +10,9 @@ import embedding
 import metrics
 from lr_scheduler import LearningRateScheduler, learning_rate_at
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from model import Dlrm, DlrmConfig
+from factory import single_process_model
+from model import Dlrm
+from model_config import DlrmConfig
 from optimizers import SGD, Adam, make_optimizers
 from trainer import eval_points
 
@@ -107,23 +109,23 @@ def _copy_weights(source: Dlrm, target: Dlrm) -> None:
 
 def test_embedding_implementations_and_cpu_offload_give_the_same_output():
     tf.keras.utils.set_random_seed(1)
-    reference = Dlrm(_config(embedding_type="multitable"))
+    reference = single_process_model(_config(embedding_type="multitable"))
     reference.build_weights()
     batch = _batch(reference.config)
     expected = reference(batch).numpy()
     for overrides in ({"embedding_type": "fused"}, {"host_tables": [1]},
                       {"host_tables": [0, 1, 2, 3], "cpu_embedding_type": "fused"}):
-        other = Dlrm(_config(**overrides))
+        other = single_process_model(_config(**overrides))
         other.build_weights()
         _copy_weights(reference, other)
         np.testing.assert_allclose(other(batch).numpy(), expected, rtol=1e-6)
-    split = Dlrm(_config(host_tables=[1]))
+    split = single_process_model(_config(host_tables=[1]))
     assert split.embedding.placement() == ["device", "cpu", "device", "device"]
 
 
 def test_network_shapes_initialisers_and_frozen_embeddings():
     tf.keras.utils.set_random_seed(2)
-    model = Dlrm(_config(embedding_trainable=False))
+    model = single_process_model(_config(embedding_trainable=False))
     model.build_weights()
     assert model(_batch(model.config)).shape == (5, 1)
     assert model.embedding_variables == []
@@ -158,7 +160,7 @@ def test_non_finite_loss_is_read_at_print_points_and_before_checkpoints():
     from trainer import Evaluator, LoopConfig, NonFiniteLossError, Trainer, train_loop
 
     config = _config()
-    model = Dlrm(config)
+    model = single_process_model(config)
     model.build_weights()
     trainer = Trainer(model, *make_optimizers("sgd"), LearningRateScheduler(0.1, 0, 1000, 1000))
     features = _batch(config, batch=8)

@@ -16,8 +16,9 @@ import saved_model
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from embedding import DualEmbeddingGroup, FusedEmbedding, MultiTableEmbedding, pooled_lookup
 from factory import ModelOptions, build_trainer
+from model_config import DlrmSettings, TrainingSettings
 from hybrid_embedding import HybridEmbedding
-from model import DlrmConfig
+from model_config import DlrmConfig
 from multiproc import require
 from optimizers import SGD, Adagrad, Adam
 from sharding import plan_sharding
@@ -185,9 +186,11 @@ def multihot_batch(rng: np.random.Generator, batch: int = BATCH):
 def multihot_trainer(embedding_type: str = "fused"):
     plan = plan_sharding(CARDINALITIES, DIM, 1, hotness=HOTNESS, poolings=POOLINGS)
     return build_trainer(plan, 0, plan.reads(0), ModelOptions(
-        num_numerical_features=3, bottom_mlp_dims=[8, DIM], top_mlp_dims=[8, 1], interaction="cross",
-        embedding_type=embedding_type, optimizer="adagrad", learning_rate=0.1, warmup_steps=0,
-        decay_start_step=10**9, decay_steps=1))
+        num_numerical_features=3,
+        model=DlrmSettings(bottom_mlp_dims=[8, DIM], top_mlp_dims=[8, 1], interaction="cross",
+                           embedding_type=embedding_type),
+        training=TrainingSettings(optimizer="adagrad", learning_rate=0.1, warmup_steps=0, decay_start_step=10**9,
+                                  decay_steps=1)))
 
 
 def test_checkpoint_round_trip_of_a_multihot_model(tmp_path):

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 import saved_model
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from model import Dlrm, DlrmConfig
+from factory import single_process_model
+from model_config import DlrmConfig
 from multiproc import assert_ok, run_horovod, snapshot
 from safe_io import OutputPathError
 from test_flags import assert_refused, refused_in_process
@@ -105,7 +106,7 @@ def test_logger_creates_its_file_at_the_first_record_and_appends_only_to_logs(tm
 
 
 def _tiny_model():
-    model = Dlrm(DlrmConfig(num_numerical_features=3, cardinalities=[11, 5], embedding_dim=4,
+    model = single_process_model(DlrmConfig(num_numerical_features=3, cardinalities=[11, 5], embedding_dim=4,
                             bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1], interaction="tensorflow"))
     model.build_weights()
     return model

@@ -557,7 +557,7 @@ def test_gpu_spark_without_the_plugin_names_the_artifact_for_this_spark(tmp_path
                  env=spark_environment(tmp_path, RAPIDS_JAR=""), timeout=120)
     import pyspark
     scala = "2.12" if pyspark.__version__.startswith("3.") else "2.13"
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.startswith("error: the RAPIDS Accelerator for Apache Spark jar was not found.")
     assert f"com.nvidia:rapids-4-spark_{scala}" in result.stderr and "RAPIDS_JAR" in result.stderr
 

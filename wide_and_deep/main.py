@@ -1,0 +1,483 @@
+"""Wide & Deep for TensorFlow 2: train, `--evaluate`, `--benchmark` (reference V1 `main.py`, §1, §2, §8).
+
+Run from this folder as the reference's users do: `python main.py [--amp] [--xla]`,
+`horovodrun -np N python main.py` or `mpiexec -np N python main.py`, `python main.py --evaluate
+--use_checkpoint`, `python main.py --benchmark [--evaluate]`. Every flag of the reference keeps its
+name and default; `--seed` is added. Bad input is one `error: ...` line on stderr and exit 2.
+
+Differences from the reference (README "Wide & Deep"): each rank reads a disjoint share of the
+records; an epoch is exactly `train rows // global batch` updates (the reference made one uncounted
+update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
+in bfloat16 where the CPU has bf16 units (the reference refused `--cpu --amp`); `--evaluate` needs
+trained weights (`--use_checkpoint`) unless it only measures speed (`--benchmark`); evaluation also
+logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence
+
+from cli import bad_input
+
+PRINT_FREQ = 100
+AFFINITIES = ("socket", "single", "single_unique", "socket_unique_interleaved", "socket_unique_continuous",
+              "disabled")
+
+
+class UsageError(ValueError):
+    """A flag value or combination is invalid; the message names the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, the project's form (cli.py)
+        sys.exit(bad_input(message))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The reference's flags (V1 trainer/utils/arguments.py) with their defaults, plus --seed."""
+    p = _Parser(description="Wide & Deep on the Outbrain TFRecords")
+    p.add_argument("--train_data_pattern", nargs="+", default=["/outbrain/tfrecords/train/part*"],
+                   help="Glob(s) of the training TFRecords")
+    p.add_argument("--eval_data_pattern", nargs="+", default=["/outbrain/tfrecords/eval/part*"],
+                   help="Glob(s) of the evaluation TFRecords")
+    p.add_argument("--transformed_metadata_path", default="/outbrain/tfrecords",
+                   help="Folder holding the data's metadata.json (the reference: its TFT metadata)")
+    p.add_argument("--use_checkpoint", action="store_true",
+                   help="Start from the newest checkpoint in --model_dir (training resumes where it stopped)")
+    p.add_argument("--model_dir", default="/outbrain/checkpoints", help="Checkpoint folder")
+    p.add_argument("--results_dir", default="/results", help="Folder of the log and args.json")
+    p.add_argument("--log_filename", default="log.json", help="dllogger file name inside --results_dir")
+    p.add_argument("--training_set_size", type=int, default=59761827,
+                   help="Training rows; given, it must equal the data's metadata.json train_rows")
+    p.add_argument("--global_batch_size", type=int, default=131072, help="Training rows per step, all ranks")
+    p.add_argument("--eval_batch_size", type=int, default=131072, help="Evaluation rows per batch, all ranks")
+    p.add_argument("--num_epochs", type=int, default=20)
+    p.add_argument("--amp", action="store_true",
+                   help="float16 compute with dynamic loss scaling on a GPU; bfloat16 on a CPU with bf16 units")
+    p.add_argument("--xla", action="store_true", help="XLA auto-clustering (tf.config.optimizer.set_jit)")
+    p.add_argument("--linear_learning_rate", type=float, default=0.02, help="FTRL rate of the wide part")
+    p.add_argument("--deep_learning_rate", type=float, default=0.00012, help="RMSprop peak rate of the deep part")
+    p.add_argument("--deep_warmup_epochs", type=float, default=6, help="Linear warmup of the deep rate")
+    p.add_argument("--deep_hidden_units", type=int, nargs="+", default=[1024] * 5)
+    p.add_argument("--deep_dropout", type=float, default=0.1)
+    p.add_argument("--evaluate", action="store_true", help="Only evaluate (with --use_checkpoint's weights)")
+    p.add_argument("--benchmark", action="store_true", help="Measure training (or --evaluate) throughput")
+    p.add_argument("--benchmark_warmup_steps", type=int, default=500)
+    p.add_argument("--benchmark_steps", type=int, default=1000)
+    p.add_argument("--affinity", choices=AFFINITIES, default="socket_unique_interleaved",
+                   help="Accepted for the reference's scripts; CPU binding is left to the launcher")
+    p.add_argument("--cpu", action="store_true", help="Run on the CPU even where a GPU is visible")
+    p.add_argument("--seed", type=int, default=0,
+                   help="Seed of the weights, the record order and the dropout masks (this project's)")
+    return p
+
+
+def validate(args: argparse.Namespace, world_size: int) -> None:
+    """The reference's asserts and this implementation's limits; each failure names its flag."""
+    from wide_and_deep.features import PREBATCH_SIZE
+
+    for name in ("global_batch_size", "eval_batch_size", "num_epochs", "benchmark_steps"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("linear_learning_rate", "deep_learning_rate", "deep_warmup_epochs"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"--{name} must be a finite number >= 0, got {value}")
+    if not 0 <= args.deep_dropout < 1:
+        raise UsageError(f"--deep_dropout must be in [0, 1), got {args.deep_dropout}")
+    if min(args.deep_hidden_units) < 1:
+        raise UsageError(f"--deep_hidden_units must be positive, got {args.deep_hidden_units}")
+    if args.benchmark_warmup_steps < 0:
+        raise UsageError(f"--benchmark_warmup_steps must be >= 0, got {args.benchmark_warmup_steps}")
+    if not 0 <= args.seed < 2 ** 31:
+        raise UsageError(f"--seed must be in [0, 2**31), got {args.seed}")
+    if args.benchmark and args.benchmark_warmup_steps >= args.benchmark_steps:
+        raise UsageError(f"--benchmark_warmup_steps {args.benchmark_warmup_steps} must be below --benchmark_steps "
+                         f"{args.benchmark_steps}")
+    if args.deep_warmup_epochs > args.num_epochs:
+        raise UsageError(f"--deep_warmup_epochs {args.deep_warmup_epochs:g} exceeds --num_epochs {args.num_epochs}")
+    if args.evaluate and not args.use_checkpoint and not args.benchmark:
+        raise UsageError("--evaluate needs trained weights: add --use_checkpoint (random weights are evaluated only "
+                         "for speed, with --benchmark)")
+    for name in ("global_batch_size", "eval_batch_size"):
+        value = getattr(args, name)
+        if value % (world_size * PREBATCH_SIZE):
+            raise UsageError(f"--{name} {value} must divide into {world_size} rank(s) x whole records of "
+                             f"{PREBATCH_SIZE} rows (a multiple of {world_size * PREBATCH_SIZE})")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """The log, args.json and checkpoint folder can be written and touch no input (OutputPathError)."""
+    import checkpoint
+    from safe_io import check_output_dir, refuse_overlap
+    from utils import check_log_file
+
+    inputs = {"--transformed_metadata_path": args.transformed_metadata_path}
+    inputs.update({f"--train_data_pattern {p}": os.path.dirname(p) for p in args.train_data_pattern})
+    inputs.update({f"--eval_data_pattern {p}": os.path.dirname(p) for p in args.eval_data_pattern})
+    refuse_overlap(args.results_dir, "--results_dir", inputs)
+    check_output_dir(args.results_dir, "--results_dir")
+    log_path = os.path.join(args.results_dir, args.log_filename)
+    checkpoint.refuse_inside_checkpoints(log_path, "--log_filename", args.model_dir, "--model_dir")
+    check_log_file(log_path, "--results_dir/--log_filename")
+    if saves_checkpoints(args):
+        refuse_overlap(args.model_dir, "--model_dir", inputs)
+        check_output_dir(args.model_dir, "--model_dir")
+
+
+def saves_checkpoints(args: argparse.Namespace) -> bool:
+    return not args.evaluate and not args.benchmark
+
+
+@dataclass
+class Data:
+    """The indexed splits and the per-rank batch geometry."""
+    train: Any
+    eval: Any
+    steps_per_epoch: int
+    train_records_per_step: int
+    eval_records_per_rank: int
+
+
+def open_data(args: argparse.Namespace, world_size: int) -> Data:
+    """metadata.json, the files of both splits and their records, checked against each other and the flags."""
+    from wide_and_deep import wd_data
+    from wide_and_deep.features import PREBATCH_SIZE
+
+    meta = wd_data.read_metadata(args.transformed_metadata_path)
+    if "--training_set_size" in sys.argv and args.training_set_size != meta.train_rows:
+        raise UsageError(f"--training_set_size {args.training_set_size} differs from the {meta.train_rows} train rows "
+                         f"of {os.path.join(args.transformed_metadata_path, wd_data.METADATA)}")
+    train = wd_data.index_records(wd_data.expand_patterns(args.train_data_pattern, "--train_data_pattern"),
+                                  meta.train_rows, "train")
+    evaluation = wd_data.index_records(wd_data.expand_patterns(args.eval_data_pattern, "--eval_data_pattern"),
+                                       meta.eval_rows, "eval")
+    records_per_step = args.global_batch_size // PREBATCH_SIZE
+    steps = wd_data.train_steps_per_epoch(len(train), records_per_step)
+    if steps == 0 and not args.evaluate:
+        raise UsageError(f"--global_batch_size {args.global_batch_size} exceeds the {meta.train_rows} training rows")
+    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
+
+
+def configure_tensorflow(args: argparse.Namespace, local_rank: int):
+    """Devices, XLA, precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
+    import tensorflow as tf
+
+    from precision import choose_precision, host_cpu_bf16_support
+
+    gpus = [] if args.cpu else tf.config.list_physical_devices("GPU")
+    if args.cpu:
+        tf.config.set_visible_devices([], "GPU")
+    elif gpus:
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
+    if args.xla:
+        tf.config.optimizer.set_jit(True)
+    precision = choose_precision(args.amp, False, bool(gpus), 0, host_cpu_bf16_support())
+    dtype, message = precision.compute_dtype, precision.message
+    if dtype == tf.float16:  # the reference's AMP: dynamic scaling, one scale per optimizer
+        message = "precision: --amp on a GPU: float16 compute, float32 weights, dynamic loss scaling"
+    if dtype != tf.float32:
+        tf.keras.mixed_precision.set_global_policy(f"mixed_{dtype.name}")
+    return dtype, dtype == tf.float16, message
+
+
+@dataclass
+class Run:
+    """Everything a mode needs, built once the inputs are checked."""
+    args: argparse.Namespace
+    rank: int
+    world_size: int
+    logger: Any
+    data: Data
+    config: Any
+    model: Any
+    optimizers: Any
+    state: Any
+    step: Any  # tf.Variable: counted training steps (the schedule's position)
+    lineage: str
+    predict: Any  # the compiled eval forward pass
+
+    @property
+    def total_steps(self) -> int:
+        return self.args.num_epochs * self.data.steps_per_epoch
+
+
+def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_scaling: bool) -> Run:
+    """Data index, save-folder check, model and optimizers, restored weights: in that order, so that
+    every input is checked before anything heavy runs or anything is written."""
+    import tensorflow as tf
+
+    import checkpoint
+    from utils import print_rank0
+    from wide_and_deep import features as F
+    from wide_and_deep import wd_model
+
+    data = open_data(args, world_size)
+    config = wd_model.WideDeepConfig(tuple(args.deep_hidden_units), args.deep_dropout, args.linear_learning_rate,
+                                     args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs, args.seed)
+    resumed = None
+    if args.use_checkpoint:
+        if checkpoint.list_checkpoints(args.model_dir):
+            resumed = checkpoint.open_checkpoint(args.model_dir)
+        elif args.evaluate and not args.benchmark:
+            raise UsageError(f"--use_checkpoint: --model_dir {args.model_dir} holds no checkpoint to evaluate")
+        else:
+            print_rank0(f"--use_checkpoint: --model_dir {args.model_dir} holds no checkpoint yet; starting fresh",
+                        rank=rank)
+    lineage = checkpoint.run_lineage(resumed)
+    if saves_checkpoints(args):
+        checkpoint.check_save_folder(args.model_dir, config.describe(), F.deep_input_order(), lineage, resumed,
+                                     "--model_dir", resume_hint="--use_checkpoint")
+    model = wd_model.WideAndDeep(config)
+    model.build_all()
+    optimizers = wd_model.build_optimizers(model, config, loss_scaling)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    state = checkpoint.TrainingState(
+        config.describe(), F.deep_input_order(), [], [], model.named_variables(),
+        wd_model.optimizer_slots(model, optimizers),
+        {checkpoint.STEP_COUNTER: step, **wd_model.optimizer_counters(optimizers)})
+    if resumed is not None:
+        checkpoint.restore(resumed, state)
+        print_rank0(f"restored {resumed.path} (step {resumed.step})", rank=rank)
+    run = Run(args, rank, world_size, logger, data, config, model, optimizers, state, step, lineage,
+              wd_model.predict_fn(model))
+    if saves_checkpoints(args) and int(step.numpy()) >= run.total_steps:
+        raise UsageError(f"--model_dir {args.model_dir}: its checkpoint is at step {int(step.numpy())}, the end of "
+                         f"--num_epochs {args.num_epochs} x {data.steps_per_epoch} steps; nothing is left to train")
+    return run
+
+
+class Throughput:
+    """The reference's benchmark clock: starts at step max(warmup, 1), logs each later step's samples/s,
+    and at `steps` the mean over the measured steps."""
+
+    def __init__(self, warmup: int, steps: int, batch: int) -> None:
+        self.start_at, self.steps, self.batch = max(warmup, 1), steps, batch
+        self.started: Optional[float] = None
+        self.last = 0.0
+
+    def tick(self, done: int) -> Optional[float]:
+        """After `done` steps: the last step's samples/s once the clock runs (None before)."""
+        now = time.perf_counter()
+        previous, self.last = self.last, now
+        if done == self.start_at:
+            self.started = now
+            return None
+        return self.batch / (now - previous) if self.started is not None else None
+
+    def finished(self, done: int) -> bool:
+        return done >= self.steps
+
+    def mean(self, done: int) -> float:
+        return self.batch * (done - self.start_at) / (self.last - self.started)
+
+
+def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[str, float]:
+    """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
+    averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss."""
+    import numpy as np
+    import tensorflow as tf
+
+    import distributed as dist
+    from metrics import exact_auc
+    from wide_and_deep import wd_data, wd_metrics
+
+    ap_sum, groups, parts, done = 0.0, 0, [], 0
+    while True:
+        batches = wd_data.dataset(run.data.eval, wd_data.eval_record_groups(
+            len(run.data.eval), run.data.eval_records_per_rank, run.rank, run.world_size), run.config.buckets)
+        for batch in batches:
+            probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
+            if endless_benchmark is not None:
+                done += 1
+                speed = endless_benchmark.tick(done)
+                if speed is not None:
+                    run.logger.log(step=(done,), data={"batch_samplesps": speed * run.world_size})
+                if endless_benchmark.finished(done):
+                    return {"validation_throughput": endless_benchmark.mean(done) * run.world_size}
+                continue
+            labels, ids = batch["label"].numpy(), batch["display_id"].numpy()
+            total, count = wd_metrics.map12_sums(ids, labels, probabilities)
+            ap_sum, groups = ap_sum + total, groups + count
+            parts.append((ids, labels, probabilities))
+        if endless_benchmark is None:
+            break
+    rank_map = ap_sum / groups if groups else float("nan")
+    streaming = float(dist.allreduce(tf.constant(rank_map, tf.float64), name="wd_streaming_map").numpy())
+    columns = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, dtype) for i, dtype in
+               enumerate((np.int64, np.float32, np.float32))]
+    ids, labels, probabilities = (dist.allgather(tf.constant(c), name=f"wd_eval_{i}").numpy()
+                                  for i, c in enumerate(columns))
+    result = None
+    if run.rank == 0:
+        result = {"binary_accuracy_val": wd_metrics.binary_accuracy(labels, probabilities),
+                  "auc_val": exact_auc(labels, probabilities), "loss_val": wd_metrics.bce(labels, probabilities),
+                  "streaming_map_val": streaming, "exact_map_val": wd_metrics.exact_map12(ids, labels, probabilities)}
+    return dist.broadcast_object(result, root_rank=0)
+
+
+def train(run: Run) -> int:
+    """The epochs from the restored step: steps with the schedule's deep rate, a progress record every
+    100 steps, evaluation and a checkpoint after each epoch; a stop signal saves and exits 128+N."""
+    import tensorflow as tf
+
+    import checkpoint
+    import distributed as dist
+    from metrics import exact_auc
+    from cli import signal_exit_code
+    from stop_signals import STOP, agreed_signal, signal_name, vote
+    from utils import print_rank0
+    from wide_and_deep import wd_data, wd_metrics, wd_model
+
+    args, data = run.args, run.data
+    trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed)
+    bench = Throughput(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
+        if args.benchmark else None
+
+    def save() -> None:
+        path = checkpoint.save(args.model_dir, int(run.step.numpy()), run.state, run.lineage, keep=1,
+                               writer=run.rank == 0)
+        dist.barrier()
+        print_rank0(f"checkpoint saved: {path}", rank=run.rank)
+
+    done, step, result = 0, int(run.step.numpy()), {}
+    STOP.graceful = True
+    epoch = step // data.steps_per_epoch
+    while bench is not None or epoch < args.num_epochs:
+        groups = wd_data.train_record_groups(len(data.train), data.train_records_per_step, run.rank, run.world_size,
+                                             args.seed, epoch, step % data.steps_per_epoch)
+        for batch in wd_data.dataset(data.train, groups, run.config.buckets):
+            run.optimizers.deep_lr.assign(wd_model.deep_learning_rate(step, data.steps_per_epoch, run.config))
+            loss, probabilities, votes = trainer.step(batch, tf.constant(step, tf.int64),
+                                                      tf.constant(vote(STOP.signum), tf.float32))
+            step, done = step + 1, done + 1
+            run.step.assign(step)
+            if bench is not None:
+                speed = bench.tick(done)
+                if speed is not None:
+                    run.logger.log(step=(step,), data={"batch_samplesps": speed})
+                if bench.finished(done):
+                    result = {"train_throughput": bench.mean(done)}
+                    run.logger.log(step=(), data=result)
+                    return 0
+            elif step % PRINT_FREQ == 0:
+                labels, predicted = batch["label"].numpy(), probabilities.numpy()
+                run.logger.log(step=(step, run.total_steps), data={
+                    "binary_accuracy": wd_metrics.binary_accuracy(labels, predicted),
+                    "auc": exact_auc(labels, predicted), "loss": float(loss.numpy())})
+            stopped = agreed_signal(votes.numpy())
+            if stopped is not None and bench is None:
+                save()
+                print_rank0(f"stopped by {signal_name(stopped)} after step {step} of {run.total_steps}; checkpoint "
+                            f"saved in {args.model_dir}: run the same command with --use_checkpoint to resume",
+                            rank=run.rank)
+                return signal_exit_code(stopped)
+        epoch += 1
+        if bench is None:
+            result = evaluate(run)
+            run.logger.log(step=(step, run.total_steps), data=result)
+            save()
+    run.logger.log(step=(), data=result)
+    return 0
+
+
+def run_evaluate(run: Run) -> int:
+    """--evaluate: one pass (or, with --benchmark, the throughput of endless eval batches)."""
+    args = run.args
+    if args.benchmark:
+        per_rank = args.eval_batch_size // run.world_size
+        result = evaluate(run, Throughput(args.benchmark_warmup_steps, args.benchmark_steps, per_rank))
+    else:
+        result = evaluate(run)
+    run.logger.log(step=(), data=result)
+    return 0
+
+
+def log_formats(logger) -> None:
+    for metric in ("binary_accuracy", "auc", "loss", "binary_accuracy_val", "auc_val", "loss_val",
+                   "streaming_map_val", "exact_map_val"):
+        logger.metadata(metric, {"format": ":.4f"})
+    for metric in ("batch_samplesps", "train_throughput", "validation_throughput"):
+        logger.metadata(metric, {"unit": "samples/s", "format": ":.1f"})
+
+
+def write_args(args: argparse.Namespace, world_size: int) -> None:
+    """The run's flags as args.json in --results_dir (rank 0), written whole or not at all."""
+    from safe_io import atomic_file
+
+    with atomic_file(os.path.join(args.results_dir, "args.json")) as f:
+        json.dump(vars(args) | {"world_size": world_size}, f, indent=1)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse, check, build and run; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from cli import signal_exit_code
+    from stop_signals import STOP, StopNow
+
+    STOP.install()
+    try:
+        return _main(args)
+    except StopNow as stop:
+        print(f"stopped by {stop}: the run ended before finishing; outputs on disk are whole", file=sys.stderr)
+        return signal_exit_code(stop.signum)
+    finally:
+        STOP.ignore_further()
+
+
+def _main(args: argparse.Namespace) -> int:
+    import tensorflow as tf
+
+    import distributed as dist
+    import folder_lock
+    from checkpoint import CheckpointError
+    from safe_io import OutputPathError
+    from utils import DllLogger, print_rank0
+    from wide_and_deep.wd_data import DataError
+
+    dist.init()
+    rank, world_size = dist.rank(), dist.size()
+    logger = DllLogger(os.path.join(args.results_dir, args.log_filename), enabled=rank == 0)
+    lock = None
+    try:
+        validate(args, world_size)
+        message = None
+        if rank == 0:
+            try:
+                check_outputs(args)
+                if saves_checkpoints(args):
+                    lock = folder_lock.acquire(args.model_dir, "--model_dir")
+            except (OutputPathError, folder_lock.FolderLockedError) as error:
+                message = str(error)
+        message = dist.broadcast_object(message, root_rank=0)
+        if message:
+            raise UsageError(message)
+        dtype, loss_scaling, precision_line = configure_tensorflow(args, dist.local_rank())
+        print_rank0(precision_line, rank=rank)
+        run = build(args, rank, world_size, logger, loss_scaling)
+        log_formats(logger)
+        logger.log_parameters(vars(args) | {"world_size": world_size})
+        if rank == 0:
+            write_args(args, world_size)
+        code = run_evaluate(run) if args.evaluate else train(run)
+        dist.barrier()
+        return code
+    except (UsageError, DataError, CheckpointError, OutputPathError, FileNotFoundError) as error:
+        return bad_input(error)
+    except tf.errors.InvalidArgumentError as error:  # a record failing the reader's checks
+        return bad_input(f"bad training or eval record: {error.message.splitlines()[0]}")
+    finally:
+        logger.close()
+        if lock is not None:
+            lock.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The reader of the Wide & Deep TFRecords (reference §6, this project's layout in docs/architecture.md).
+
+Each tf.train.Example holds up to PREBATCH_SIZE rows (the last record of a split may hold fewer), one
+list per key of features.record_keys(); `<folder>/metadata.json` records each split's row count.
+The files are indexed once (record offsets, from the 12-byte TFRecord headers), so every rank reads
+only its own records with positioned reads:
+
+- train: each epoch's record order is a permutation drawn from (seed, epoch), the same on every rank;
+  step k takes the next `records_per_step` records of it and rank r reads those at positions r, r + W,
+  ... (disjoint shares; their union is the step's global batch, whatever W is). An epoch is the whole
+  steps the records fill. The reference instead let every rank shuffle the files on its own and keep
+  every W-th record, so its ranks' data overlapped.
+- eval: record i goes to rank i mod W, in file order, so every row is read once over all ranks.
+
+A batch is a dict: `categorical` int64 [B, 13] (features.CATEGORICAL_NAMES order), `numeric` float32
+[B, 13] (features.NUMERIC_FEATURES order), `label` float32 [B], `display_id` int64 [B]. Ids outside a
+feature's buckets and records whose lists differ in length fail the batch with an error naming the key.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from wide_and_deep import features as F
+
+METADATA = "metadata.json"
+FORMAT = "wide_and_deep-tfrecords"
+_HEADER = 12  # uint64 length + uint32 masked crc; the data is followed by a uint32 masked crc
+
+
+class DataError(ValueError):
+    """The data files or their metadata are missing, malformed, or disagree; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Metadata:
+    train_rows: int
+    eval_rows: int
+    prebatch_size: int
+
+
+def read_metadata(folder: str) -> Metadata:
+    """`<folder>/metadata.json`, checked: format, version, non-negative row counts, prebatch size 4096."""
+    path = os.path.join(folder, METADATA)
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: cannot read the dataset metadata ({error})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != 1:
+        raise DataError(f"{path}: not a {FORMAT} version 1 metadata file")
+    for key in ("train_rows", "eval_rows", "prebatch_size"):
+        if not isinstance(raw.get(key), int) or raw[key] < 0:
+            raise DataError(f"{path}: '{key}' must be a non-negative integer, got {raw.get(key)!r}")
+    if raw["prebatch_size"] != F.PREBATCH_SIZE:
+        raise DataError(f"{path}: prebatch_size {raw['prebatch_size']}, the reader expects {F.PREBATCH_SIZE}")
+    return Metadata(raw["train_rows"], raw["eval_rows"], raw["prebatch_size"])
+
+
+def expand_patterns(patterns: Sequence[str], flag: str) -> List[str]:
+    """The files the glob patterns match, sorted; none is an error naming the flag."""
+    files = sorted({path for pattern in patterns for path in glob.glob(pattern) if os.path.isfile(path)})
+    if not files:
+        raise DataError(f"{flag} {' '.join(patterns)} matches no file")
+    return files
+
+
+@dataclass(frozen=True)
+class RecordIndex:
+    """Where every record of a split lies: file number, data offset and length, in file order."""
+    files: List[str]
+    file_ids: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def index_records(files: Sequence[str], rows: int, split: str) -> RecordIndex:
+    """Scan the record headers of `files`; their count must be ceil(rows / 4096) (metadata.json)."""
+    file_ids, offsets, lengths = [], [], []
+    for number, path in enumerate(files):
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            position = 0
+            while position < size:
+                header = os.pread(f.fileno(), _HEADER, position)
+                if len(header) < _HEADER:
+                    raise DataError(f"{path}: truncated TFRecord header at byte {position}")
+                (length,) = struct.unpack("<Q", header[:8])
+                end = position + _HEADER + length + 4
+                if end > size:
+                    raise DataError(f"{path}: the record at byte {position} runs past the end of the file")
+                file_ids.append(number)
+                offsets.append(position + _HEADER)
+                lengths.append(length)
+                position = end
+    expected = -(-rows // F.PREBATCH_SIZE)
+    if len(offsets) != expected:
+        raise DataError(f"{split} files ({files[0]} ...) hold {len(offsets)} records; metadata.json's {split}_rows "
+                        f"{rows} need {expected} of {F.PREBATCH_SIZE} rows")
+    return RecordIndex(list(files), np.array(file_ids, np.int64), np.array(offsets, np.int64),
+                       np.array(lengths, np.int64))
+
+
+class _RecordSource:
+    """Positioned reads of records from the index's files (descriptors opened once)."""
+
+    def __init__(self, index: RecordIndex) -> None:
+        self.index = index
+        self.fds = [os.open(path, os.O_RDONLY) for path in index.files]
+
+    def read(self, records: np.ndarray) -> np.ndarray:
+        return np.array([os.pread(self.fds[self.index.file_ids[r]], int(self.index.lengths[r]),
+                                  int(self.index.offsets[r])) for r in records], dtype=object)
+
+
+def train_steps_per_epoch(num_records: int, records_per_step: int) -> int:
+    """Whole global steps one pass over the records fills (the remainder waits for a later epoch's order)."""
+    return num_records // records_per_step
+
+
+def epoch_order(num_records: int, seed: int, epoch: int) -> np.ndarray:
+    """The record order of one training epoch: the same on every rank, different each epoch."""
+    return np.random.default_rng([seed, epoch]).permutation(num_records)
+
+
+def train_record_groups(num_records: int, records_per_step: int, rank: int, world_size: int, seed: int,
+                        epoch: int, first_step: int) -> Iterator[np.ndarray]:
+    """This rank's records for each step of `epoch` from `first_step` on."""
+    order = epoch_order(num_records, seed, epoch)
+    for step in range(first_step, train_steps_per_epoch(num_records, records_per_step)):
+        yield order[step * records_per_step:(step + 1) * records_per_step][rank::world_size]
+
+
+def eval_record_groups(num_records: int, records_per_rank_batch: int, rank: int,
+                       world_size: int) -> Iterator[np.ndarray]:
+    """This rank's eval records (i mod W == rank, in order) in batches; the last may be short."""
+    mine = np.arange(rank, num_records, world_size)
+    for start in range(0, len(mine), records_per_rank_batch):
+        yield mine[start:start + records_per_rank_batch]
+
+
+def _parse(serialized: tf.Tensor, buckets: Dict[str, int]) -> Dict[str, tf.Tensor]:
+    """Records [R] -> the batch dict, with the length and id-range checks."""
+    spec = {key: tf.io.RaggedFeature(tf.int64 if dtype == "int64" else tf.float32)
+            for key, dtype in F.record_keys().items()}
+    parsed = tf.io.parse_example(serialized, spec)
+    lengths = tf.cast(parsed[F.LABEL_KEY].row_lengths(), tf.int64)
+    checks = []
+    for key, values in parsed.items():
+        checks.append(tf.debugging.assert_equal(tf.cast(values.row_lengths(), tf.int64), lengths,
+                                                message=f"record key '{key}': list length differs from 'label'"))
+    checks.append(tf.debugging.assert_less_equal(lengths, tf.constant(F.PREBATCH_SIZE, tf.int64),
+                                                 message=f"a record holds more than {F.PREBATCH_SIZE} rows"))
+    ids = tf.stack([parsed[n].flat_values for n in F.CATEGORICAL_NAMES], axis=1)
+    limits = tf.constant([[buckets[n] for n in F.CATEGORICAL_NAMES]], tf.int64)
+    for i, name in enumerate(F.CATEGORICAL_NAMES):
+        checks.append(tf.debugging.assert_non_negative(ids[:, i], message=f"feature '{name}': negative id"))
+        checks.append(tf.debugging.assert_less(ids[:, i], limits[:, i],
+                                               message=f"feature '{name}': id beyond its {buckets[name]} buckets"))
+    with tf.control_dependencies(checks):
+        return {"categorical": tf.identity(ids),
+                "numeric": tf.stack([parsed[n].flat_values for n in F.NUMERIC_FEATURES], axis=1),
+                "label": tf.cast(parsed[F.LABEL_KEY].flat_values, tf.float32),
+                "display_id": tf.identity(parsed[F.DISPLAY_ID_KEY].flat_values)}
+
+
+def dataset(index: RecordIndex, groups: Iterator[np.ndarray], buckets: Dict[str, int]) -> tf.data.Dataset:
+    """The batches of the record groups `groups` yields (one group per batch), parsed and prefetched."""
+    source = _RecordSource(index)
+    records = tf.data.Dataset.from_generator(lambda: (source.read(g) for g in groups),
+                                             output_signature=tf.TensorSpec([None], tf.string))
+    return records.map(lambda s: _parse(s, buckets), num_parallel_calls=2, deterministic=True).prefetch(2)
