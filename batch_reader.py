@@ -50,13 +50,9 @@ class BatchReader:
                  reads: TableReads, drop_remainder: bool, numerical_dtype: tf.DType,
                  categorical_features: Sequence[str], num_numerical: int,
                  groups: Sequence[Tuple[np.dtype, List[int]]], hotness: Optional[Sequence[int]] = None):
-        self.num_samples = num_samples
-        self.global_batch_size = global_batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.reads = reads
-        self.drop_remainder = drop_remainder
-        self.numerical_dtype = numerical_dtype
+        self.num_samples, self.global_batch_size = num_samples, global_batch_size
+        self.rank, self.world_size, self.reads = rank, world_size, reads
+        self.drop_remainder, self.numerical_dtype = drop_remainder, numerical_dtype
         self.categorical_features = list(categorical_features)
         self.num_numerical = num_numerical
         self._groups = list(groups)
