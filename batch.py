@@ -13,11 +13,19 @@ repeated ids within a row count once each. Rank r of W owns rows
 [(r*B)//W, ((r+1)*B)//W) of a global batch of B samples: the loaders cut numericals and labels
 by it, the hybrid embedding layer cuts looked-up rows by it, and the benchmarks size batches by it.
 Which categorical features a rank's batches carry is a `TableReads`.
+
+On the numpy side (readers to writers, `dataloading.transcribe`), one batch is `Samples`: numericals
+[n, n_num] float16 (None without numerical features), labels [n] of 0/1, and one `Ids` per feature:
+[n] one-hot, [n, h] fixed hotness h, or `RaggedIds` (a variable number per sample).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple, Union
+
+import numpy as np
+
+from data_errors import DataError
 
 NUMERICAL_KEY = "numerical_features"
 CATEGORICAL_KEY = "categorical_features"
@@ -67,3 +75,45 @@ class TableReads:
         if list(self.tables) != sorted(set(self.tables)) or any(not 0 <= t < num_tables for t in self.tables):
             raise ValueError(f"the tables a rank reads, {list(self.tables)}, must be strictly increasing "
                              f"indices in [0, {num_tables})")
+
+
+@dataclass(frozen=True)
+class RaggedIds:
+    """A variable number of ids per sample (split-TFRecords multi-hot): sample i holds
+    `values[offsets[i]:offsets[i + 1]]`, offsets being the running sum of `row_lengths`."""
+    values: np.ndarray
+    row_lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.row_lengths)
+
+    @classmethod
+    def from_fixed(cls, ids: np.ndarray) -> "RaggedIds":
+        """Rows of `ids` [n, h] (or [n]: one id each), every one of its h ids."""
+        ids = np.asarray(ids)
+        ids = ids.reshape(len(ids), -1)
+        return cls(ids.reshape(-1), np.full(len(ids), ids.shape[1], np.int64))
+
+    def rows(self, lo: int, hi: int) -> "RaggedIds":
+        """Samples [lo, hi)."""
+        start = int(self.row_lengths[:lo].sum())
+        lengths = self.row_lengths[lo:hi]
+        return RaggedIds(self.values[start:start + int(lengths.sum())], lengths)
+
+    def to_fixed(self, hotness: int, feature: str) -> np.ndarray:
+        """The ids as [n, hotness] (or [n] for hotness 1); a DataError naming `feature` unless every
+        sample has exactly `hotness` ids (a fixed-hotness format pads nothing)."""
+        wrong = np.flatnonzero(self.row_lengths != hotness)
+        if wrong.size:
+            sample = int(wrong[0])
+            raise DataError(f"feature '{feature}' has {self.row_lengths[sample]} ids at sample {sample} (of "
+                            f"{len(self)}); split-binary stores exactly its hotness {hotness} ids per sample "
+                            f"and pads nothing")
+        return self.values.reshape(len(self), hotness) if hotness != 1 else self.values
+
+
+# One batch as the dataset writers take it: numericals [n, n_num] float16 (None without numerical
+# features), labels [n] of bytes 0/1, one id array per categorical feature: [n] (one-hot), [n, h]
+# (fixed hotness h) or RaggedIds (split-TFRecords multi-hot).
+Ids = Union[np.ndarray, RaggedIds]
+Samples = Tuple[Optional[np.ndarray], np.ndarray, List[Ids]]

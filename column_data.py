@@ -15,26 +15,29 @@ part_10). Each sample has one value per feature, found by the spec's name:
 - TFRecords: the label an int64 list of one 0/1 value, each numerical feature a float list of one
   value, each categorical feature an int64 list of 0 to hotness ids.
 
-`read_batches` serves `datasets.Samples` of exactly the batch size (files are concatenated), every
+`read_batches` serves `batch.Samples` of exactly the batch size (files are concatenated), every
 value checked as it is read (labels 0 or 1, numericals finite in float16, ids in [0, cardinality),
 at most hotness ids per sample); a bad value, a missing column or an unreadable file is one
 DataError naming the file. One-hot features come as `[n]` int32, multi-hot ones as `RaggedIds`.
+Both register as transcribe sources (`data_formats`).
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
-from typing import Iterator, List, Sequence, Tuple
+from typing import Any, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from datasets import DataError, RaggedIds, Samples, check_numericals, id_error, label_values
+from batch import RaggedIds, Samples
+from data_formats import register_format
+from data_errors import DataError, check_numericals, id_error, label_values
 from feature_spec import NUMERICAL_DTYPE, FeatureSpec
 
 NVT = "nvt"
 TFRECORDS_MULTIHOT = "tfrecords_multihot"
-SOURCE_TYPES = (NVT, TFRECORDS_MULTIHOT)
 PATTERNS = {NVT: ("*.parquet",), TFRECORDS_MULTIHOT: ("*.tfrecord", "*.tfrecords")}
 READ_ROWS = 65536  # samples decoded at a time from one file
 
@@ -42,8 +45,9 @@ READ_ROWS = 65536  # samples decoded at a time from one file
 Columns = Tuple[np.ndarray, np.ndarray, List[RaggedIds]]
 
 
-def load_spec(dataset_path: str, spec_name: str) -> FeatureSpec:
-    """The folder's spec, checked for its features (its files are not read: `mapping_files` finds them)."""
+def load_spec(dataset_path: str, spec_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+    """The folder's spec, checked for its features (its files are not read: `mapping_files` finds
+    them); no option is read."""
     spec = FeatureSpec.from_yaml(os.path.join(dataset_path, spec_name))
     spec.check_feature_spec(chunk_type=None)
     return spec
@@ -200,3 +204,7 @@ def _samples_tail(columns: Columns, lo: int) -> Columns:
     labels, dense, ids = columns
     return labels[lo:], dense[lo:], [values.rows(lo, len(values)) for values in ids]
 
+
+register_format("nvt", source=True, load_spec=load_spec, batches=functools.partial(read_batches, NVT))
+register_format("tfrecords_multihot", source=True, load_spec=load_spec,
+                batches=functools.partial(read_batches, TFRECORDS_MULTIHOT))

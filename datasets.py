@@ -11,248 +11,35 @@ recycled aligned arena and the graph converts.
 Every batch's values are checked where they are read, at a cost of a few vectorised reductions:
 label bytes are 0 or 1, numericals are finite, ids lie in [0, cardinality). A bad value stops the
 pipeline with a DataError naming the file, feature, sample and value; since TensorFlow turns errors
-inside the pipeline into its own, `surface_data_errors` turns them back where batches are consumed.
+inside the pipeline into its own, `pipeline_errors.surface_data_errors` turns them back where batches
+are consumed. It registers the `tf_raw` format (`data_formats`): training, transcribe source and
+destination. The shared data layer lives beside it: `data_errors` (DataError, the value checks),
+`pipeline_errors`, `batch_reader.BatchReader`, `staged_writer.StagedWriter`, `batch.RaggedIds`.
 """
 from __future__ import annotations
 
-import contextlib
-import itertools
-import math
 import os
-import re
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_sizes, local_slice, rank_start
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, Ids, RaggedIds, TableReads, local_sizes, rank_start
+from batch_reader import BatchReader, pread_into
 from custom_ops import op_package
+import data_formats
+from data_errors import (DataError, check_ids, check_labels, check_numericals, id_error, label_error,
+                         numerical_error, truncated_error, unsigned_cardinalities)
 from feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
-                          NUMERICAL_DTYPE, FeatureSpec)
-from safe_io import OutputPathError, StagedDirectory, check_replaceable
+                          NUMERICAL_DTYPE, SPLIT_BINARY, FeatureSpec, load_folder_spec)
+from pipeline_errors import file_read_tag
+from safe_io import OutputPathError, check_replaceable
+from staged_writer import StagedWriter
 
 BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without copying
-PREFETCH_BATCHES = 2
-
-
-class DataError(ValueError):
-    """The data (not the spec) is unusable: bad stored values, a batch larger than the data, ..."""
-
-
-@dataclass(frozen=True)
-class RaggedIds:
-    """A variable number of ids per sample (split-TFRecords multi-hot): sample i holds
-    `values[offsets[i]:offsets[i + 1]]`, offsets being the running sum of `row_lengths`."""
-    values: np.ndarray
-    row_lengths: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.row_lengths)
-
-    @classmethod
-    def from_fixed(cls, ids: np.ndarray) -> "RaggedIds":
-        """Rows of `ids` [n, h] (or [n]: one id each), every one of its h ids."""
-        ids = np.asarray(ids)
-        ids = ids.reshape(len(ids), -1)
-        return cls(ids.reshape(-1), np.full(len(ids), ids.shape[1], np.int64))
-
-    def rows(self, lo: int, hi: int) -> "RaggedIds":
-        """Samples [lo, hi)."""
-        start = int(self.row_lengths[:lo].sum())
-        lengths = self.row_lengths[lo:hi]
-        return RaggedIds(self.values[start:start + int(lengths.sum())], lengths)
-
-    def to_fixed(self, hotness: int, feature: str) -> np.ndarray:
-        """The ids as [n, hotness] (or [n] for hotness 1); a DataError naming `feature` unless every
-        sample has exactly `hotness` ids (a fixed-hotness format pads nothing)."""
-        wrong = np.flatnonzero(self.row_lengths != hotness)
-        if wrong.size:
-            sample = int(wrong[0])
-            raise DataError(f"feature '{feature}' has {self.row_lengths[sample]} ids at sample {sample} (of "
-                            f"{len(self)}); split-binary stores exactly its hotness {hotness} ids per sample "
-                            f"and pads nothing")
-        return self.values.reshape(len(self), hotness) if hotness != 1 else self.values
-
-
-# One batch as the dataset writers take it: numericals [n, n_num] float16 (None without numerical
-# features), labels [n] of bytes 0/1, one id array per categorical feature: [n] (one-hot), [n, h]
-# (fixed hotness h) or RaggedIds (split-TFRecords multi-hot).
-Ids = Union[np.ndarray, RaggedIds]
-Samples = Tuple[Optional[np.ndarray], np.ndarray, List[Ids]]
-
-
-# ------------------------------------------------------------------------------ value checks
-# One contract for stored values, applied per batch by the reader and by the up-front scan.
-
-def label_error(path: str, feature: str, mapping: str, sample: int, byte: int) -> DataError:
-    return DataError(f"{path}: label '{feature}' (mapping '{mapping}') has byte {byte} at "
-                     f"sample {sample}; a label must be stored as 0 or 1")
-
-
-def numerical_error(path: str, feature: str, mapping: str, sample: int, value: np.float16) -> DataError:
-    return DataError(f"{path}: numerical feature '{feature}' (mapping '{mapping}') is "
-                     f"{value} at sample {sample}; numerical features must be finite")
-
-
-def id_error(path: str, feature: str, mapping: str, sample: int, value: int, cardinality: int,
-             position: int = 0, ids_in_sample: Optional[int] = None) -> DataError:
-    """An id outside its table; for a multi-hot sample (`ids_in_sample` given), which of its ids
-    (0-based `position`)."""
-    which = f" (id {position + 1} of {ids_in_sample})" if ids_in_sample is not None else ""
-    return DataError(f"{path}: feature '{feature}' (mapping '{mapping}') has id {value} at sample "
-                     f"{sample}{which}, outside [0, {cardinality}) given by its cardinality")
-
-
-def truncated_error(path: str, byte: int) -> DataError:
-    return DataError(f"{path}: unexpected end of file at byte {byte}; the file was truncated while reading")
-
-
-def check_labels(raw: np.ndarray, path: str, feature: str, mapping: str, first_sample: int) -> None:
-    """Label bytes (bool or int8) are 0 or 1; any other byte (TensorFlow reads it as true) is a DataError."""
-    raw = raw.reshape(-1).view(np.uint8)
-    if raw.size and raw.max() > 1:
-        index = int(np.flatnonzero(raw > 1)[0])
-        raise label_error(path, feature, mapping, first_sample + index, raw[index])
-
-
-def label_values(values: np.ndarray, path: str, mapping: str, first_sample: int, check: bool = True) -> np.ndarray:
-    """Labels stored as numbers (int32 or float32 formats) as bool; with `check`, a value other
-    than 0 or 1 is a DataError naming the file and sample."""
-    labels = values == 1
-    if check and not (labels | (values == 0)).all():
-        row = int(np.flatnonzero(~(labels | (values == 0)))[0])
-        raise DataError(f"{path}: label (mapping '{mapping}') is {values[row]} at sample {first_sample + row}; "
-                        f"a label must be 0 or 1")
-    return labels
-
-
-_FLOAT16_MAGNITUDE = 0x7FFF
-_FLOAT16_INF = 0x7C00  # magnitude bits at or above it: Inf or NaN
-
-
-def check_numericals(values: np.ndarray, path: str, features: Sequence[str], mapping: str,
-                     first_sample: int) -> None:
-    """Numericals [samples, features] float16 are finite; NaN or Inf is a DataError."""
-    bits = values.view(np.uint16)
-    if bits.size and (bits & _FLOAT16_MAGNITUDE).max() >= _FLOAT16_INF:
-        row, column = (int(i) for i in np.argwhere(~np.isfinite(values))[0])
-        raise numerical_error(path, features[column], mapping, first_sample + row, values[row, column])
-
-
-def unsigned_cardinalities(cardinalities: Sequence[int], dtype: np.dtype) -> np.ndarray:
-    """Cardinalities in the unsigned type of `dtype`'s width, as `check_ids` compares them."""
-    return np.asarray(cardinalities, dtype=f"u{np.dtype(dtype).itemsize}")
-
-
-def check_ids(block: np.ndarray, cardinalities: np.ndarray, paths: Sequence[str],
-              features: Sequence[str], mapping: str, first_sample: int,
-              row_lengths: Optional[np.ndarray] = None) -> None:
-    """Ids [features, samples] (or [features, samples, hotness]: every id of a multi-hot feature)
-    lie in [0, cardinality) of their feature, else a DataError. Ragged ids are one feature's
-    values [1, total ids] with their `row_lengths`, which place a bad id's sample.
-
-    Read as unsigned, a negative id is huge, so one maximum per feature checks both bounds.
-    """
-    if not block.size:
-        return
-    per_sample = int(np.prod(block.shape[2:], dtype=np.int64))
-    flat = block.reshape(len(block), -1)
-    unsigned = flat.view(cardinalities.dtype)
-    bad_features = np.flatnonzero(unsigned.max(axis=1) >= cardinalities)
-    if bad_features.size:
-        row = int(bad_features[0])
-        index = int(np.flatnonzero(unsigned[row] >= cardinalities[row])[0])
-        sample, position = divmod(index, per_sample)
-        of = per_sample if per_sample != 1 else None
-        if row_lengths is not None:
-            ends = np.cumsum(row_lengths)
-            sample = int(np.searchsorted(ends, index, side="right"))
-            position, of = index - int(ends[sample] - row_lengths[sample]), int(row_lengths[sample])
-        raise id_error(paths[row], features[row], mapping, first_sample + sample, flat[row, index],
-                       cardinalities[row], position, of)
-
-
-# Errors raised inside a tf.data pipeline reach the consumer as a TensorFlow error carrying a
-# traceback (and TensorFlow logs it). So the reader files its DataError here under a number, makes
-# the pipeline fail with an assertion naming that number, and `surface_data_errors` raises it again.
-_PIPELINE_ERROR_TAG = "DLRM input data error #"
-_PIPELINE_ERROR_PATTERN = re.compile(re.escape(_PIPELINE_ERROR_TAG) + r"\] \[(\d+)\]")
-SERVING_INPUT_ERROR = "invalid serving input:"
-_SERVING_ERROR_PATTERN = re.compile(re.escape(SERVING_INPUT_ERROR) + r"[^\n\]]*")
-_pipeline_errors: Dict[int, DataError] = {}
-_pipeline_error_numbers = itertools.count(1)
-_pipeline_errors_lock = threading.Lock()
-# The batch-read op (`ReadFileRows`) reports a bad value as numbers; the reader that made the op
-# words the DataError, found by the number in the op's error tag.
-_FILE_READ_TAG = "DLRM file read #"
-_FILE_READ_PATTERN = re.compile(re.escape(_FILE_READ_TAG)
-                                + r"(\d+)\] \[(\d+)\] \[(\w+)\] \[(-?\d+)\] \[(\d+)\] \[(-?\d+)\]")
-# (read, what: label|finite|ids|eof, sample, column, value) -> the DataError it stands for
-FileReadExplainer = Callable[[int, str, int, int, int], DataError]
-_file_read_explainers: Dict[int, "weakref.WeakMethod[FileReadExplainer]"] = {}
-_file_read_numbers = itertools.count(1)
-
-
-def file_pipeline_error(error: Optional[DataError]) -> np.int64:
-    """0 for no error, else the number under which `error` waits for `surface_data_errors`."""
-    if error is None:
-        return np.int64(0)
-    with _pipeline_errors_lock:
-        number = next(_pipeline_error_numbers)
-        _pipeline_errors[number] = error
-    return np.int64(number)
-
-
-def pipeline_error_check(error_number: tf.Tensor) -> tf.Operation:
-    """The graph-side half of `file_pipeline_error`: fails the pipeline (for `surface_data_errors`)
-    when `error_number` is not 0."""
-    return tf.debugging.Assert(tf.equal(error_number, 0), [_PIPELINE_ERROR_TAG, error_number])
-
-
-def file_read_tag(explain: FileReadExplainer) -> str:
-    """The `error_tag` of a `ReadFileRows` op whose failures `explain` (a bound method, held weakly) words."""
-    with _pipeline_errors_lock:
-        number = next(_file_read_numbers)
-        _file_read_explainers[number] = weakref.WeakMethod(explain)
-    return f"{_FILE_READ_TAG}{number}"
-
-
-def _data_error_in(message: str) -> Optional[DataError]:
-    """The DataError a TensorFlow error message stands for, if it stands for one."""
-    read = _FILE_READ_PATTERN.search(message)
-    if read:
-        with _pipeline_errors_lock:
-            explain = _file_read_explainers.get(int(read.group(1)), lambda: None)()
-        if explain is not None:
-            number, what, *values = read.groups()[1:]
-            return explain(int(number), what, *(int(v) for v in values))
-    filed = _PIPELINE_ERROR_PATTERN.search(message)
-    if filed:
-        with _pipeline_errors_lock:
-            error = _pipeline_errors.pop(int(filed.group(1)), None)
-        if error is not None:
-            return error
-    serving = _SERVING_ERROR_PATTERN.search(message)
-    return DataError(serving.group(0)) if serving else None
-
-
-@contextlib.contextmanager
-def surface_data_errors() -> Iterator[None]:
-    """Inside the block (or the decorated function), bad data found in a TensorFlow graph (the
-    reader's value checks, a SavedModel's input asserts) is raised as the DataError it is, one
-    line without TensorFlow's dump; other errors pass unchanged."""
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as error:
-        data_error = _data_error_in(error.message)
-        if data_error is None:
-            raise
-        raise data_error from None
-
 
 
 class _ArenaPool:
@@ -282,154 +69,6 @@ class _ArenaPool:
                 self._arenas.append(arena)
             return arena
 
-
-def pread_into(fd: int, path: str, buffer: np.ndarray, offset: int) -> None:
-    """Fill `buffer` with the bytes of the file at `offset`; a short file is a DataError."""
-    view = memoryview(buffer.reshape(-1).view(np.uint8))
-    done = 0
-    while done < len(view):
-        count = os.preadv(fd, [view[done:]], offset + done)
-        if count == 0:
-            raise truncated_error(path, offset + done)
-        done += count
-
-
-class BatchReader:
-    """The tf.data side of a reader that serves global batch k of one mapping as numpy arrays.
-
-    A subclass reads (`_read`) one batch as: labels [local rows] bool, numericals [local rows,
-    n_num] float16 (only with numerical features), then one block per categorical group of
-    `groups` ((dtype, [positions in categorical_features]), members of one dtype and one hotness
-    h): [features, rows] for one-hot features, [features, rows, h] for multi-hot ones, rows being
-    those `reads.rows` gives; this class turns those arrays into the (features, labels) element,
-    graph side: ids [rows] or [rows, h] int32. `hotness` gives each feature's h (default all 1).
-    With `drop_remainder` the last partial batch is dropped (training); otherwise it is served with
-    fewer rows (evaluation covers every sample).
-    """
-
-    def __init__(self, num_samples: int, global_batch_size: int, *, rank: int, world_size: int,
-                 reads: TableReads, drop_remainder: bool, numerical_dtype: tf.DType,
-                 categorical_features: Sequence[str], num_numerical: int,
-                 groups: Sequence[Tuple[np.dtype, List[int]]], hotness: Optional[Sequence[int]] = None):
-        self.num_samples = num_samples
-        self.global_batch_size = global_batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.reads = reads
-        self.drop_remainder = drop_remainder
-        self.numerical_dtype = numerical_dtype
-        self.categorical_features = list(categorical_features)
-        self.num_numerical = num_numerical
-        self._groups = list(groups)
-        self.hotness = list(hotness) if hotness is not None else [1] * len(self.categorical_features)
-        if drop_remainder:
-            self.num_batches = num_samples // global_batch_size
-        else:
-            self.num_batches = math.ceil(num_samples / global_batch_size)
-
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def batch_rows(self, batch_index: int) -> Tuple[int, int]:
-        """First sample and number of samples of global batch `batch_index`."""
-        start = batch_index * self.global_batch_size
-        return start, min(self.global_batch_size, self.num_samples - start)
-
-    def rank_rows(self, batch_index: int) -> Tuple[int, int, int, int]:
-        """(first sample, count) of this rank's local slice of batch `batch_index` (labels and
-        numericals), then (first sample, count) of the rows whose ids it reads."""
-        start, size = self.batch_rows(int(batch_index))
-        lo, hi = local_slice(size, self.rank, self.world_size)
-        categorical_lo, categorical_hi = self.reads.rows(size, self.rank, self.world_size)
-        return start + lo, hi - lo, start + categorical_lo, categorical_hi - categorical_lo
-
-    def _read(self, batch_index: int) -> Tuple[List[np.ndarray], Optional[DataError]]:
-        """The batch's arrays (whole even when the data is bad) and the DataError found, if any."""
-        raise NotImplementedError
-
-    def _id_shape(self, members: Sequence[int]) -> Tuple[int, ...]:
-        """The per-sample shape of a group's ids: () one-hot, (h,) multi-hot."""
-        hotness = self.hotness[members[0]]
-        return (hotness,) if hotness != 1 else ()
-
-    def read_batch(self, batch_index: int) -> List[np.ndarray]:
-        """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), then one
-        [features, rows] (or [features, rows, h]) block per categorical group. Bad data raises
-        DataError."""
-        arrays, error = self._read(batch_index)
-        if error is not None:
-            raise error
-        return arrays
-
-    def check_every_batch(self) -> None:
-        """Read every batch once, each checked as read: the up-front scan of a whole mapping
-        (`--validate_data`); DataError naming the first culprit."""
-        for index in range(len(self)):
-            self.read_batch(index)
-
-    def read_samples(self, batch_index: int) -> Samples:
-        """One batch as `SplitBinaryWriter.append` takes it: numericals [n, n_num] float16 (None
-        without numerical features), labels [n] bool, one id array per feature read ([rows], or
-        [rows, h] for a multi-hot feature). Bad data raises DataError."""
-        arrays = self.read_batch(batch_index)
-        labels, numerical = arrays[0], (arrays[1] if self.num_numerical else None)
-        ids: List[np.ndarray] = [np.empty(0)] * len(self.categorical_features)
-        for (_, members), block in zip(self._groups, arrays[len(arrays) - len(self._groups):]):
-            for position, row in zip(members, block):
-                ids[position] = row
-        return numerical, labels, ids
-
-    def _read_and_file_error(self, batch_index: int) -> List[np.ndarray]:
-        """`read_batch` for the pipeline: the arrays, then the number its DataError is filed
-        under (0: none), so the pipeline fails with an assertion instead of a Python traceback."""
-        arrays, error = self._read(batch_index)
-        return [*arrays, file_pipeline_error(error)]
-
-    def _static_sizes(self) -> Tuple[Optional[int], Optional[int]]:
-        """Rows of the element's labels and of its ids, when every batch has them (else None)."""
-        if not self.drop_remainder:
-            return None, None
-        lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
-        return hi - lo, (self.global_batch_size if self.reads.global_batch else hi - lo)
-
-    def _decode(self, raw: Sequence[tf.Tensor]):
-        """Graph-side decoding of `read_batch`'s arrays into the (features, labels) element."""
-        local_size, categorical_size = self._static_sizes()
-        labels = tf.reshape(tf.cast(raw[0], tf.float32), [-1, 1])
-        labels.set_shape([local_size, 1])
-        if self.num_numerical:
-            numerical = tf.cast(raw[1], self.numerical_dtype)
-        else:
-            numerical = tf.zeros([tf.shape(labels)[0], 0], self.numerical_dtype)
-        numerical.set_shape([local_size, self.num_numerical])
-        categorical: List[Optional[tf.Tensor]] = [None] * len(self.categorical_features)
-        blocks = raw[len(raw) - len(self._groups):]
-        for (_, members), block in zip(self._groups, blocks):
-            for position, ids in zip(members, tf.unstack(tf.cast(block, tf.int32), num=len(members))):
-                hotness = self.hotness[position]
-                ids.set_shape([categorical_size] + ([hotness] if hotness != 1 else []))
-                categorical[position] = ids
-        features = {NUMERICAL_KEY: numerical, CATEGORICAL_KEY: tuple(categorical)}
-        return features, labels
-
-    def dataset(self, shuffle_batch_order: bool = False, seed: int = 0) -> tf.data.Dataset:
-        """One epoch of batches; iterate it again for the next epoch (reshuffled when enabled)."""
-        order = tf.data.Dataset.range(self.num_batches)
-        if shuffle_batch_order:
-            order = order.shuffle(max(self.num_batches, 1), seed=seed, reshuffle_each_iteration=True)
-        options = tf.data.Options()
-        options.deterministic = True
-        return (order.map(self._load_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-                .prefetch(PREFETCH_BATCHES).with_options(options))
-
-    def _load_batch(self, batch_index: tf.Tensor):
-        """The (features, labels) element of global batch `batch_index`, read by `_read` in Python."""
-        raw_types = [tf.bool] + ([tf.float16] if self.num_numerical else [])
-        raw_types += [tf.as_dtype(dtype) for dtype, _ in self._groups]
-        *raw, error_number = tf.numpy_function(self._read_and_file_error, [batch_index],
-                                               raw_types + [tf.int64], stateful=False)
-        with tf.control_dependencies([pipeline_error_check(error_number)]):
-            return self._decode([tf.identity(array) for array in raw])
 
 
 class SplitBinaryReader(BatchReader):
@@ -651,41 +290,6 @@ def validate_categorical_ids(spec: FeatureSpec, mappings: Sequence[str],
                           [name], mapping, start)
 
 
-# --------------------------------------------------------------------------- writing
-class StagedWriter:
-    """The all-or-nothing life of a writer whose files grow in a hidden temporary sibling of
-    `destination` (`safe_io.StagedDirectory`): a subclass opens them in `_files` and its `commit`
-    ends with `_publish` (rename into place); `abort`, also on leaving the `with` block without
-    `commit` (an exception included), deletes the temporary folder."""
-
-    def __init__(self, destination: str, replace: bool):
-        self._files: Dict[str, BinaryIO] = {}
-        self._staged: Optional[StagedDirectory] = StagedDirectory(destination, replace=replace)
-        self._staging = self._staged.path
-
-    def _publish(self) -> None:
-        self._close_files()
-        staged, self._staged = self._staged, None
-        staged.publish()
-
-    def abort(self) -> None:
-        """Drop everything written so far (nothing once committed); the destination stays as it was."""
-        self._close_files()
-        if self._staged is not None:
-            staged, self._staged = self._staged, None
-            staged.discard()
-
-    def _close_files(self) -> None:
-        for handle in self._files.values():
-            handle.close()
-
-    def __enter__(self) -> "StagedWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        self.abort()
-
-
 class SplitBinaryWriter(StagedWriter):
     """Writes one dataset folder (spec + train/test files), all or nothing.
 
@@ -778,3 +382,27 @@ def _dataset_files(spec: FeatureSpec) -> List[str]:
     """The spec's data files, relative to its folder."""
     return sorted({os.path.normpath(chunk[FILES_SELECTOR][0])
                    for chunks in spec.source_spec.values() for chunk in chunks})
+
+
+def load_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+    """The split-binary spec of the folder (see `feature_spec.load_folder_spec` for `options`)."""
+    return load_folder_spec("tf_raw", dataset_path, spec_file_name, SPLIT_BINARY, options)
+
+
+def validate(spec: FeatureSpec, batches: Mapping[str, int]) -> None:
+    """--validate_data: `validate_data` over the mappings of `batches`."""
+    validate_data(spec, tuple(batches))
+
+
+def transcribed_writer(spec: FeatureSpec, destination: str, prebatch_size: int, overwrite: bool,
+                       spec_file_name: str, output_name: str) -> SplitBinaryWriter:
+    """A writer of the default Criteo file layout of `spec`'s features (hotness, alpha and pooling
+    kept) in `destination`, the source's metadata kept but for its format's own entries."""
+    out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
+                                               os.path.abspath(destination)).take_multi_hot_properties(spec)
+    out.metadata = {key: value for key, value in spec.metadata.items() if key not in data_formats.metadata_keys()}
+    return SplitBinaryWriter(out, overwrite, spec_file_name, output_name)
+
+
+data_formats.register_format("tf_raw", training=True, source=True, destination=True, load_spec=load_spec,
+                             reader=SplitBinaryReader, validate=validate, writer=transcribed_writer)

@@ -579,3 +579,35 @@ def get_default_feature_spec(number_of_numerical_features: int,
     """Module-level spelling of `FeatureSpec.get_default_feature_spec` (the reference's name)."""
     return FeatureSpec.get_default_feature_spec(number_of_numerical_features,
                                                 categorical_feature_cardinalities, base_directory, hotness)
+
+
+def load_folder_spec(dataset_type: str, dataset_path: Optional[str], spec_file_name: str,
+                     chunk_type: Optional[str], options: Dict[str, Any], spec_inside: bool = True) -> FeatureSpec:
+    """The checked spec `spec_file_name` of the dataset folder `dataset_path` (the formats whose
+    spec is a file: split-binary, split-TFRecords, synthetic data shaped by a spec).
+
+    `options`: `allow_external_paths` lets the spec name data files outside the folder (and lie
+    outside it itself), `external_paths_flag` names the flag that allows it in errors (default
+    --allow_external_data_paths; None: the command has none, and the spec's place is not checked).
+    With `spec_inside` (and unless allowed), a spec outside the folder is refused: its files would be
+    read relative to another folder."""
+    if not dataset_path:
+        raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}")
+    allow = bool(options.get("allow_external_paths", False))
+    flag = options.get("external_paths_flag", "--allow_external_data_paths")
+    spec_path = os.path.join(dataset_path, spec_file_name)
+    if spec_inside and flag is not None and not allow:
+        _check_spec_inside(spec_path, dataset_path)
+    spec = FeatureSpec.from_yaml(spec_path)
+    spec.check_feature_spec(chunk_type=chunk_type, allow_external_paths=allow, allowed_by=flag)
+    return spec
+
+
+def _check_spec_inside(spec_path: str, dataset_path: str) -> None:
+    """A spec's files are read relative to the spec's own folder, so a spec outside the dataset
+    folder (an absolute or ../ --feature_spec) would silently train on another folder's files."""
+    spec_dir, data_dir = os.path.realpath(os.path.dirname(spec_path)), os.path.realpath(dataset_path)
+    if spec_dir != data_dir and not spec_dir.startswith(data_dir.rstrip(os.sep) + os.sep):
+        raise ValueError(f"--feature_spec {spec_path} lies outside --dataset_path {dataset_path}, and its data files "
+                         f"would be read relative to {spec_dir}: give --dataset_path {spec_dir}, or pass "
+                         f"--allow_external_data_paths to read them there")

@@ -30,6 +30,9 @@ records of those rows and keeps the columns it needs. Decoding is vectorised num
 checked as it is read: labels 0 or 1, dense values finite after the transform, ids in [0, vocab
 size); a bad value, a size that is not a whole number of records or files that disagree are one
 DataError naming the file.
+
+Registers the `hugectr_raw` and `sok_split` formats (`data_formats`): training, transcribe source and
+destination; --hugectr_cardinalities and --hugectr_dense_log are hugectr_raw's own options.
 """
 from __future__ import annotations
 
@@ -37,18 +40,21 @@ import json
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from batch import TableReads
-from datasets import (BatchReader, DataError, StagedWriter, check_ids, check_numericals, label_values,
-                      pread_into, unsigned_cardinalities)
+from batch_reader import VALIDATE_BATCH, BatchReader, pread_into
+from data_formats import register_format
+from data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
 from feature_spec import (FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE, MAPPINGS, MAX_CARDINALITY,
                           NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, file_kind_problem)
 from preproc.criteo_rules import transform_numericals
+from datasets import SplitBinaryReader, validate_data
 from safe_io import check_replaceable
+from staged_writer import StagedWriter
 
 HUGECTR_RAW = "hugectr_raw"
 SOK_SPLIT = "sok_split"
@@ -131,7 +137,6 @@ def load_spec(dataset_type: str, dataset_path: str, cardinalities: Optional[Sequ
     `metadata[FORMAT_KEY]`."""
     if dataset_type not in DATASET_TYPES:
         raise ValueError(f"dataset_type must be one of {DATASET_TYPES}, got {dataset_type!r}")
-    check_raw_options(dataset_type, cardinalities, dense_log)
     if not os.path.isdir(dataset_path):
         raise DataError(f"{dataset_path}: the {dataset_type} dataset folder is not a directory")
     if dataset_type == HUGECTR_RAW:
@@ -152,14 +157,6 @@ def load_spec(dataset_type: str, dataset_path: str, cardinalities: Optional[Sequ
         return split_binary_spec(dataset_path, check_vocab_sizes(metadata.get("vocab_sizes"),
                                                                  f"{train_path}: vocab_sizes"))
     return _record_spec(SOK_SPLIT, dataset_path, RawFormat.from_json(metadata, train_path))
-
-
-def check_raw_options(dataset_type: str, cardinalities: Optional[Sequence[int]], dense_log: Optional[bool]) -> None:
-    """The cardinalities and dense_log options describe HugeCTR raw data only; ValueError otherwise."""
-    for flag, value in (("--hugectr_cardinalities", cardinalities), ("--hugectr_dense_log", dense_log)):
-        if value is not None and dataset_type != HUGECTR_RAW:
-            raise ValueError(f"{flag} describes --dataset_type hugectr_raw data, not {dataset_type}"
-                             + (" (its format is in train/metadata.json)" if dataset_type == SOK_SPLIT else ""))
 
 
 def _hugectr_format(dataset_path: str, cardinalities: Optional[Sequence[int]],
@@ -358,7 +355,7 @@ class HugeCTRRawWriter(StagedWriter):
     The dense values arrive transformed (split-binary float16), which HugeCTR's int32 dense
     values cannot hold, so label and dense are written as float32 (HugeCTR's `float_label_dense`)
     and metadata.json says `dense_log: false`: reading the folder back serves the same batches.
-    All or nothing (`datasets.StagedWriter`): a destination holding anything is refused unless
+    All or nothing (`staged_writer.StagedWriter`): a destination holding anything is refused unless
     `overwrite`, and even then when it holds entries this writer would not replace.
     """
 
@@ -430,3 +427,68 @@ class SokSplitWriter(StagedWriter):
                 json.dump(self.format.to_json(), f)
         self._publish()
         return self.destination
+
+
+# ----------------------------------------------------------------------------- the formats
+def _folder(dataset_type: str, dataset_path: Optional[str]) -> str:
+    if not dataset_path:
+        raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}")
+    return dataset_path
+
+
+def load_raw_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+    """`load_spec` of a hugectr_raw folder, described by options hugectr_cardinalities and
+    hugectr_dense_log (None: not given); the folder has no spec file."""
+    return load_spec(HUGECTR_RAW, _folder(HUGECTR_RAW, dataset_path), options.get("hugectr_cardinalities"),
+                     options.get("hugectr_dense_log"))
+
+
+def load_sok_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+    """`load_spec` of a SOK split folder (its format is in train/metadata.json)."""
+    return load_spec(SOK_SPLIT, _folder(SOK_SPLIT, dataset_path))
+
+
+def open_reader(spec: FeatureSpec, mapping: str, global_batch_size: int, **options: Any) -> BatchReader:
+    """The reader of a `load_spec` spec: `RecordReader` for a record layout, the split-binary reader
+    for SOK's per-feature files (`options`: the readers' keyword arguments)."""
+    reader = RecordReader if record_format(spec) is not None else SplitBinaryReader
+    return reader(spec, mapping, global_batch_size, **options)
+
+
+def validate(spec: FeatureSpec, batches: Mapping[str, int]) -> None:
+    """--validate_data: every record read and checked, VALIDATE_BATCH at a time (SOK's per-feature
+    files: the split-binary scan)."""
+    if record_format(spec) is None:
+        validate_data(spec, tuple(batches))
+        return
+    for mapping in batches:
+        RecordReader(spec, mapping, VALIDATE_BATCH, drop_remainder=False).check_every_batch()
+
+
+def _writable(dataset_type: str, spec: FeatureSpec) -> None:
+    """A source `spec` fits a record of 13 dense values and one id per feature; ValueError otherwise."""
+    if len(spec.numerical_names) != NUM_DENSE:
+        raise ValueError(f"{spec.path or spec.base_directory}: {dataset_type} holds {NUM_DENSE} dense "
+                         f"values per sample; the source has {len(spec.numerical_names)} numerical features")
+    spec.refuse_multi_hot(f"a {dataset_type} destination")
+
+
+def raw_writer(spec: FeatureSpec, destination: str, prebatch_size: int, overwrite: bool,
+               spec_file_name: str, output_name: str) -> HugeCTRRawWriter:
+    """transcribe's hugectr_raw destination for the samples of `spec`."""
+    _writable(HUGECTR_RAW, spec)
+    return HugeCTRRawWriter(destination, spec.cardinalities, overwrite, output_name)
+
+
+def sok_writer(spec: FeatureSpec, destination: str, prebatch_size: int, overwrite: bool,
+               spec_file_name: str, output_name: str) -> SokSplitWriter:
+    """transcribe's sok_split destination for the samples of `spec`."""
+    _writable(SOK_SPLIT, spec)
+    return SokSplitWriter(destination, spec.cardinalities, overwrite, output_name)
+
+
+register_format("hugectr_raw", training=True, source=True, destination=True,
+                own_options=("hugectr_cardinalities", "hugectr_dense_log"), load_spec=load_raw_spec,
+                reader=open_reader, validate=validate, writer=raw_writer, metadata_key=FORMAT_KEY)
+register_format("sok_split", training=True, source=True, destination=True, load_spec=load_sok_spec,
+                reader=open_reader, validate=validate, writer=sok_writer, metadata_key=FORMAT_KEY)

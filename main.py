@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Un
 
 from absl import app, flags
 
+import data_formats  # plain Python: the formats' names without importing them (or TensorFlow)
 from feature_spec import MLPERF_HOTNESS, MLPERF_ROW_CAP  # plain Python, as sharding
 from model_config import DlrmSettings, TrainingSettings, flag_name  # plain Python: the settings' defaults
 from sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
@@ -119,8 +120,7 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name
 flags.DEFINE_bool("allow_external_data_paths", False,
                   "Let the feature spec name data files outside --dataset_path (absolute or ../ paths); "
                   "refused by default, so a stray path cannot read another dataset's files")
-flags.DEFINE_enum("dataset_type", "tf_raw",
-                  ["tf_raw", "synthetic", "split_tfrecords", "hugectr_raw", "sok_split", "torchrec_npy"],
+flags.DEFINE_enum("dataset_type", "tf_raw", list(data_formats.names("training")),
                   "Split-binary files, in-memory synthetic data, (V5) split-TFRecords files, HugeCTR raw "
                   "files (train_data.bin, test_data.bin), the SOK DLRM benchmark's split layout, or TorchRec's "
                   "day_<i>_{labels,dense,sparse}.npy files (MLPerf's day_<i>_sparse_multi_hot.npz ids too)")

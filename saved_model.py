@@ -25,11 +25,11 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from datasets import SERVING_INPUT_ERROR
-from embedding import copy_table
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from embedding import copy_table
 from factory import single_process_model
 from model import Dlrm
+from pipeline_errors import SERVING_INPUT_ERROR
 from safe_io import OutputPathError, atomic_directory, check_replaceable
 
 SIGNATURE = "serving_default"
@@ -112,7 +112,7 @@ def _with_width(tensor: tf.Tensor, name: str, width: int, what: str) -> tf.Tenso
 
 class _Serving(tf.Module):
     """The serving signature. It refuses, with an InvalidArgumentError starting
-    `datasets.SERVING_INPUT_ERROR`: an input that is not `[B, its width]` (naming the input and both
+    `pipeline_errors.SERVING_INPUT_ERROR`: an input that is not `[B, its width]` (naming the input and both
     shapes), inputs with different numbers of rows, ids outside [0, cardinality) of their column
     (PAD_ID is also allowed in a multi-hot feature's columns; other ids would read a neighbouring
     table's rows in the fused layout) and non-finite numericals (naming the row and column)."""

@@ -1,5 +1,7 @@
 """The split-TFRecords dataset of V5 (reference §13.2): one folder of prebatched records per feature.
 
+Registers the `split_tfrecords` format (`data_formats`): training, transcribe source and destination.
+
 Layout of a dataset folder (what `SplitTFRecordsWriter` writes and `SplitTFRecordsReader` reads):
 
     feature_spec.yaml               features with their stored dtypes, `source_spec: null`
@@ -27,13 +29,13 @@ serialized `tf.train.Example` whose bytes features hold serialized `TensorProto`
     values[sum(row_lengths[:i]) : sum(row_lengths[:i+1])]; an empty row is allowed.
 A feature of hotness h > 1 in the spec must have a `multihot: true` folder and a one-hot feature a
 `multihot: false` one. The reader serves a multi-hot feature as a `tf.RaggedTensor` [rows, (ids)]
-of int32 values with int64 row splits (`datasets.RaggedIds` from `read_samples`).
+of int32 values with int64 row splits (`batch.RaggedIds` from `batches`).
 
 Records are read in order, so the global batch must equal the prebatch size B. Every batch is
-checked as it is read with the split-binary reader's checks (`datasets.check_labels`,
+checked as it is read with the split-binary reader's checks (`data_errors.check_labels`,
 `check_numericals`, `check_ids`); a bad value, a corrupt or short file, or a record of the wrong
 shape, or a row length outside [0, hotness] or not summing to the values stops the pipeline with
-one DataError naming the file (see `datasets.surface_data_errors`).
+one DataError naming the file (see `pipeline_errors.surface_data_errors`).
 """
 from __future__ import annotations
 
@@ -41,18 +43,20 @@ import copy
 import json
 import os
 import re
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.framework import tensor_pb2
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
-from datasets import (PREFETCH_BATCHES, DataError, Ids, RaggedIds, Samples, check_ids, check_labels,
-                      check_numericals, file_pipeline_error, pipeline_error_check, unsigned_cardinalities)
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, Ids, RaggedIds, Samples, TableReads, local_slice
+from batch_reader import PREFETCH_BATCHES
+from data_formats import register_format
+from data_errors import DataError, check_ids, check_labels, check_numericals, unsigned_cardinalities
 from feature_spec import (DEFAULT_SPEC_NAME, DTYPE_SELECTOR, MAPPINGS, NUMERICAL_DTYPE, FeatureSpec,
-                          file_kind_problem)
+                          file_kind_problem, load_folder_spec)
+from pipeline_errors import file_pipeline_error, pipeline_error_check
 from safe_io import OutputPathError, StagedDirectory, check_replaceable
 
 FORMAT_FILE = "format.json"
@@ -411,8 +415,9 @@ class SplitTFRecordsReader:
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *, rank: int = 0,
-                 world_size: int = 1, reads: Optional[TableReads] = None,
+                 world_size: int = 1, reads: Optional[TableReads] = None, drop_remainder: bool = True,
                  numerical_dtype: tf.DType = tf.float32, check_values: bool = True):
+        # `drop_remainder` changes nothing: records hold whole batches (the common reader signature).
         self.spec, self.mapping = spec, mapping
         self.global_batch_size = global_batch_size
         self.rank, self.world_size = rank, world_size
@@ -441,7 +446,17 @@ class SplitTFRecordsReader:
     def __len__(self) -> int:
         return self.num_batches
 
-    def read_samples(self) -> Iterator[Samples]:
+    @property
+    def num_samples(self) -> int:
+        """The samples of the mapping: whole batches only."""
+        return self.num_batches * self.global_batch_size
+
+    def check_every_batch(self) -> None:
+        """Read every batch once, each checked as read (--validate_data); DataError naming the first culprit."""
+        for _ in self.batches():
+            pass
+
+    def batches(self) -> Iterator[Samples]:
         """Every global batch in order, whole (ids only of the features read: [B] arrays, RaggedIds
         for multi-hot features); values checked."""
         readers = [self._label, *([self._numerical] if self._numerical else []), *self._categorical]
@@ -467,12 +482,12 @@ class SplitTFRecordsReader:
 
     def _rank_batches(self) -> Iterator[Tuple[Any, ...]]:
         """This rank's rows of every batch, then 0; or, at bad data, empty arrays and the number
-        its DataError is filed under (`datasets.file_pipeline_error`)."""
+        its DataError is filed under (`pipeline_errors.file_pipeline_error`)."""
         lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
         row_lo, row_hi = self.reads.rows(self.global_batch_size, self.rank, self.world_size)
         no_numericals = np.zeros((hi - lo, 0), NUMERICAL_DTYPE)
         try:
-            for numerical, labels, ids in self.read_samples():
+            for numerical, labels, ids in self.batches():
                 numerical = no_numericals if numerical is None else numerical[lo:hi]
                 yield (labels[lo:hi], numerical, *_flat_arrays(i.rows(row_lo, row_hi) if isinstance(i, RaggedIds)
                                                                else i[row_lo:row_hi] for i in ids), np.int64(0))
@@ -486,8 +501,12 @@ class SplitTFRecordsReader:
                 *_flat_arrays(RaggedIds(np.zeros(0, reader.dtype), np.zeros(0, np.int64)) if reader.hotness > 1
                               else np.zeros(0, reader.dtype) for reader in self._categorical))
 
-    def dataset(self) -> tf.data.Dataset:
-        """One epoch of (features, labels) batches; iterate it again for the next epoch."""
+    def dataset(self, shuffle_batch_order: bool = False, seed: int = 0) -> tf.data.Dataset:
+        """One epoch of (features, labels) batches; iterate it again for the next epoch. The records
+        are read in stored order: `shuffle_batch_order` is refused (`seed` is the common signature's)."""
+        if shuffle_batch_order:
+            raise ValueError("shuffle_batch_order is not available for split_tfrecords data: its records "
+                             "are read in stored order")
         lo, hi = local_slice(self.global_batch_size, self.rank, self.world_size)
         row_lo, row_hi = self.reads.rows(self.global_batch_size, self.rank, self.world_size)
         signature = tuple(tf.TensorSpec((None,) + array.shape[1:], tf.as_dtype(array.dtype))
@@ -529,3 +548,18 @@ def _flat_arrays(ids: Iterator[Ids]) -> Iterator[np.ndarray]:
             yield rows.row_lengths.astype(np.int64)
         else:
             yield rows
+
+
+def load_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+    """The spec of a split-TFRecords folder (see `feature_spec.load_folder_spec` for `options`)."""
+    return load_folder_spec("split_tfrecords", dataset_path, spec_file_name, None, options)
+
+
+def validate(spec: FeatureSpec, batches: Mapping[str, int]) -> None:
+    """--validate_data: every record of each mapping read and checked, at its (prebatch) batch size."""
+    for mapping, batch in batches.items():
+        SplitTFRecordsReader(spec, mapping, batch).check_every_batch()
+
+
+register_format("split_tfrecords", training=True, source=True, destination=True, load_spec=load_spec,
+                reader=SplitTFRecordsReader, validate=validate, writer=SplitTFRecordsWriter, prebatched=True)

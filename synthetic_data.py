@@ -5,7 +5,8 @@ learn something and its AUC can be compared with the teacher's. The data is eith
 split-binary dataset (`write_synthetic_dataset`, what prepare_synthetic_dataset.py does), appended to
 any dataset writer (`write_teacher_samples`, what `dataloading.transcribe` does), or drawn in
 memory as per-rank tf.data pipelines (`make_synthetic_split`, `synthetic_dataset`, what
-`--dataset_type synthetic` uses). The teacher's AUC is the evaluation's own exact AUC
+`--dataset_type synthetic` uses). It registers the `synthetic` format (`data_formats`): training
+pipelines drawn in memory, and a transcribe source whose samples are made by the teacher. The teacher's AUC is the evaluation's own exact AUC
 (`metrics.exact_auc`), so the data layer (`datasets`) imports no evaluation code.
 
 Ids follow the FeatureSpec: a one-hot feature's ids are uniform over [0, cardinality) (V4's
@@ -15,17 +16,30 @@ values with the feature's `pooling`, as the model's embedding layer does.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
-from datasets import PREFETCH_BATCHES, SplitBinaryWriter
-from feature_spec import DEFAULT_ALPHA, POOLINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from batch_reader import PREFETCH_BATCHES
+from data_formats import InputPipelines, register_format
+from datasets import SplitBinaryWriter
+from feature_spec import DEFAULT_ALPHA, POOLINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, load_folder_spec
 from metrics import exact_auc
+from staged_writer import SampleWriter
+
+if TYPE_CHECKING:
+    from dataloader import PipelineConfig
+
+SYNTHETIC = "synthetic"
+DEFAULT_TRAIN_BATCHES = 64008  # batches of --dataset_type synthetic, and of a transcribed synthetic source
+DEFAULT_EVAL_BATCHES = 1350
+DEFAULT_NUM_NUMERICAL = 13  # the default synthetic spec (main.py's flags give the same)
+DEFAULT_CARDINALITIES = (1000,) * 26
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -160,14 +174,6 @@ class SyntheticTeacher:
         return numerical, labels, categoricals, probabilities
 
 
-class SampleWriter(Protocol):
-    """What the dataset writers share (`datasets.SplitBinaryWriter`, `split_tfrecords.SplitTFRecordsWriter`)."""
-
-    def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
-               categoricals: Sequence[np.ndarray]) -> None:
-        ...
-
-
 def write_teacher_samples(writer: SampleWriter, teacher: SyntheticTeacher, rng: np.random.Generator,
                           chunks: Mapping[str, Iterable[int]]) -> float:
     """Append teacher-labelled samples to `writer`, one `append` per entry of `chunks[mapping]` (its
@@ -247,3 +253,52 @@ def synthetic_dataset(split: SyntheticSplit, reads: TableReads, rank: int, world
     labels = tf.constant(split.labels[:, lo:hi, None].astype(np.float32))
     return (tf.data.Dataset.from_tensor_slices((pool, labels)).repeat()
             .take(split.num_batches).prefetch(PREFETCH_BATCHES))
+
+
+def load_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+    """The spec in `dataset_path` with `options["use_feature_spec"]` (its data files are not read),
+    else the default spec of num_numerical_features, cardinalities and hotness (one per table)."""
+    if options.get("use_feature_spec"):
+        if not dataset_path:
+            raise ValueError(f"dataset_path is required for dataset_type {SYNTHETIC!r} from a feature spec")
+        return load_folder_spec(SYNTHETIC, dataset_path, spec_file_name, None, options, spec_inside=False)
+    cardinalities = list(options.get("cardinalities", DEFAULT_CARDINALITIES))
+    hotness = options.get("hotness")
+    if hotness is not None and len(hotness) != len(cardinalities):
+        raise ValueError(f"--synthetic_dataset_hotness gives {len(hotness)} values, but "
+                         f"--synthetic_dataset_cardinalities {len(cardinalities)} tables; give one per table")
+    return FeatureSpec.get_default_feature_spec(options.get("num_numerical_features", DEFAULT_NUM_NUMERICAL),
+                                                cardinalities, hotness=hotness)
+
+
+def synthetic_pipelines(spec: FeatureSpec, config: "PipelineConfig", reads: TableReads) -> InputPipelines:
+    """In-memory teacher-labelled data; every rank draws the same global batches from the seed."""
+    if config.synthetic_train_batches < 1 or config.synthetic_eval_batches < 1:
+        raise ValueError(f"synthetic data needs at least one train and one eval batch, got "
+                         f"{config.synthetic_train_batches} and {config.synthetic_eval_batches}")
+    teacher = SyntheticTeacher.for_spec(spec, config.seed)
+    rng = np.random.default_rng(config.seed)
+    splits = [make_synthetic_split(teacher, batch, count, rng)
+              for batch, count in ((config.train_batch_size, config.synthetic_train_batches),
+                                   (config.eval_batch_size, config.synthetic_eval_batches))]
+    train, test = (synthetic_dataset(split, reads, config.rank, config.world_size, config.compute_dtype)
+                   for split in splits)
+    return InputPipelines(train=train, test=test, feature_spec=spec,
+                          train_steps=config.synthetic_train_batches, eval_steps=config.synthetic_eval_batches,
+                          teacher_auc=splits[1].teacher_auc)
+
+
+def generate(writer: SampleWriter, spec: FeatureSpec, limits: Mapping[str, int], batch_size: int,
+             seed: int) -> Tuple[Dict[str, int], Dict[str, Any]]:
+    """Append teacher-labelled batches of `batch_size` to `writer`, `limits[mapping]` of them (-1:
+    DEFAULT_TRAIN_BATCHES / DEFAULT_EVAL_BATCHES); return the batches written per mapping and the
+    metadata a destination keeps (the teacher's AUC)."""
+    defaults = {TRAIN_MAPPING: DEFAULT_TRAIN_BATCHES, TEST_MAPPING: DEFAULT_EVAL_BATCHES}
+    written = {mapping: defaults[mapping] if limit < 0 else limit for mapping, limit in limits.items()}
+    chunks = {mapping: itertools.repeat(batch_size, count) for mapping, count in written.items()}
+    auc = write_teacher_samples(writer, SyntheticTeacher.for_spec(spec, seed), np.random.default_rng(seed), chunks)
+    return written, {"teacher_auc": auc}
+
+
+register_format("synthetic", training=True, source=True, load_spec=load_spec, pipelines=synthetic_pipelines,
+                generate=generate)

@@ -24,6 +24,10 @@ checking them as read: labels 0 or 1, dense values finite as float16 (the projec
 dtype), ids in range. Every file's header is checked when the spec is loaded: a wrong dtype or
 shape, a truncated file, a compressed or incomplete archive, or days whose files disagree on the
 sample count is one DataError naming the file.
+
+Registers the `torchrec_npy` format (training and transcribe source) and `binary_multihot` (V5's
+transcribe source name for the multi-hot layout) in `data_formats`; --num_embeddings_per_feature is
+their own option.
 """
 from __future__ import annotations
 
@@ -33,20 +37,21 @@ import re
 import struct
 import zipfile
 from dataclasses import dataclass
-from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from batch import TableReads
-from datasets import BatchReader, DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
+from batch_reader import BatchReader
+from data_formats import register_format
+from data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
 from feature_spec import (DEFAULT_SPEC_NAME, NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
                           file_kind_problem)
 from hugectr_data import check_vocab_sizes
 
 TORCHREC_NPY = "torchrec_npy"
 BINARY_MULTIHOT = "binary_multihot"  # V5's transcribe name for the multi-hot layout; it insists on the .npz files
-DATASET_TYPES = (TORCHREC_NPY,)
 SOURCE_TYPES = (TORCHREC_NPY, BINARY_MULTIHOT)
 FORMAT_KEY = "torchrec_format"  # FeatureSpec.metadata entry: the layout of the spec's folder
 LABELS, DENSE, SPARSE, MULTI_HOT = "labels.npy", "dense.npy", "sparse.npy", "sparse_multi_hot.npz"
@@ -59,12 +64,6 @@ _ZIP_LOCAL_SIGNATURE = b"PK\x03\x04"
 def day_file(root: str, day: int, part: str) -> str:
     """The path of one of a day's files (`part`: LABELS, DENSE, SPARSE or MULTI_HOT)."""
     return os.path.join(root, f"day_{day}_{part}")
-
-
-def check_options(dataset_type: str, num_embeddings_per_feature: Optional[Sequence[int]]) -> None:
-    """num_embeddings_per_feature describes torchrec_npy data only; ValueError otherwise."""
-    if num_embeddings_per_feature is not None and dataset_type not in SOURCE_TYPES:
-        raise ValueError(f"--num_embeddings_per_feature describes --dataset_type {TORCHREC_NPY} data, not {dataset_type}")
 
 
 # ----------------------------------------------------------------------------- memory maps
@@ -402,3 +401,20 @@ class DayReader(BatchReader):
         except DataError as error:
             return arrays, error
         return arrays, None
+
+
+
+# ----------------------------------------------------------------------------- the formats
+def _spec_loader(dataset_type: str):
+    """The `load_spec` of `dataset_type`'s registration: the folder's spec from option num_embeddings_per_feature."""
+    def load(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
+        if not dataset_path:
+            raise ValueError(f"dataset_path is required for dataset_type {dataset_type!r}")
+        return load_spec(dataset_path, options.get("num_embeddings_per_feature"), spec_file_name, dataset_type)
+    return load
+
+
+register_format("torchrec_npy", training=True, source=True, own_options=("num_embeddings_per_feature",),
+                load_spec=_spec_loader(TORCHREC_NPY), reader=DayReader, metadata_key=FORMAT_KEY)
+register_format("binary_multihot", source=True, own_options=("num_embeddings_per_feature",),
+                load_spec=_spec_loader(BINARY_MULTIHOT), reader=DayReader, metadata_key=FORMAT_KEY)

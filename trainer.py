@@ -19,10 +19,10 @@ import tensorflow as tf
 import distributed as dist
 import metrics
 from checkpoint import STEP_COUNTER, TrainingState
-from datasets import surface_data_errors
 from lr_scheduler import LearningRateScheduler
 from model import Dlrm
 from optimizers import Optimizer
+from pipeline_errors import surface_data_errors
 from stop_signals import STOP_SIGNALS, StopRequest, agreed_signal, vote
 from utils import StepTimer, print_rank0
 

@@ -25,7 +25,8 @@ import pandas as pd
 from absl import app, flags
 
 from cli import bad_input
-from datasets import DataError, SplitBinaryWriter
+from data_errors import DataError
+from datasets import SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME,
                           FEATURES_SELECTOR, FILES_SELECTOR, MAPPINGS, MAX_CARDINALITY, FeatureSpec,
                           FeatureSpecError)

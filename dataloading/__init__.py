@@ -5,9 +5,9 @@
       --dst_dataset_path /data/preprocessed --max_batches_train 1000 --max_batches_test 100 \\
       --dst_dataset_type tf_raw
 
-The formats and readers live in the top-level modules (`feature_spec`, `datasets`,
-`split_tfrecords`, `synthetic_data`); this package holds only the entry points and their shared
-command-line conventions (cli.py): bad input is one `error: ...` line on stderr and exit status 2.
+The formats and readers live in the top-level modules, each registered in `data_formats`; this
+package holds only the entry points and their shared command-line conventions (cli.py): bad input is
+one `error: ...` line on stderr and exit status 2.
 """
 from __future__ import annotations
 

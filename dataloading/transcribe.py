@@ -49,129 +49,83 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-from typing import Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
-
-import column_data
+import data_formats
 import hugectr_data
-import torchrec_data
-from dataloader import PipelineConfig
+from batch import Samples
+from data_errors import DataError
 from dataloading import ArgumentParser, run_or_fail
-from datasets import DataError, Samples, SplitBinaryReader, SplitBinaryWriter
-from feature_spec import DEFAULT_SPEC_NAME, SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from feature_spec import DEFAULT_SPEC_NAME, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
 from safe_io import refuse_overlap
-from split_tfrecords import SplitTFRecordsReader, SplitTFRecordsWriter
-from synthetic_data import SyntheticTeacher, write_teacher_samples
 
-SOURCE_TYPES = ("tf_raw", "synthetic", "split_tfrecords", *hugectr_data.DATASET_TYPES, *torchrec_data.SOURCE_TYPES,
-                *column_data.SOURCE_TYPES)
-DESTINATION_TYPES = ("tf_raw", "split_tfrecords", hugectr_data.HUGECTR_RAW, hugectr_data.SOK_SPLIT)
-SYNTHETIC_BATCHES = {TRAIN_MAPPING: PipelineConfig.synthetic_train_batches,
-                     TEST_MAPPING: PipelineConfig.synthetic_eval_batches}
 DST_FLAG = "--dst_dataset_path"
-Writer = Union[SplitBinaryWriter, SplitTFRecordsWriter, hugectr_data.HugeCTRRawWriter, hugectr_data.SokSplitWriter]
 
 
-def _source_batches(src_type: str, spec: FeatureSpec, mapping: str, batch_size: int,
+def source_types() -> Tuple[str, ...]:
+    """The formats transcribe reads (`--src_dataset_type`), from the registry."""
+    return data_formats.names("source")
+
+
+def destination_types() -> Tuple[str, ...]:
+    """The formats transcribe writes (`--dst_dataset_type`), from the registry."""
+    return data_formats.names("destination")
+
+
+def _source_batches(source: data_formats.DataFormat, spec: FeatureSpec, mapping: str, batch_size: int,
                     max_batches: int, keep_remainder: bool) -> Iterator[Samples]:
     """Up to `max_batches` (-1: all) whole batches of a file source, read and checked one at a time;
     with `keep_remainder`, every batch and then the last partial one."""
-    if src_type in column_data.SOURCE_TYPES:
-        batches = column_data.read_batches(src_type, spec, mapping, batch_size, keep_remainder)
-        return itertools.islice(batches, None if max_batches < 0 else max_batches)
-    if src_type == "split_tfrecords":
-        reader = SplitTFRecordsReader(spec, mapping, batch_size)
-        batches: Iterator[Samples] = reader.read_samples()
-    else:
-        drop_remainder = not keep_remainder
-        reader = (hugectr_data.RecordReader(spec, mapping, batch_size, drop_remainder=drop_remainder)
-                  if hugectr_data.record_format(spec)
-                  else torchrec_data.DayReader(spec, mapping, batch_size, drop_remainder=drop_remainder)
-                  if torchrec_data.layout(spec)
-                  else SplitBinaryReader(spec, mapping, batch_size, drop_remainder=drop_remainder))
-        batches = (reader.read_samples(i) for i in range(len(reader)))
+    limit = None if max_batches < 0 else max_batches
+    if source.batches is not None:
+        return itertools.islice(source.batches(spec, mapping, batch_size, keep_remainder), limit)
+    reader = source.reader(spec, mapping, batch_size, drop_remainder=not keep_remainder)
     if max_batches and not len(reader):
         raise DataError(f"{spec.path or spec.base_directory}: mapping '{mapping}' holds no whole batch of "
                         f"--src_batch_size {batch_size} samples")
-    return itertools.islice(batches, None if max_batches < 0 else max_batches)
-
-
-def _destination(dst_type: str, spec: FeatureSpec, dst_path: str, dst_feature_spec: str,
-                 prebatch_size: int, overwrite: bool) -> Writer:
-    if dst_type == "split_tfrecords":
-        return SplitTFRecordsWriter(spec, dst_path, prebatch_size, overwrite, dst_feature_spec, DST_FLAG)
-    if dst_type in hugectr_data.DATASET_TYPES:
-        if len(spec.numerical_names) != hugectr_data.NUM_DENSE:
-            raise ValueError(f"{spec.path or spec.base_directory}: {dst_type} holds {hugectr_data.NUM_DENSE} dense "
-                             f"values per sample; the source has {len(spec.numerical_names)} numerical features")
-        spec.refuse_multi_hot(f"a {dst_type} destination")
-        writer = hugectr_data.HugeCTRRawWriter if dst_type == hugectr_data.HUGECTR_RAW else hugectr_data.SokSplitWriter
-        return writer(dst_path, spec.cardinalities, overwrite, DST_FLAG)
-    out = FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
-                                               os.path.abspath(dst_path)).take_multi_hot_properties(spec)
-    out.metadata = {key: value for key, value in spec.metadata.items()
-                    if key not in (hugectr_data.FORMAT_KEY, torchrec_data.FORMAT_KEY)}
-    return SplitBinaryWriter(out, overwrite, dst_feature_spec, DST_FLAG)
+    return itertools.islice(reader.batches(), limit)
 
 
 def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "split_tfrecords", *,
                src_feature_spec: str = DEFAULT_SPEC_NAME, dst_feature_spec: str = DEFAULT_SPEC_NAME,
                src_batch_size: int = 65536, dst_prebatch_size: int = 65536, max_batches_train: int = -1,
                max_batches_test: int = -1, train_only: bool = False, overwrite: bool = False,
-               seed: int = 12345, hugectr_cardinalities: Optional[List[int]] = None,
-               hugectr_dense_log: Optional[bool] = None,
-               num_embeddings_per_feature: Optional[List[int]] = None) -> Dict[str, int]:
+               seed: int = 12345, **options: Any) -> Dict[str, int]:
     """Write the dataset of `src_path` (or synthetic data shaped by its spec) to `dst_path` as
-    `dst_type`; return the batches written per mapping. Everything is checked before any data is
-    read; bad input raises ValueError (FeatureSpecError, DataError, OutputPathError) or OSError."""
-    if src_type not in SOURCE_TYPES:
-        raise ValueError(f"--src_dataset_type must be one of {list(SOURCE_TYPES)}, got {src_type!r}")
-    if dst_type not in DESTINATION_TYPES:
-        raise ValueError(f"--dst_dataset_type must be one of {list(DESTINATION_TYPES)}, got {dst_type!r}")
+    `dst_type`; return the batches written per mapping. `options`: those the source format owns
+    (hugectr_cardinalities, hugectr_dense_log, num_embeddings_per_feature; see `data_formats`).
+    Everything is checked before any data is read; bad input raises ValueError (FeatureSpecError,
+    DataError, OutputPathError) or OSError."""
+    source = data_formats.get(src_type, "source")
+    destination = data_formats.get(dst_type, "destination")
     for flag, value, least in (("--src_batch_size", src_batch_size, 1), ("--dst_prebatch_size", dst_prebatch_size, 1),
                                ("--max_batches_train", max_batches_train, -1),
                                ("--max_batches_test", max_batches_test, -1)):
         if value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
-    if dst_type == "split_tfrecords" and dst_prebatch_size != src_batch_size:
+    if destination.prebatched and dst_prebatch_size != src_batch_size:
         raise ValueError(f"--dst_prebatch_size {dst_prebatch_size} must equal --src_batch_size "
                          f"{src_batch_size}: every source batch becomes one record")
-    hugectr_data.check_raw_options(src_type, hugectr_cardinalities, hugectr_dense_log)
-    torchrec_data.check_options(src_type, num_embeddings_per_feature)
-    if src_type in torchrec_data.SOURCE_TYPES:
-        spec = torchrec_data.load_spec(src_path, num_embeddings_per_feature, src_feature_spec, src_type)
-        inputs = {"--src_dataset_path": src_path}
-    elif src_type in column_data.SOURCE_TYPES:
-        spec = column_data.load_spec(src_path, src_feature_spec)
-        inputs = {"--src_dataset_path": src_path}
-    elif src_type in hugectr_data.DATASET_TYPES:
-        spec = hugectr_data.load_spec(src_type, src_path, hugectr_cardinalities, hugectr_dense_log)
-        inputs = {"--src_dataset_path": src_path}
-    else:
-        spec_path = os.path.join(src_path, src_feature_spec)
-        spec = FeatureSpec.from_yaml(spec_path)
-        spec.check_feature_spec(chunk_type=SPLIT_BINARY if src_type == "tf_raw" else None)
-        inputs = {"--src_feature_spec": spec_path}
-        if src_type != "synthetic":
-            inputs["--src_dataset_path"] = src_path
+    data_formats.check_options(src_type, options)
+    # A spec file is read as it is (no --allow_external_data_paths here), wherever it lies.
+    spec = source.load_spec(src_path, src_feature_spec,
+                            dict(options, use_feature_spec=True, external_paths_flag=None))
+    inputs = {"--src_feature_spec": spec.path} if spec.path else {}
+    if source.generate is None:
+        inputs["--src_dataset_path"] = src_path
     refuse_overlap(dst_path, DST_FLAG, inputs)
     limits = {TRAIN_MAPPING: max_batches_train, TEST_MAPPING: 0 if train_only else max_batches_test}
-    if src_type != "synthetic":
-        sources = {mapping: _source_batches(src_type, spec, mapping, src_batch_size, limit,
-                                            keep_remainder=limit < 0 and dst_type != "split_tfrecords")
+    if source.generate is None:
+        sources = {mapping: _source_batches(source, spec, mapping, src_batch_size, limit,
+                                            keep_remainder=limit < 0 and not destination.prebatched)
                    for mapping, limit in limits.items()}
-    with _destination(dst_type, spec, dst_path, dst_feature_spec, dst_prebatch_size, overwrite) as writer:
-        written = {mapping: 0 for mapping in limits}
-        if src_type == "synthetic":
-            written = {mapping: SYNTHETIC_BATCHES[mapping] if limit < 0 else limit
-                       for mapping, limit in limits.items()}
-            teacher = SyntheticTeacher.for_spec(spec, seed)
-            chunks = {mapping: itertools.repeat(src_batch_size, count) for mapping, count in written.items()}
-            auc = write_teacher_samples(writer, teacher, np.random.default_rng(seed), chunks)
-            if dst_type not in hugectr_data.DATASET_TYPES:  # HugeCTR raw and SOK have no place for it
-                writer.spec.metadata = dict(writer.spec.metadata, teacher_auc=auc)
+    with destination.writer(spec, dst_path, dst_prebatch_size, overwrite, dst_feature_spec, DST_FLAG) as writer:
+        if source.generate is not None:
+            written, metadata = source.generate(writer, spec, limits, src_batch_size, seed)
+            if getattr(writer, "spec", None) is not None:  # HugeCTR raw and SOK have no place for it
+                writer.spec.metadata = dict(writer.spec.metadata, **metadata)
         else:
+            written = {mapping: 0 for mapping in limits}
             for mapping, batches in sources.items():
                 for numerical, labels, ids in batches:
                     writer.append(mapping, numerical, labels, ids)
@@ -196,8 +150,8 @@ def split_raw_file(input_path: str, output: str, cardinalities: Optional[List[in
     refuse_overlap(output, "OUTPUT", {"INPUT": input_path})
     samples = 0
     with hugectr_data.SokSplitWriter(output, spec.cardinalities, overwrite, "OUTPUT", folders={mapping: ""}) as writer:
-        for numerical, labels, ids in _source_batches(hugectr_data.HUGECTR_RAW, spec, mapping, batch_size, -1,
-                                                      keep_remainder=True):
+        raw = data_formats.get(hugectr_data.HUGECTR_RAW, "source")
+        for numerical, labels, ids in _source_batches(raw, spec, mapping, batch_size, -1, keep_remainder=True):
             writer.append(mapping, numerical, labels, ids)
             samples += len(labels)
         writer.commit()
@@ -211,7 +165,7 @@ def _integers(text: str) -> List[int]:
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = ArgumentParser(prog="python -m dataloading.transcribe", description=__doc__.split("\n")[0])
-    parser.add_argument("--src_dataset_type", default="tf_raw", choices=SOURCE_TYPES)
+    parser.add_argument("--src_dataset_type", default="tf_raw", choices=source_types())
     parser.add_argument("--src_dataset_path", default="synthetic_dataset",
                         help="the source folder (synthetic: the folder of the spec)")
     parser.add_argument("--src_feature_spec", default=DEFAULT_SPEC_NAME, help="spec file name inside the source")
@@ -220,7 +174,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="(V5) accepted: synthetic data always takes its shape from the spec in "
                              "--src_dataset_path, as V5's does; the flag changes nothing")
     parser.add_argument("--dst_dataset_path", required=True, help="the folder to write")
-    parser.add_argument("--dst_dataset_type", default="split_tfrecords", choices=DESTINATION_TYPES)
+    parser.add_argument("--dst_dataset_type", default="split_tfrecords", choices=destination_types())
     parser.add_argument("--dst_feature_spec", default=DEFAULT_SPEC_NAME, help="spec file name to write")
     parser.add_argument("--dst_prebatch_size", type=int, default=65536,
                         help="samples per split_tfrecords record (must equal --src_batch_size)")

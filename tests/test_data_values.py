@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import data_errors
 import dataloader
 import datasets
-import synthetic_data
+import pipeline_errors
 import saved_model
+import synthetic_data
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from data_rank_worker import open_pipelines
 from feature_spec import get_default_feature_spec
@@ -48,10 +50,10 @@ def consume(dataset):
     """Batches read before the pipeline stopped, and the DataError it stopped with (or None)."""
     batches = 0
     try:
-        with datasets.surface_data_errors():
+        with pipeline_errors.surface_data_errors():
             for _ in dataset:
                 batches += 1
-    except datasets.DataError as error:
+    except data_errors.DataError as error:
         return batches, str(error)
     return batches, None
 
@@ -97,7 +99,7 @@ def test_the_pipeline_stops_at_the_bad_value_and_names_it(data_dir, case):
 def test_read_batch_raises_and_the_opt_out_lets_the_value_through(data_dir):
     corrupt(data_dir / "train" / "label.bin", np.uint8, 1, 5, 2)
     spec = dataloader.load_feature_spec(dataset_path=str(data_dir))
-    with pytest.raises(datasets.DataError, match="byte 2 at sample 5"):
+    with pytest.raises(data_errors.DataError, match="byte 2 at sample 5"):
         datasets.SplitBinaryReader(spec, "train", BATCH).read_batch(0)
     unchecked = pipelines(data_dir, check_values=False)
     _, labels = next(iter(unchecked.train))
@@ -127,14 +129,14 @@ def test_each_rank_checks_what_it_reads_and_names_the_sample_in_the_file(data_di
 def test_validate_data_scans_what_training_would_drop(data_dir, name, dtype, width, value, words):
     corrupt(data_dir / "train" / name, dtype, width, TRAIN - 1, value)  # in the dropped remainder
     assert consume(pipelines(data_dir).train) == (TRAIN // BATCH, None)
-    with pytest.raises(datasets.DataError) as error:
+    with pytest.raises(data_errors.DataError) as error:
         pipelines(data_dir, validate_data=True)
     assert str(error.value).startswith(f"{data_dir / 'train' / name}: ") and words in str(error.value)
 
 
 def test_other_tensorflow_errors_pass_unchanged():
     with pytest.raises(tf.errors.InvalidArgumentError, match="unrelated"):
-        with datasets.surface_data_errors():
+        with pipeline_errors.surface_data_errors():
             tf.debugging.Assert(False, ["unrelated"])
 
 
@@ -186,11 +188,11 @@ def test_the_serving_signature_refuses_bad_inputs(serve, which, where, value, wo
     (numerical if which == "numerical" else categorical)[where] = value
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
         serve(numerical_features=numerical, categorical_features=categorical)
-    assert f"{datasets.SERVING_INPUT_ERROR} {words}" in error.value.message
-    with pytest.raises(datasets.DataError) as converted:
-        with datasets.surface_data_errors():
+    assert f"{pipeline_errors.SERVING_INPUT_ERROR} {words}" in error.value.message
+    with pytest.raises(data_errors.DataError) as converted:
+        with pipeline_errors.surface_data_errors():
             serve(numerical_features=numerical, categorical_features=categorical)
-    assert str(converted.value).startswith(datasets.SERVING_INPUT_ERROR) and words in str(converted.value)
+    assert str(converted.value).startswith(pipeline_errors.SERVING_INPUT_ERROR) and words in str(converted.value)
     assert "\n" not in str(converted.value)
 
 
@@ -245,10 +247,10 @@ def test_the_serving_signature_names_the_input_and_both_shapes(loaded, serve, ca
     numerical_shape, categorical_shape, words = SHAPE_ERRORS[case]
     numerical, categorical = shaped_inputs(numerical_shape, categorical_shape)
     function = serve if call == "signature" else loaded.serve
-    with pytest.raises(datasets.DataError) as error:
-        with datasets.surface_data_errors():
+    with pytest.raises(data_errors.DataError) as error:
+        with pipeline_errors.surface_data_errors():
             function(numerical_features=numerical, categorical_features=categorical)
-    assert str(error.value).startswith(f"{datasets.SERVING_INPUT_ERROR} {words}") and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"{pipeline_errors.SERVING_INPUT_ERROR} {words}") and "\n" not in str(error.value)
     fine = shaped_inputs((4, 2), (4, 3))  # the same function serves a good batch
     assert function(numerical_features=fine[0], categorical_features=fine[1])["logits"].shape == (4, 1)
 
@@ -283,8 +285,8 @@ PREDICT_ERRORS = {
 def test_load_predict_fn_names_what_is_wrong_with_a_batch(exported, case):
     numerical_shape, id_shapes, words = PREDICT_ERRORS[case]
     predict = saved_model.load_predict_fn(exported)
-    with pytest.raises((datasets.DataError, saved_model.ServingMismatchError)) as error:
-        with datasets.surface_data_errors():
+    with pytest.raises((data_errors.DataError, saved_model.ServingMismatchError)) as error:
+        with pipeline_errors.surface_data_errors():
             predict(pipeline_features(numerical_shape, *id_shapes))
     assert words in str(error.value) and "\n" not in str(error.value)
     assert predict(pipeline_features((4, 2), *GOOD_IDS)).shape == (4, 1)

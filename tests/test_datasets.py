@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import dataloader
 import batch
+import data_errors
+import dataloader
 import datasets
 import synthetic_data
 from data_rank_worker import collect_epoch, open_pipelines
@@ -153,7 +154,7 @@ def test_validate_data_reports_an_id_outside_the_cardinality(small_dataset, file
     ids[123] = bad_value
     ids.tofile(path)
     pipelines_for(small_dataset)  # without the pass, the bad id goes unnoticed
-    with pytest.raises(datasets.DataError) as error:
+    with pytest.raises(data_errors.DataError) as error:
         pipelines_for(small_dataset, validate_data=True)
     message = str(error.value)
     assert str(path) in message and f"'{file_name}'" in message
@@ -165,7 +166,7 @@ def test_validate_data_reports_an_id_outside_the_cardinality(small_dataset, file
     (dict(eval_batch_size=256), "test batch size 256 is larger than the 200 samples"),
 ])
 def test_batch_larger_than_the_dataset(small_dataset, kwargs, pattern):
-    with pytest.raises(datasets.DataError, match=pattern):
+    with pytest.raises(data_errors.DataError, match=pattern):
         pipelines_for(small_dataset, **kwargs)
 
 

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import data_errors
 import dataloader
 import datasets
+import pipeline_errors
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
 from dataloading import transcribe
 from feature_spec import FeatureSpecError, get_categorical_feature_type
@@ -70,12 +72,18 @@ def write_layouts(root, records):
     return paths
 
 
+def known_layouts(tmp_path_factory, name):
+    """(records per mapping, {layout: folder}): the known records of SAMPLES written in every layout."""
+    root = str(tmp_path_factory.mktemp(name))
+    records = {mapping: known_records(count, seed) for seed, (mapping, count) in enumerate(SAMPLES.items())}
+    return records, write_layouts(root, records)
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """Known records in every layout, and the HugeCTR raw folder converted to split-binary."""
-    root = str(tmp_path_factory.mktemp("hugectr"))
-    records = {mapping: known_records(count, seed) for seed, (mapping, count) in enumerate(SAMPLES.items())}
-    paths = write_layouts(root, records)
+    records, paths = known_layouts(tmp_path_factory, "hugectr")
+    root = os.path.dirname(paths["raw"])
     paths["binary"] = os.path.join(root, "binary")
     transcribe.transcribe("hugectr_raw", paths["raw"], paths["binary"], "tf_raw", src_batch_size=CONVERT_BATCH,
                           hugectr_cardinalities=CARDINALITIES)
@@ -92,7 +100,7 @@ def load(paths, layout):
 
 
 def elements(dataset):
-    with datasets.surface_data_errors():
+    with pipeline_errors.surface_data_errors():
         return [(labels.numpy(), features[NUMERICAL_KEY].numpy(), [ids.numpy() for ids in features[CATEGORICAL_KEY]])
                 for features, labels in dataset]
 
@@ -258,7 +266,7 @@ def test_ids_beyond_the_vocab_sizes_name_the_file_feature_and_sample(tmp_path):
     for layout, name in (("raw", "train_data.bin"), ("sok", os.path.join("train", "category.bin"))):
         refuse(paths, layout, [os.path.join(paths[layout], name), "feature 'cat_2.bin'", "id 40000 at sample 70",
                                "outside [0, 40000)"])
-        with pytest.raises(datasets.DataError, match="id 40000 at sample 70"):  # checked as read, too
+        with pytest.raises(data_errors.DataError, match="id 40000 at sample 70"):  # checked as read, too
             elements(pipelines(paths, layout).train)
     records["train"][70, 14 + 2] = 0
     records["test"][3, 0] = 2

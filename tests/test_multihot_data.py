@@ -11,11 +11,12 @@ from tensorflow.core.framework import tensor_pb2
 
 import dataloader
 import datasets
+import pipeline_errors
 import split_tfrecords
 import synthetic_data
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
+from batch import CATEGORICAL_KEY, NUMERICAL_KEY, RaggedIds, TableReads
+from data_errors import DataError
 from dataloading import materialize_multihot, transcribe
-from datasets import DataError, RaggedIds
 from feature_spec import CSV, FeatureSpec, FeatureSpecError, get_default_feature_spec
 from safe_io import OutputPathError
 
@@ -76,7 +77,7 @@ def ragged(tmp_path_factory):
 
 
 def elements(dataset):
-    with datasets.surface_data_errors():
+    with pipeline_errors.surface_data_errors():
         return [(labels.numpy(), features[NUMERICAL_KEY].numpy(), list(features[CATEGORICAL_KEY]))
                 for features, labels in dataset]
 
@@ -170,7 +171,7 @@ def test_transcribe_both_ways(binary, tmp_path):
     assert FeatureSpec.from_yaml(os.path.join(records, "feature_spec.yaml")).hotness == HOTNESS
     reader = split_tfrecords.SplitTFRecordsReader(FeatureSpec.from_yaml(os.path.join(records, "feature_spec.yaml")),
                                                   "train", BATCH)
-    _, _, ids = next(reader.read_samples())
+    _, _, ids = next(reader.batches())
     assert isinstance(ids[1], RaggedIds) and (ids[1].row_lengths == 3).all()
     transcribe.transcribe("split_tfrecords", records, back, "tf_raw", src_batch_size=BATCH)
     again = FeatureSpec.from_yaml(os.path.join(back, "feature_spec.yaml"))

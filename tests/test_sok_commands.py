@@ -13,16 +13,14 @@ from multiproc import assert_ok, run_horovod, snapshot
 from test_dataloading import command_here, transcribe_here
 from test_flags import assert_refused, run_in_process
 from hugectr_data import RecordReader, load_spec
-from test_hugectr_data import BATCH, CARDINALITIES, SAMPLES, known_records, write_layouts
+from test_hugectr_data import BATCH, CARDINALITIES, SAMPLES, known_layouts
 from test_main import SMALL, SMALL_MODEL, checkpoint_arrays, final_record, main_py
 
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
     """Known records as a HugeCTR raw folder and as the SOK split folder SOK's split_bin.py makes."""
-    root = str(tmp_path_factory.mktemp("sok"))
-    records = {mapping: known_records(count, seed) for seed, (mapping, count) in enumerate(SAMPLES.items())}
-    return records, write_layouts(root, records)
+    return known_layouts(tmp_path_factory, "sok")
 
 
 def read_all(dataset_type, path, mapping, **options):

@@ -8,8 +8,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
 
+import data_errors
 import dataloader
 import datasets
+import pipeline_errors
 import split_tfrecords
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
 from feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
@@ -44,7 +46,7 @@ def pair(tmp_path_factory):
 
 def elements(dataset):
     out = []
-    with datasets.surface_data_errors():
+    with pipeline_errors.surface_data_errors():
         for features, labels in dataset:
             out.append((labels.numpy(), features[NUMERICAL_KEY].numpy(),
                         [ids.numpy() for ids in features[CATEGORICAL_KEY]]))
@@ -101,7 +103,7 @@ def test_create_input_pipelines_reads_split_tfrecords(pair):
     assert labels.shape == (BATCH // 2, 1) and labels.dtype == tf.float32
     assert features[NUMERICAL_KEY].shape == (BATCH // 2, 2)
     assert [ids.shape for ids in features[CATEGORICAL_KEY]] == [(BATCH // 2,)] * 3
-    with pytest.raises(datasets.DataError, match="global batch size must be 64, got 128"):
+    with pytest.raises(data_errors.DataError, match="global batch size must be 64, got 128"):
         dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
             dataset_type="split_tfrecords", train_batch_size=128, eval_batch_size=BATCH))
     with pytest.raises(ValueError, match="shuffle_batch_order is not available for split_tfrecords"):
@@ -192,7 +194,7 @@ def test_bad_data_is_one_error_naming_the_file(tmp_path, case):
     path = os.path.join(spec.base_directory, relative)
     damage(path)
     reader = split_tfrecords.SplitTFRecordsReader(spec, "train", BATCH)
-    with pytest.raises(datasets.DataError) as error:
+    with pytest.raises(data_errors.DataError) as error:
         elements(reader.dataset())
     assert str(error.value).startswith(f"{path}: "), str(error.value)
     assert words in str(error.value)
@@ -215,7 +217,7 @@ def test_bad_data_is_one_error_naming_the_file(tmp_path, case):
 def test_a_bad_folder_is_refused_before_any_batch(tmp_path, edit, words):
     _, spec = write_pair(tmp_path)
     edit(spec.base_directory)
-    with pytest.raises(datasets.DataError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(data_errors.DataError, match=words.replace("(", r"\(").replace(")", r"\)")):
         split_tfrecords.SplitTFRecordsReader(spec, "train", BATCH)
 
 

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import data_errors
 import datasets
 import synthetic_data
 from feature_spec import FeatureSpec, FeatureSpecError
@@ -186,7 +187,7 @@ def _corrupt(csv_dir, relative, row, column, value):
 def test_transcode_rejects_bad_values_and_writes_nothing(csv_dir, tmp_path, corruption, pattern):
     _corrupt(csv_dir, *corruption)
     out = tmp_path / "binary"
-    with pytest.raises(datasets.DataError, match=pattern):
+    with pytest.raises(data_errors.DataError, match=pattern):
         transcode(str(csv_dir), str(out))
     assert sorted(os.listdir(tmp_path)) == ["csv"]  # no output, no temporary folder
 
@@ -194,7 +195,7 @@ def test_transcode_rejects_bad_values_and_writes_nothing(csv_dir, tmp_path, corr
 def test_transcode_rejects_files_of_unequal_length(csv_dir, tmp_path):
     path = csv_dir / "test" / "label.csv"
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
-    with pytest.raises(datasets.DataError, match="different numbers of rows"):
+    with pytest.raises(data_errors.DataError, match="different numbers of rows"):
         transcode(str(csv_dir), str(tmp_path / "binary"))
 
 

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
+import data_errors
 import datasets
-import synthetic_data
 import prepare_synthetic_dataset as synthetic
+import synthetic_data
 from feature_spec import FeatureSpec, FeatureSpecError
 from gen_csv import generate_csv
 from multiproc import assert_one_error, run_python, snapshot
@@ -83,7 +84,7 @@ def test_transcode_refuses_numericals_float16_cannot_hold(csv_dir, tmp_path, val
     fields[1] = value
     lines[6] = ",".join(fields)
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(datasets.DataError,
+    with pytest.raises(data_errors.DataError,
                        match=f"{path}: line 7: feature 'num_1' value .*{problem}"):
         transcode(str(csv_dir), str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path)) == ["csv"]
@@ -119,7 +120,7 @@ def test_transcode_cli_bad_values_and_empty_inputs(csv_dir, tmp_path):
 
     for path in (csv_dir / "test").iterdir():  # a mapping with zero rows: every file empty
         path.write_text("\n")
-    with pytest.raises(datasets.DataError, match="empty CSV file"):
+    with pytest.raises(data_errors.DataError, match="empty CSV file"):
         transcode(str(csv_dir), str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path)) == ["csv"]
 

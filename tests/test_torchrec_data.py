@@ -9,8 +9,10 @@ import os
 import numpy as np
 import pytest
 
+import data_errors
 import dataloader
 import datasets
+import pipeline_errors
 import torchrec_data
 from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
 from dataloading import transcribe
@@ -98,7 +100,7 @@ def pipelines(paths, layout, **config):
 
 
 def elements(dataset):
-    with datasets.surface_data_errors():
+    with pipeline_errors.surface_data_errors():
         return [(labels.numpy(), features[NUMERICAL_KEY].numpy(), [ids.numpy() for ids in features[CATEGORICAL_KEY]])
                 for features, labels in dataset]
 
@@ -281,7 +283,7 @@ def test_ids_beyond_the_sizes_without_the_modulo_name_the_file_feature_and_sampl
     words = [os.path.join(folder, "day_1_sparse_multi_hot.npz") + " (member 20.npy)", "feature 'cat_20.bin'",
              "id 7 at sample 5 (id 8 of 100)", "outside [0, 7)"]
     refuse(folder, words, sizes={})
-    with pytest.raises(datasets.DataError, match=r"id 7 at sample 5 \(id 8 of 100\)"):  # checked as read, too
+    with pytest.raises(data_errors.DataError, match=r"id 7 at sample 5 \(id 8 of 100\)"):  # checked as read, too
         elements(dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
             dataset_type="torchrec_npy", train_batch_size=BATCH, eval_batch_size=EVAL_BATCH)).train)
     # the same ids taken modulo the sizes, as TorchRec does, are served
