@@ -8,12 +8,25 @@ rank's request through the step's loss allreduce), the run saves a checkpoint an
 `cli.signal_exit_code(signal)`. A second signal stops at once (`StopNow`). Outside training, where nothing is
 worth finishing, the first signal already raises `StopNow`.
 Nothing here touches TensorFlow; handlers only set a flag or raise, as Python requires.
+
+Python runs a handler only when the main thread is back in the interpreter. A rank blocked in a
+collective whose peer died (`mpirun` then sends SIGTERM to the survivors and waits) would never get
+there, so a watchdog thread learns of every stop signal from the interpreter's wakeup descriptor
+and ends the process (exit 128 + N, no checkpoint) when no handler has run `HANDLER_DEADLINE_S`
+seconds later.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
+import time
 from typing import Any, Optional
+
+from cli import signal_exit_code
+
+HANDLER_DEADLINE_S = 30.0
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
@@ -41,10 +54,35 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self.graceful = False
+        self._handled = 0  # handler runs so far: proof that the main thread is in the interpreter
 
     def install(self) -> None:
+        """The handlers, and the watchdog of a main thread that cannot run them (main thread only)."""
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_end,), name="stop-signal-watchdog", daemon=True).start()
+
+    def _watch(self, read_end: int) -> None:
+        """For every stop signal the interpreter receives: end the process if no handler has run
+        within HANDLER_DEADLINE_S (the main thread is stuck, e.g. in a collective of a dead peer)."""
+        while True:
+            received = os.read(read_end, 1)
+            if not received:
+                return
+            signum, handled_before = received[0], self._handled
+            if signum not in STOP_SIGNALS:
+                continue
+            deadline = time.monotonic() + HANDLER_DEADLINE_S
+            while time.monotonic() < deadline and self._handled == handled_before:
+                time.sleep(0.1)
+            if self._handled == handled_before:
+                print(f"received {signal_name(signum)}, but the run has not reached a point where it can stop in "
+                      f"{HANDLER_DEADLINE_S:.0f} s (blocked, e.g. waiting for a rank that is gone): exiting without "
+                      f"a checkpoint; the checkpoints on disk are whole", file=sys.stderr, flush=True)
+                os._exit(signal_exit_code(signum))
 
     def ignore_further(self) -> None:
         """Ignore the stop signals from now on: the run has ended and is leaving (a launcher that
@@ -54,6 +92,7 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Any) -> None:
         del frame
+        self._handled += 1
         if self.signum is not None or not self.graceful:
             self.signum = self.signum or signum
             raise StopNow(signum)
