@@ -102,6 +102,10 @@ def convert_dataset(src_dir: str, intermediate_dir: str, dst_dir: str, parallel_
         everything = [task for split in SPLITS for task in tasks[split]]
         with multiprocessing.get_context("spawn").Pool(max(1, min(parallel_jobs, len(everything)))) as pool:
             counts = dict(zip(everything, pool.map(_convert_part_task, everything)))
+            # The workers leave by themselves: the context's terminate() alone may kill one holding the
+            # task queue's lock, and the pool then waits forever for the other (seen under load).
+            pool.close()
+            pool.join()
         for split in SPLITS:
             with open(os.path.join(staging, f"{split}_data.bin"), "wb") as out:
                 for _, packed in tasks[split]:
