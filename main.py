@@ -894,9 +894,7 @@ def stopped_early(result, loop_config, job: Job) -> int:
 
     rank = job.rank
     job.logger.log(step=(), data={"stopped_by": signal_name(result.stopped_by), "steps": result.steps}, echo=False)
-    total = loop_config.epochs * loop_config.steps_per_epoch
-    total = total if loop_config.max_steps < 0 else min(total, loop_config.max_steps)
-    where = f"stopped by {signal_name(result.stopped_by)} after step {result.steps} of {total}"
+    where = f"stopped by {signal_name(result.stopped_by)} after step {result.steps} of {loop_config.total_steps}"
     if FLAGS.save_checkpoint_path:
         print_rank0(f"{where}; checkpoint saved in {FLAGS.save_checkpoint_path}. To resume, run the same command "
                     f"with --restore_checkpoint_path {FLAGS.save_checkpoint_path} (or add --auto_resume)", rank=rank)
@@ -967,16 +965,6 @@ def report_error(error: Any) -> int:
     return bad_input(error)
 
 
-def report_stop(stop: Any) -> int:
-    """One line for a run stopped at once by a signal (outside training, or a second signal); its
-    exit code. Every writer is atomic, so what is on disk is whole."""
-    from cli import signal_exit_code
-
-    print(f"stopped by {stop}: the run ended before finishing; outputs already on disk are complete, nothing "
-          f"half-written remains", file=sys.stderr, flush=True)
-    return signal_exit_code(stop.signum)
-
-
 def run(argv) -> int:
     """The whole run under the stop-signal handlers; returns the exit code (README, Exit codes)."""
     from stop_signals import STOP, StopNow
@@ -986,7 +974,7 @@ def run(argv) -> int:
     try:
         return _run()
     except StopNow as stop:
-        return report_stop(stop)
+        return stop.report()
     finally:
         STOP.ignore_further()
 

@@ -39,6 +39,13 @@ class StopNow(BaseException):
         super().__init__(signal_name(signum))
         self.signum = signum
 
+    def report(self) -> int:
+        """The one line an entry point prints for it, and its exit code. Every writer is atomic, so
+        what is on disk is whole."""
+        print(f"stopped by {self}: the run ended before finishing; outputs already on disk are complete, nothing "
+              f"half-written remains", file=sys.stderr, flush=True)
+        return signal_exit_code(self.signum)
+
 
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name

@@ -255,6 +255,12 @@ class LoopConfig:
     evaluate_at_end: bool = False  # one more evaluation after the last step, unless one just ran (SOK's eval_in_last)
     target_auc: Optional[float] = None  # stop after the evaluation whose AUC reaches it
 
+    @property
+    def total_steps(self) -> int:
+        """The step training ends at: every epoch's steps, capped by `max_steps` when >= 0."""
+        total = self.epochs * self.steps_per_epoch
+        return total if self.max_steps < 0 else min(total, self.max_steps)
+
 
 # Receives (global step, group, scalars) at each progress line (group "train": loss, learning_rate,
 # throughput in samples/s, step_time_ms) and after each evaluation (group "eval": auc, validation_loss).
@@ -299,9 +305,7 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     checkpoints that ran in them).
     """
     rank = dist.rank()
-    total_steps = config.epochs * config.steps_per_epoch
-    if config.max_steps >= 0:
-        total_steps = min(total_steps, config.max_steps)
+    total_steps = config.total_steps
     total_epochs = math.ceil(total_steps / config.steps_per_epoch)
     start_step = int(trainer.scheduler.step.numpy())
     timer = StepTimer(warmup_steps=start_step + 2 * config.print_freq)

@@ -425,15 +425,13 @@ def write_args(args: argparse.Namespace, world_size: int) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse, check, build and run; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from cli import signal_exit_code
     from stop_signals import STOP, StopNow
 
     STOP.install()
     try:
         return _main(args)
     except StopNow as stop:
-        print(f"stopped by {stop}: the run ended before finishing; outputs on disk are whole", file=sys.stderr)
-        return signal_exit_code(stop.signum)
+        return stop.report()
     finally:
         STOP.ignore_further()
 
