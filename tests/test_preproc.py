@@ -792,6 +792,19 @@ def _wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: flo
     raise AssertionError(f"the {what} did not listen on port {port} within {timeout} s")
 
 
+def _stop_daemon(process: subprocess.Popen, grace: float = 20) -> None:
+    """SIGTERM to the daemon's process group, then SIGKILL if it is still there after `grace` seconds.
+
+    A Spark Worker stops its executors in a shutdown hook that can outlast any fixed wait on a loaded
+    machine (seen in full suites); the test checks the dataset, not how politely the daemons leave."""
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+
+
 @needs_spark
 def test_spark_runs_on_a_standalone_cluster(tmp_path):
     """SPARK_MASTER=spark://...: a master and a worker started here (spark-class), the Spark engine
@@ -821,8 +834,7 @@ def test_spark_runs_on_a_standalone_cluster(tmp_path):
                               EXECUTOR_MEMORY="1g", DRIVER_MEMORY="1g")
     finally:
         for daemon in reversed(daemons):
-            os.killpg(daemon.pid, signal.SIGTERM)
-            daemon.wait(timeout=60)
+            _stop_daemon(daemon)
         logs.close()
     assert cluster.returncode == 0, cluster.stdout[-3000:] + cluster.stderr[-3000:]
     assert f"--master {master_url}" in cluster.stderr or "spark-submit" in cluster.stderr
