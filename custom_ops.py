@@ -1,5 +1,6 @@
 """The project's compiled op package (`tensorflow-dot-based-interact/`): the dot interaction and
-the fused sparse embedding updates. Importing it never fails for a missing library; the library
+the fused sparse embedding updates, the split-binary batch read and Wide & Deep's fused
+bias + ReLU + dropout. Importing it never fails for a missing library; the library
 loads on first use (`is_built()` says whether it can)."""
 from __future__ import annotations
 

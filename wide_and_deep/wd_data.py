@@ -141,6 +141,17 @@ def train_record_groups(num_records: int, records_per_step: int, rank: int, worl
         yield order[step * records_per_step:(step + 1) * records_per_step][rank::world_size]
 
 
+def step_row_ids(local_rows: tf.Tensor, rank: int, world_size: int) -> tf.Tensor:
+    """Each of this rank's training rows' position in its step's global batch (int64 [local_rows]).
+
+    Rank r holds the step's records r, r + W, r + 2W, ... (`train_record_groups`), PREBATCH_SIZE rows
+    each, so its m-th record's rows are rows (r + m W) * PREBATCH_SIZE + 0, 1, ... of the global batch.
+    The model draws each row's dropout mask from this position: the same on any number of ranks."""
+    rows = tf.range(tf.cast(local_rows, tf.int64), dtype=tf.int64)
+    size = tf.constant(F.PREBATCH_SIZE, tf.int64)
+    return (rank + (rows // size) * world_size) * size + rows % size
+
+
 def eval_record_groups(num_records: int, records_per_rank_batch: int, rank: int,
                        world_size: int) -> Iterator[np.ndarray]:
     """This rank's eval records (i mod W == rank, in order) in batches; the last may be short."""

@@ -8,8 +8,10 @@ Mathematically the reference's model; laid out for speed: the 13 wide tables are
 variable and the deep tables are one variable per embedding width (128, 64, 16), each feature's rows at
 its offset, so a batch costs four gathers and four sparse updates instead of 26. Each feature's rows are
 initialised on their own (Glorot-normal deep, uniform +-0.05 wide, as Keras does for one table) from
-(seed, feature), so the model depends on the seed only. Dropout masks are a function of (seed, step,
-layer, rank), so a resumed run draws the same masks as an uninterrupted one.
+(seed, feature), so the model depends on the seed only. Each hidden layer's bias, ReLU and dropout are
+one pass (the op package's `BiasReluDropout`, a CPU kernel; the same values from TensorFlow ops on a
+GPU), and its dropout mask is a hash of (seed, step, layer, the row's position in the global batch):
+a resumed run draws the same masks as an uninterrupted one, and any number of ranks the same as one.
 Sparse gradients reach Keras's legacy (TF 2.4) FTRL and RMSprop, which update only the rows a batch
 touched, as the reference's optimizers did.
 """
@@ -23,7 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 import distributed as dist
+from custom_ops import op_package
 from wide_and_deep import features as F
+from wide_and_deep import wd_data
 
 WIDE_INIT_LIMIT = 0.05  # Keras Embedding's default uniform initialiser
 TRUNCATION_STDDEV = 0.87962566103423978  # std of a unit normal truncated to [-2, 2] (Keras's correction)
@@ -126,37 +130,50 @@ class DeepEmbeddings(tf.keras.layers.Layer):
         return tf.concat([tf.cast(pieces[name], self.compute_dtype) for name in F.deep_input_order()], axis=1)
 
 
-class StepDropout(tf.keras.layers.Layer):
-    """Dropout whose mask is drawn from a given stateless seed (the step's), not a hidden generator."""
+class HiddenLayer(tf.keras.layers.Layer):
+    """Dense(units, ReLU) followed by dropout (Keras's Dense and Dropout, same weights and initialiser),
+    with the bias, the ReLU and the dropout fused into one pass; no dropout without a `key`."""
 
-    def __init__(self, rate: float, name: str) -> None:
+    def __init__(self, units: int, rate: float, seed: int, use_kernel: bool, name: str) -> None:
         super().__init__(name=name)
-        self.rate = rate
+        self.units, self.rate, self.seed, self.use_kernel = units, rate, seed, use_kernel
 
-    def call(self, x: tf.Tensor, seed: Optional[tf.Tensor]) -> tf.Tensor:
-        if seed is None or self.rate == 0:
-            return x
-        return tf.nn.experimental.stateless_dropout(x, rate=self.rate, seed=seed)
+    def build(self, input_shape: tf.TensorShape) -> None:
+        self.kernel = self.add_weight("kernel", [int(input_shape[-1]), self.units],
+                                      initializer=tf.keras.initializers.GlorotUniform(self.seed))
+        self.bias = self.add_weight("bias", [self.units], initializer="zeros")
+
+    def call(self, x: tf.Tensor, key: Optional[tf.Tensor], row_ids: Optional[tf.Tensor]) -> tf.Tensor:
+        product = tf.matmul(x, tf.cast(self.kernel, x.dtype))
+        if key is None:
+            key, row_ids, rate = tf.zeros([2], tf.int64), tf.zeros([tf.shape(x)[0]], tf.int64), 0.0
+        else:
+            rate = self.rate
+        return op_package.bias_relu_dropout(product, self.bias, key, row_ids, rate, self.use_kernel)
 
 
 class WideAndDeep(tf.keras.Model):
     """Logit of the click probability: wide logit + deep logit (the sigmoid is applied by the caller)."""
 
-    def __init__(self, config: WideDeepConfig) -> None:
+    def __init__(self, config: WideDeepConfig, use_kernel: Optional[bool] = None) -> None:
+        """`use_kernel`: the hidden layers' fused CPU kernel (default: where it is built and no GPU is visible)."""
         super().__init__(name="wide_and_deep")
         self.config = config
         self.wide = WidePart(config)
         self.embeddings = DeepEmbeddings(config)
-        init = tf.keras.initializers.GlorotUniform
-        self.hidden = [tf.keras.layers.Dense(units, activation="relu", kernel_initializer=init(config.seed + 10 + i),
-                                             name=f"deep_dense_{i}") for i, units in enumerate(config.hidden_units)]
-        self.dropouts = [StepDropout(config.dropout, f"deep_dropout_{i}") for i in range(len(config.hidden_units))]
-        self.head = tf.keras.layers.Dense(1, kernel_initializer=init(config.seed + 9), name="deep_head")
+        use_kernel = op_package.relu_dropout_kernel_available() if use_kernel is None else use_kernel
+        self.hidden = [HiddenLayer(units, config.dropout, config.seed + 10 + i, use_kernel, f"deep_dense_{i}")
+                       for i, units in enumerate(config.hidden_units)]
+        self.head = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(config.seed + 9),
+                                          name="deep_head")
 
-    def call(self, categorical: tf.Tensor, numeric: tf.Tensor, dropout_seed: Optional[tf.Tensor] = None) -> tf.Tensor:
+    def call(self, categorical: tf.Tensor, numeric: tf.Tensor, dropout_key: Optional[tf.Tensor] = None,
+             row_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
+        """`dropout_key` (the step's int64 key) and `row_ids` (each row's position in the global batch)
+        turn dropout on; without them the deep part runs without dropout (evaluation)."""
         x = self.embeddings(categorical, numeric)
-        for i, (dense, dropout) in enumerate(zip(self.hidden, self.dropouts)):
-            x = dropout(dense(x), None if dropout_seed is None else dropout_seed + [0, i])
+        for i, layer in enumerate(self.hidden):
+            x = layer(x, None if dropout_key is None else tf.stack([dropout_key, tf.constant(i, tf.int64)]), row_ids)
         return self.wide(categorical, numeric) + tf.cast(self.head(x), tf.float32)
 
     def build_all(self) -> None:
@@ -253,10 +270,11 @@ class TrainStep:
 
     def _step(self, batch: Dict[str, tf.Tensor], step: tf.Tensor, votes: tf.Tensor):
         model, opts = self.model, self.optimizers
-        seed = tf.stack([tf.constant(self.seed, tf.int64) * 1_000_003 + step, tf.cast(dist.rank(), tf.int64) * 97])
+        key = tf.constant(self.seed, tf.int64) * 1_000_003 + step
+        rows = wd_data.step_row_ids(tf.shape(batch["label"], out_type=tf.int64)[0], dist.rank(), dist.size())
         wide_vars, deep_vars = model.wide_variables(), model.deep_variables()
         with tf.GradientTape(persistent=True) as tape:
-            logits = model(batch["categorical"], batch["numeric"], dropout_seed=seed)
+            logits = model(batch["categorical"], batch["numeric"], dropout_key=key, row_ids=rows)
             loss = bce_from_logits(batch["label"], logits)
             wide_loss, deep_loss = self._scaled(opts.wide, loss), self._scaled(opts.deep, loss)
         wide_grads = self._unscaled(opts.wide, tape.gradient(wide_loss, wide_vars))
