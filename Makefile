@@ -23,7 +23,7 @@ test: setup  ## set up, then run the whole pytest suite (prints passed/failed/sk
 	scripts/run_tests.sh
 
 bench: setup  ## run every benchmark under bench/ (JSON in bench/results/, a table on stdout)
-	@for b in bench/*.py; do echo "== $$b"; $(PY) "$$b"; done
+	@for b in bench/*.py; do echo "== $$b"; $(PY) -m "bench.$$(basename "$$b" .py)"; done
 
 clean:  ## remove build outputs (keeps .venv and the wheel cache)
 	rm -rf .pytest_cache build

@@ -67,6 +67,7 @@ class DataFormat:
     writer: Optional[Callable[..., Any]] = None
     prebatched: bool = False
     metadata_key: Optional[str] = None
+    scan: Optional[Callable[["FeatureSpec", int], "FeatureSpec"]] = None
 
     @property
     def name(self) -> str:
@@ -85,7 +86,8 @@ def register_format(name: str, *, load_spec: Callable[[Optional[str], str, Mappi
                     batches: Optional[Callable[..., Iterator[Any]]] = None,
                     generate: Optional[Callable[..., Tuple[Dict[str, int], Dict[str, Any]]]] = None,
                     writer: Optional[Callable[..., Any]] = None, prebatched: bool = False,
-                    metadata_key: Optional[str] = None) -> None:
+                    metadata_key: Optional[str] = None,
+                    scan: Optional[Callable[["FeatureSpec", int], "FeatureSpec"]] = None) -> None:
     """Register format `name`; call it once per name at a module's top level, roles and
     `own_options` written as literals (they are read from the source without importing it).
 
@@ -106,6 +108,8 @@ def register_format(name: str, *, load_spec: Callable[[Optional[str], str, Mappi
       `prebatched`: every appended batch is one stored batch of `prebatch_size` samples
       (the source's batch size must be it; no last partial batch).
     metadata_key: the FeatureSpec.metadata entry describing this format's files (not carried over).
+    scan(spec, batch_size) -> FeatureSpec: a source whose spec is finished by reading its data once
+      (CSV's `cardinality: auto`), every value checked; transcribe checks the destination first.
     """
     if training and reader is None and pipelines is None:
         raise TypeError(f"format {name!r}: a training format needs a reader or pipelines")
@@ -122,7 +126,7 @@ def register_format(name: str, *, load_spec: Callable[[Optional[str], str, Mappi
     if found is not None and found != declaration:
         raise ValueError(f"format {name!r}: {module}'s register_format call declares {found}, registered {declaration}")
     _registered[name] = DataFormat(declaration, load_spec, reader, pipelines, validate, batches, generate,
-                                   writer, prebatched, metadata_key)
+                                   writer, prebatched, metadata_key, scan)
     _all_declarations()[name] = declaration
 
 

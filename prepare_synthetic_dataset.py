@@ -1,4 +1,5 @@
-"""Write a teacher-labelled synthetic split-binary dataset and its feature spec (reference §4.9).
+"""Write a teacher-labelled synthetic split-binary dataset and its feature spec (reference §4.9): the
+reference's command, a thin one over `synthetic_data.prepare_synthetic_dataset`.
 
 The dimensions come from --num_numerical_features and --synthetic_dataset_table_sizes, from a
 --variant with the real Criteo cardinalities, or from an existing --feature_spec (whose file
@@ -14,82 +15,16 @@ Example:
 """
 from __future__ import annotations
 
-import os
 import sys
-from typing import List, Optional, Tuple
+from typing import List
 
 from absl import app, flags
 
 from cli import bad_input
-from synthetic_data import write_synthetic_dataset
-from feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, MAX_CARDINALITY, SPLIT_BINARY,
-                          FeatureSpec, FeatureSpecError)
-from safe_io import refuse_overlap
-
+from feature_spec import CRITEO_VARIANTS
+from synthetic_data import SyntheticDatasetShape, prepare_synthetic_dataset
 
 FLAGS = flags.FLAGS
-
-
-def parse_cardinalities(values: List[str]) -> List[int]:
-    """Cardinalities from --synthetic_dataset_table_sizes: at least one, each in [1, MAX_CARDINALITY]."""
-    try:
-        cardinalities = [int(v) for v in values]
-    except ValueError:
-        raise ValueError(f"--synthetic_dataset_table_sizes must be integers, got {values}") from None
-    if not cardinalities:
-        raise ValueError("--synthetic_dataset_table_sizes is empty; main.py needs at least one "
-                         "categorical feature")
-    bad = [c for c in cardinalities if not 1 <= c <= MAX_CARDINALITY]
-    if bad:
-        raise ValueError(f"--synthetic_dataset_table_sizes must lie in [1, {MAX_CARDINALITY}] (ids are "
-                         f"int32), got {bad[0]}")
-    return cardinalities
-
-
-def sample_counts(num_entries: int, num_test_entries: Optional[int], batch_size: int) -> Tuple[int, int]:
-    """Train and test samples, rounded down to whole batches; at least one batch of each."""
-    if batch_size < 1:
-        raise ValueError(f"--synthetic_dataset_batch_size must be at least 1, got {batch_size}")
-    counts = []
-    for flag, entries in (("--synthetic_dataset_num_entries", num_entries),
-                          ("--synthetic_dataset_num_test_entries",
-                           num_entries if num_test_entries is None else num_test_entries)):
-        if entries < batch_size:
-            raise ValueError(f"{flag} is {entries}, less than one batch of "
-                             f"--synthetic_dataset_batch_size {batch_size}: samples are written in "
-                             f"whole batches and training needs train and test samples")
-        counts.append(entries // batch_size * batch_size)
-    return counts[0], counts[1]
-
-
-def output_spec(output_dir: str, feature_spec_path: Optional[str], variant: Optional[str],
-                num_numerical: int, table_sizes: List[str]) -> FeatureSpec:
-    """The spec to write: a given one re-rooted at `output_dir` (one without files, as V5's
-    generate_feature_spec writes, gets the default file layout), or a default Criteo-style one.
-
-    Refuses dimensions main.py cannot train: no numerical or no categorical feature.
-    """
-    if feature_spec_path:
-        spec = FeatureSpec.from_yaml(feature_spec_path)
-        spec.check_feature_spec(chunk_type=None if spec.source_spec is None else SPLIT_BINARY)
-        for channel, names in (("numerical", spec.numerical_names),
-                               ("categorical", spec.categorical_names)):
-            if not names:
-                raise FeatureSpecError(f"--feature_spec {feature_spec_path} has no {channel} features; "
-                                       f"main.py needs at least one")
-        if spec.source_spec is None:  # a spec without files (V5): the default layout of its dimensions
-            return FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
-                                                        output_dir).take_multi_hot_properties(spec)
-        spec.base_directory, spec.path = os.path.abspath(output_dir), None
-        return spec
-    if variant:
-        return FeatureSpec.get_default_feature_spec(CRITEO_NUMERICAL_FEATURES,
-                                                    CRITEO_VARIANTS[variant], output_dir)
-    if num_numerical < 1:
-        raise ValueError(f"--num_numerical_features must be at least 1 (main.py's bottom MLP needs a "
-                         f"numerical feature), got {num_numerical}")
-    return FeatureSpec.get_default_feature_spec(num_numerical, parse_cardinalities(table_sizes),
-                                                output_dir)
 
 
 def define_flags() -> None:
@@ -114,19 +49,12 @@ def define_flags() -> None:
 
 def main(argv: List[str]) -> None:
     del argv
-    output_dir = FLAGS.synthetic_dataset_dir
+    shape = SyntheticDatasetShape(FLAGS.synthetic_dataset_num_entries, FLAGS.synthetic_dataset_num_test_entries,
+                                  FLAGS.synthetic_dataset_batch_size, FLAGS.feature_spec, FLAGS.variant,
+                                  FLAGS.num_numerical_features, FLAGS.synthetic_dataset_table_sizes)
     try:
-        if FLAGS.feature_spec and FLAGS.variant:
-            raise ValueError("--feature_spec and --variant are mutually exclusive")
-        num_train, num_test = sample_counts(FLAGS.synthetic_dataset_num_entries,
-                                            FLAGS.synthetic_dataset_num_test_entries,
-                                            FLAGS.synthetic_dataset_batch_size)
-        refuse_overlap(output_dir, "--synthetic_dataset_dir", {"--feature_spec": FLAGS.feature_spec})
-        spec = output_spec(output_dir, FLAGS.feature_spec, FLAGS.variant,
-                           FLAGS.num_numerical_features, FLAGS.synthetic_dataset_table_sizes)
-        teacher_auc = write_synthetic_dataset(spec, num_train, num_test, seed=FLAGS.seed,
-                                              overwrite=FLAGS.overwrite,
-                                              output_name="--synthetic_dataset_dir")
+        spec, num_train, num_test, teacher_auc = prepare_synthetic_dataset(
+            FLAGS.synthetic_dataset_dir, shape, FLAGS.seed, FLAGS.overwrite)
     except (ValueError, OSError) as error:  # FeatureSpecError, DataError, OutputPathError, I/O
         sys.exit(bad_input(error))
     print(f"wrote {num_train} train and {num_test} test samples to {spec.base_directory}")

@@ -3,7 +3,7 @@
 Entry points check each output path before they read or compute anything (`check_output_file`,
 `check_output_dir`, `refuse_overlap`, `check_replaceable` for a folder replaced whole), so a bad
 path costs one error line, not hours of training.
-Writers (checkpoints, SavedModel export, transcode, gen_csv, synthetic data, preprocessing) build
+Writers (checkpoints, SavedModel export, transcribe, gen_csv, synthetic data, preprocessing) build
 their output in a hidden temporary sibling and rename it into place once it is complete
 (`atomic_directory`, `atomic_file`): a failure leaves neither partial output nor a stray temporary,
 nor a parent folder made for the output.

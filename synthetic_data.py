@@ -2,7 +2,8 @@
 
 Labels come from a random teacher DLRM (`SyntheticTeacher`), so a model trained on the data can
 learn something and its AUC can be compared with the teacher's. The data is either written as a
-split-binary dataset (`write_synthetic_dataset`, what prepare_synthetic_dataset.py does), appended to
+split-binary dataset (`write_synthetic_dataset`; `prepare_synthetic_dataset` is the reference's
+`prepare_synthetic_dataset.py`, a thin command over it, and chooses the spec from its flags), appended to
 any dataset writer (`write_teacher_samples`, what `dataloading.transcribe` does), or drawn in
 memory as per-rank tf.data pipelines (`make_synthetic_split`, `synthetic_dataset`, what
 `--dataset_type synthetic` uses). It registers the `synthetic` format (`data_formats`): training
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -28,8 +30,10 @@ from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
 from batch_reader import PREFETCH_BATCHES
 from data_formats import InputPipelines, register_format
 from datasets import SplitBinaryWriter
-from feature_spec import DEFAULT_ALPHA, POOLINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, load_folder_spec
+from feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, DEFAULT_ALPHA, MAX_CARDINALITY, POOLINGS,
+                          SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecError, load_folder_spec)
 from metrics import exact_auc
+from safe_io import refuse_overlap
 from staged_writer import SampleWriter
 
 if TYPE_CHECKING:
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 SYNTHETIC = "synthetic"
 DEFAULT_TRAIN_BATCHES = 64008  # batches of --dataset_type synthetic, and of a transcribed synthetic source
 DEFAULT_EVAL_BATCHES = 1350
+OUTPUT_FLAG = "--synthetic_dataset_dir"  # prepare_synthetic_dataset.py's output, named in its errors
 DEFAULT_NUM_NUMERICAL = 13  # the default synthetic spec (main.py's flags give the same)
 DEFAULT_CARDINALITIES = (1000,) * 26
 
@@ -206,6 +211,98 @@ def write_synthetic_dataset(spec: FeatureSpec, num_train_samples: int, num_test_
         spec.metadata = dict(spec.metadata, teacher_auc=teacher_auc)
         writer.commit()
     return teacher_auc
+
+
+@dataclass(frozen=True)
+class SyntheticDatasetShape:
+    """What `prepare_synthetic_dataset.py`'s flags say of the dataset to write: its samples (rounded
+    down to whole batches) and its features, from a spec, a Criteo variant or numbers and sizes."""
+    num_entries: int
+    num_test_entries: Optional[int]
+    batch_size: int
+    feature_spec_path: Optional[str] = None
+    variant: Optional[str] = None
+    num_numerical: int = CRITEO_NUMERICAL_FEATURES
+    table_sizes: Sequence[str] = ()
+
+
+def prepare_synthetic_dataset(output_dir: str, shape: SyntheticDatasetShape, seed: int, overwrite: bool = False
+                              ) -> Tuple[FeatureSpec, int, int, float]:
+    """Write the teacher-labelled split-binary dataset `shape` describes to `output_dir`; return its
+    spec, train and test samples and the teacher's test AUC. Everything main.py needs is checked
+    before any sample is drawn (a numerical and a categorical feature, a whole batch of train and of
+    test samples, int32-sized tables); errors name prepare_synthetic_dataset.py's flags."""
+    if shape.feature_spec_path and shape.variant:
+        raise ValueError("--feature_spec and --variant are mutually exclusive")
+    num_train, num_test = sample_counts(shape.num_entries, shape.num_test_entries, shape.batch_size)
+    refuse_overlap(output_dir, OUTPUT_FLAG, {"--feature_spec": shape.feature_spec_path})
+    spec = output_spec(output_dir, shape.feature_spec_path, shape.variant, shape.num_numerical,
+                       list(shape.table_sizes))
+    teacher_auc = write_synthetic_dataset(spec, num_train, num_test, seed=seed, overwrite=overwrite,
+                                          output_name=OUTPUT_FLAG)
+    return spec, num_train, num_test, teacher_auc
+
+
+def parse_cardinalities(values: List[str]) -> List[int]:
+    """Cardinalities from --synthetic_dataset_table_sizes: at least one, each in [1, MAX_CARDINALITY]."""
+    try:
+        cardinalities = [int(v) for v in values]
+    except ValueError:
+        raise ValueError(f"--synthetic_dataset_table_sizes must be integers, got {values}") from None
+    if not cardinalities:
+        raise ValueError("--synthetic_dataset_table_sizes is empty; main.py needs at least one "
+                         "categorical feature")
+    bad = [c for c in cardinalities if not 1 <= c <= MAX_CARDINALITY]
+    if bad:
+        raise ValueError(f"--synthetic_dataset_table_sizes must lie in [1, {MAX_CARDINALITY}] (ids are "
+                         f"int32), got {bad[0]}")
+    return cardinalities
+
+
+def sample_counts(num_entries: int, num_test_entries: Optional[int], batch_size: int) -> Tuple[int, int]:
+    """Train and test samples, rounded down to whole batches; at least one batch of each."""
+    if batch_size < 1:
+        raise ValueError(f"--synthetic_dataset_batch_size must be at least 1, got {batch_size}")
+    counts = []
+    for flag, entries in (("--synthetic_dataset_num_entries", num_entries),
+                          ("--synthetic_dataset_num_test_entries",
+                           num_entries if num_test_entries is None else num_test_entries)):
+        if entries < batch_size:
+            raise ValueError(f"{flag} is {entries}, less than one batch of "
+                             f"--synthetic_dataset_batch_size {batch_size}: samples are written in "
+                             f"whole batches and training needs train and test samples")
+        counts.append(entries // batch_size * batch_size)
+    return counts[0], counts[1]
+
+
+def output_spec(output_dir: str, feature_spec_path: Optional[str], variant: Optional[str],
+                num_numerical: int, table_sizes: List[str]) -> FeatureSpec:
+    """The spec to write: a given one re-rooted at `output_dir` (one without files, as V5's
+    generate_feature_spec writes, gets the default file layout), or a default Criteo-style one.
+
+    Refuses dimensions main.py cannot train: no numerical or no categorical feature.
+    """
+    if feature_spec_path:
+        spec = FeatureSpec.from_yaml(feature_spec_path)
+        spec.check_feature_spec(chunk_type=None if spec.source_spec is None else SPLIT_BINARY)
+        for channel, names in (("numerical", spec.numerical_names),
+                               ("categorical", spec.categorical_names)):
+            if not names:
+                raise FeatureSpecError(f"--feature_spec {feature_spec_path} has no {channel} features; "
+                                       f"main.py needs at least one")
+        if spec.source_spec is None:  # a spec without files (V5): the default layout of its dimensions
+            return FeatureSpec.get_default_feature_spec(len(spec.numerical_names), spec.cardinalities,
+                                                        output_dir).take_multi_hot_properties(spec)
+        spec.base_directory, spec.path = os.path.abspath(output_dir), None
+        return spec
+    if variant:
+        return FeatureSpec.get_default_feature_spec(CRITEO_NUMERICAL_FEATURES,
+                                                    CRITEO_VARIANTS[variant], output_dir)
+    if num_numerical < 1:
+        raise ValueError(f"--num_numerical_features must be at least 1 (main.py's bottom MLP needs a "
+                         f"numerical feature), got {num_numerical}")
+    return FeatureSpec.get_default_feature_spec(num_numerical, parse_cardinalities(table_sizes),
+                                                output_dir)
 
 
 @dataclass

@@ -6,7 +6,7 @@ ids per table (repeats included), for SGD, lazy Adam and Adagrad. Each measureme
 `apply` in a tf.function in its own process (tables and slots take up to 4 GB); fused and TF
 paths alternate over --rounds rounds (a busy machine slows both alike) and the best mean step
 time of each is kept. Writes bench/results/embedding_update.json and prints a table.
-Usage: python bench/embedding_update.py [--batch_sizes 2048,4096] [--rounds 2] [--steps 20]
+Usage: python -m bench.embedding_update [--batch_sizes 2048,4096] [--rounds 2] [--steps 20]
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 RESULTS = os.path.join(REPO, "bench", "results", "embedding_update.json")
 NUM_TABLES, ROWS, DIM = 26, 100_000, 128
@@ -51,8 +50,8 @@ def step_time_ms(name: str, fused: bool, batch: int, steps: int) -> float:
 
 def measure(name: str, fused: bool, batch: int, steps: int) -> float:
     """step_time_ms in a fresh process."""
-    out = subprocess.run([sys.executable, __file__, "--worker", name, str(int(fused)), str(batch), str(steps)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "bench.embedding_update", "--worker", name, str(int(fused)), str(batch), str(steps)],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
     return float(out.strip().splitlines()[-1])
 
 
@@ -77,7 +76,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"tables": f"{NUM_TABLES} x {ROWS} x {DIM} float32", "threads": os.cpu_count(),
-                   "load_average": os.getloadavg(), "command": "python bench/embedding_update.py",
+                   "load_average": os.getloadavg(), "command": "python -m bench.embedding_update",
                    "runs": rows}, f, indent=1)
     print(f"{'batch':>6} {'optimizer':>10} {'TF ops ms':>10} {'fused ms':>9} {'speed-up':>9}")
     for r in rows:

@@ -18,7 +18,7 @@ Three jobs, each run on 1 process (plain python) and on 2 ranks (horovodrun over
 3. memory: 12 tables of 1M rows x dim 128 fp32 (about 6 GB), a few SGD steps at batch 1024;
    every process's peak RSS, and the ratio of the 2-rank per-rank peak to the 1-process peak.
 The runs are sequential (never two jobs at once). Writes bench/results/hybrid.json and prints a
-table. Usage: python bench/hybrid.py [--quick]
+table. Usage: python -m bench.hybrid [--quick]
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from trainer import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 from batch import local_sizes, local_slice  # noqa: E402  (plain Python: no TensorFlow in the parent)
 
 RESULTS = os.path.join(REPO, "bench", "results", "hybrid.json")
@@ -295,7 +294,7 @@ def run_job(job: str, options: dict, ranks: int) -> dict:
     """Run a job on 1 process or on `ranks` horovodrun ranks; return every rank's result (as gathered)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, os.path.abspath(__file__), "--worker", job, json.dumps(options)]
+    command = [sys.executable, "-m", "bench.hybrid", "--worker", job, json.dumps(options)]
     if ranks > 1:
         launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         command = [launcher, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *command]

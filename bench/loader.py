@@ -29,7 +29,6 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
@@ -141,8 +140,8 @@ def measure_pipeline(directory: str, num_samples: int, check_values: bool) -> di
 
 def run_role(role: str, directory: str, num_samples: int) -> dict:
     """Run one measurement in a fresh process, so neither pollutes the other's RSS or caches."""
-    output = subprocess.run([sys.executable, __file__, f"--role={role}", f"--data_dir={directory}",
-                             f"--num_samples={num_samples}"], check=True, capture_output=True,
+    output = subprocess.run([sys.executable, "-m", "bench.loader", f"--role={role}", f"--data_dir={directory}",
+                             f"--num_samples={num_samples}"], check=True, capture_output=True, cwd=REPO_ROOT,
                             text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 

@@ -16,7 +16,7 @@ engines wrote the same dataset (sha256 of every file but the summary).
 
 The default size is 4 days x 150,000 lines at 1x (2.4 million lines, about 620 MB, at 4x). Each
 size's scratch folder is removed after its runs. Writes bench/results/preproc.json and prints a
-table. Usage: python bench/preproc.py [--quick] [--lines_per_day N] [--threshold T] [--engines E,E]
+table. Usage: python -m bench.preproc [--quick] [--lines_per_day N] [--threshold T] [--engines E,E]
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 RESULTS = os.path.join(REPO, "bench", "results", "preproc.json")
 SCRIPT = os.path.join(REPO, "preproc", "prepare_dataset.sh")
 

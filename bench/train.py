@@ -39,7 +39,7 @@ Writes bench/results/train.json and prints two tables; `--only multihot_dcnv2` r
 and replaces it in an existing bench/results/train.json.
 `--only onednn` measures fp32 at batch 4096 with oneDNN off and on and records it under the CPU's
 model (the project's default, oneDNN on, is decided from these rows).
-Usage: python bench/train.py [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn]
+Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn]
 """
 from __future__ import annotations
 
@@ -53,11 +53,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "bench", "reference"))
 RESULTS = os.path.join(REPO, "bench", "results", "train.json")
 
-import pytorch_dlrm  # noqa: E402
+from bench.reference import pytorch_dlrm  # noqa: E402
 from feature_spec import MLPERF_HOTNESS  # noqa: E402
 
 CARDINALITIES = [100_000] * 26
@@ -318,7 +316,7 @@ def run_worker(batch_size: int, xla: bool, low_memory: bool, precision: str, ste
 
 def run_subprocess(args: list, env: dict, what: str) -> dict:
     """This file with `args` in a fresh process; the dict its RESULT line carries."""
-    out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, check=False)
+    out = subprocess.run([sys.executable, "-m", "bench.train", *args], env=env, capture_output=True, text=True, check=False, cwd=REPO)
     lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
         raise SystemExit(f"benchmark worker failed ({what}):\n{out.stderr[-3000:]}")
@@ -350,7 +348,7 @@ def run_onednn_rows(steps: int) -> None:
             if onednn not in rows or row["samples_per_s"] > rows[onednn]["samples_per_s"]:
                 rows[onednn] = row
     cpu = cpu_description()
-    entry = {"cpu": cpu, "load_average": os.getloadavg(), "command": "python bench/train.py --only onednn",
+    entry = {"cpu": cpu, "load_average": os.getloadavg(), "command": "python -m bench.train --only onednn",
              "off_samples_per_s": rows["0"]["samples_per_s"], "on_samples_per_s": rows["1"]["samples_per_s"]}
     entry["on_vs_off"] = entry["on_samples_per_s"] / entry["off_samples_per_s"]
     with open(RESULTS) as f:
@@ -424,7 +422,7 @@ def main() -> None:
         with open(RESULTS) as f:
             results = json.load(f)
         results["multihot_dcnv2"] = run_multihot_row(steps) | {"load_average": os.getloadavg(),
-                                                               "command": " ".join(["python bench/train.py",
+                                                               "command": " ".join(["python -m bench.train",
                                                                                     *sys.argv[1:]])}
         with open(RESULTS, "w") as f:
             json.dump(results, f, indent=1)
@@ -451,7 +449,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "cpu": cpu, "load_average": os.getloadavg(),
-                   "command": "python bench/train.py" + (" --quick" if quick else "")
+                   "command": "python -m bench.train" + (" --quick" if quick else "")
                               + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
                    "runs": runs, "multihot_dcnv2": multihot, "pytorch_reference": list(reference.values()),
                    "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}}, f, indent=1)

@@ -12,7 +12,7 @@ alternately and `--repeats` times each, two fresh processes on the wall clock:
     and min-max, written to one parquet file; no line accounting, no records.
 Both use `--threads` threads. Lines/s = input lines (all seven files) / seconds; the best run of
 each counts. Writes bench/results/wd_preproc.json and prints a table.
-Usage: python bench/wd_preproc.py [--displays N] [--repeats R] [--threads T]
+Usage: python -m bench.wd_preproc [--displays N] [--repeats R] [--threads T]
 """
 from __future__ import annotations
 

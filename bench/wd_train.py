@@ -16,7 +16,7 @@ Each is timed over `--steps` steps after `--warmup` steps (the first traces the 
 batch x steps / seconds. The batch is 16384 by default: the reference's 131072 takes minutes per step on
 a small CPU (the MLP's matmuls are 5.3M multiply-adds per sample, x3 for training).
 Writes bench/results/wd_train.json and prints a table.
-Usage: python bench/wd_train.py [--batch_size N] [--steps N] [--warmup N]
+Usage: python -m bench.wd_train [--batch_size N] [--steps N] [--warmup N]
 """
 from __future__ import annotations
 
@@ -24,11 +24,9 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 RESULTS = os.path.join(REPO, "bench", "results", "wd_train.json")
 
 import numpy as np  # noqa: E402

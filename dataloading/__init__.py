@@ -6,8 +6,9 @@
       --dst_dataset_type tf_raw
 
 The formats and readers live in the top-level modules, each registered in `data_formats`; this
-package holds only the entry points and their shared command-line conventions (cli.py): bad input is
-one `error: ...` line on stderr and exit status 2.
+package holds the entry points and their shared command-line conventions (cli.py): bad input is
+one `error: ...` line on stderr and exit status 2. The reference's `transcode.py` at the root is a
+thin command over `dataloading.transcribe` (the `csv` source, `transcribe.FlagNames` for its flags).
 """
 from __future__ import annotations
 

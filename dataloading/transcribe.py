@@ -8,7 +8,9 @@ day_<i>_sparse_multi_hot.npz ids, which binary_multihot insists on, see `torchre
 N-2 become train, the first half of the last day test; --num_embeddings_per_feature gives the table
 sizes, ids taken modulo them, unless the folder's spec gives them), `nvt` and `tfrecords_multihot`
 (NVTabular's parquet files and TFRecords of one tf.train.Example per sample under train/ and test/,
-columns named by the spec in --src_dataset_path, see `column_data`), and `synthetic`:
+columns named by the spec in --src_dataset_path, see `column_data`), `csv` (headerless CSV files
+named by the spec, `cardinality: auto` inferred by a first pass over the data, see `csv_data`; what
+the reference's `transcode.py` converts), and `synthetic`:
 teacher-labelled samples (`synthetic_data.SyntheticTeacher`) shaped by the spec in
 --src_dataset_path, e.g. one from `dataloading.generate_feature_spec`. Destinations:
 `split_tfrecords` (the default; records of --dst_prebatch_size samples, which must equal
@@ -47,8 +49,10 @@ Example (the V5 quick start, from the repository root):
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import data_formats
@@ -56,10 +60,20 @@ import hugectr_data
 from batch import Samples
 from data_errors import DataError
 from dataloading import ArgumentParser, run_or_fail
-from feature_spec import DEFAULT_SPEC_NAME, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from feature_spec import (CARDINALITY_SELECTOR, DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR,
+                          TEST_MAPPING, TRAIN_MAPPING, FeatureSpec)
 from safe_io import refuse_overlap
 
-DST_FLAG = "--dst_dataset_path"
+
+@dataclass(frozen=True)
+class FlagNames:
+    """The flags that transcribe's errors name: this command's, or those of a command built on it
+    (the reference's `transcode.py`: --input, --feature_spec_in, --output, --chunk_size)."""
+    src_path: str = "--src_dataset_path"
+    src_spec: str = "--src_feature_spec"
+    dst_path: str = "--dst_dataset_path"
+    batch_size: str = "--src_batch_size"
+    external_paths: Optional[str] = None  # the flag that lets a spec name files outside its folder
 
 
 def source_types() -> Tuple[str, ...]:
@@ -90,15 +104,17 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
                src_feature_spec: str = DEFAULT_SPEC_NAME, dst_feature_spec: str = DEFAULT_SPEC_NAME,
                src_batch_size: int = 65536, dst_prebatch_size: int = 65536, max_batches_train: int = -1,
                max_batches_test: int = -1, train_only: bool = False, overwrite: bool = False,
-               seed: int = 12345, **options: Any) -> Dict[str, int]:
+               seed: int = 12345, names: FlagNames = FlagNames(), **options: Any) -> Dict[str, int]:
     """Write the dataset of `src_path` (or synthetic data shaped by its spec) to `dst_path` as
-    `dst_type`; return the batches written per mapping. `options`: those the source format owns
-    (hugectr_cardinalities, hugectr_dense_log, num_embeddings_per_feature; see `data_formats`).
-    Everything is checked before any data is read; bad input raises ValueError (FeatureSpecError,
+    `dst_type`; return the batches written per mapping. `options`: allow_external_paths (the spec
+    may name files outside its folder), and those the source format owns (hugectr_cardinalities,
+    hugectr_dense_log, num_embeddings_per_feature; see `data_formats`); `names`: the flags errors name.
+    Everything is checked before any data is read (a source that must `scan` its data first is
+    scanned once the destination is checked); bad input raises ValueError (FeatureSpecError,
     DataError, OutputPathError) or OSError."""
     source = data_formats.get(src_type, "source")
     destination = data_formats.get(dst_type, "destination")
-    for flag, value, least in (("--src_batch_size", src_batch_size, 1), ("--dst_prebatch_size", dst_prebatch_size, 1),
+    for flag, value, least in ((names.batch_size, src_batch_size, 1), ("--dst_prebatch_size", dst_prebatch_size, 1),
                                ("--max_batches_train", max_batches_train, -1),
                                ("--max_batches_test", max_batches_test, -1)):
         if value < least:
@@ -107,19 +123,25 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
         raise ValueError(f"--dst_prebatch_size {dst_prebatch_size} must equal --src_batch_size "
                          f"{src_batch_size}: every source batch becomes one record")
     data_formats.check_options(src_type, options)
-    # A spec file is read as it is (no --allow_external_data_paths here), wherever it lies.
+    # A spec file is read as it is, wherever it lies; its data files stay inside its folder
+    # unless options allow_external_paths (the flag names.external_paths, if the command has one).
     spec = source.load_spec(src_path, src_feature_spec,
-                            dict(options, use_feature_spec=True, external_paths_flag=None))
-    inputs = {"--src_feature_spec": spec.path} if spec.path else {}
+                            dict(options, use_feature_spec=True, external_paths_flag=names.external_paths))
+    inputs = {names.src_path: src_path} if source.generate is None else {}
+    inputs[names.src_spec] = spec.path
     if source.generate is None:
-        inputs["--src_dataset_path"] = src_path
-    refuse_overlap(dst_path, DST_FLAG, inputs)
+        inputs.update(_data_files(spec))
+    refuse_overlap(dst_path, names.dst_path, inputs)
+    if source.scan is not None:
+        _check_destination(destination, spec, dst_path, dst_prebatch_size, overwrite, dst_feature_spec,
+                           names.dst_path)
+        spec = source.scan(spec, src_batch_size)
     limits = {TRAIN_MAPPING: max_batches_train, TEST_MAPPING: 0 if train_only else max_batches_test}
     if source.generate is None:
         sources = {mapping: _source_batches(source, spec, mapping, src_batch_size, limit,
                                             keep_remainder=limit < 0 and not destination.prebatched)
                    for mapping, limit in limits.items()}
-    with destination.writer(spec, dst_path, dst_prebatch_size, overwrite, dst_feature_spec, DST_FLAG) as writer:
+    with destination.writer(spec, dst_path, dst_prebatch_size, overwrite, dst_feature_spec, names.dst_path) as writer:
         if source.generate is not None:
             written, metadata = source.generate(writer, spec, limits, src_batch_size, seed)
             if getattr(writer, "spec", None) is not None:  # HugeCTR raw and SOK have no place for it
@@ -132,6 +154,24 @@ def transcribe(src_type: str, src_path: str, dst_path: str, dst_type: str = "spl
                     written[mapping] += 1
         writer.commit()
     return written
+
+
+def _data_files(spec: FeatureSpec) -> Dict[str, str]:
+    """The data files a source's spec names (they may lie outside its folder), by a name for errors."""
+    return {f"the data file of mapping '{mapping}', features {chunk[FEATURES_SELECTOR]},": spec.resolve(chunk[FILES_SELECTOR][0])
+            for mapping, chunks in (spec.source_spec or {}).items() for chunk in chunks}
+
+
+def _check_destination(destination: data_formats.DataFormat, spec: FeatureSpec, dst_path: str, prebatch_size: int,
+                       overwrite: bool, spec_file_name: str, dst_flag: str) -> None:
+    """Refuse a bad destination before a source's scan reads all its data: a writer of the spec's
+    file layout is opened and dropped, leaving nothing (every cardinality 1 meanwhile: the layout
+    does not depend on them, and the scan has not found them yet)."""
+    layout = copy.deepcopy(spec)
+    for name in layout.categorical_names:
+        layout.feature_spec[name][CARDINALITY_SELECTOR] = 1
+    with destination.writer(layout, dst_path, prebatch_size, overwrite, spec_file_name, dst_flag):
+        pass
 
 
 def split_raw_file(input_path: str, output: str, cardinalities: Optional[List[int]] = None,

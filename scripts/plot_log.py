@@ -13,11 +13,8 @@ import os
 import sys
 from typing import Dict, List, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from safe_io import OutputPathError, atomic_file, check_output_file, refuse_overlap  # noqa: E402
-from utils import read_dllogger_file  # noqa: E402
+from safe_io import OutputPathError, atomic_file, check_output_file, refuse_overlap
+from utils import read_dllogger_file
 
 DPI = 100
 Series = Tuple[List[int], List[float]]

@@ -19,7 +19,7 @@ from sharding import plan_sharding
 from test_dataloading import REPO_ROOT, transcribe_here
 
 TRAINING = ("tf_raw", "hugectr_raw", "sok_split", "split_tfrecords", "synthetic", "torchrec_npy")
-SOURCES = ("nvt", "tfrecords_multihot", "tf_raw", "hugectr_raw", "sok_split", "split_tfrecords", "synthetic",
+SOURCES = ("nvt", "tfrecords_multihot", "csv", "tf_raw", "hugectr_raw", "sok_split", "split_tfrecords", "synthetic",
            "torchrec_npy", "binary_multihot")
 DESTINATIONS = ("tf_raw", "hugectr_raw", "sok_split", "split_tfrecords")
 CARDINALITIES = [5, 40, 300]
@@ -51,7 +51,8 @@ def test_each_format_is_registered_by_the_module_that_reads_it():
     assert {name: modules[name] for name in SOURCES + DESTINATIONS} == {
         "tf_raw": "datasets", "split_tfrecords": "split_tfrecords", "synthetic": "synthetic_data",
         "hugectr_raw": "hugectr_data", "sok_split": "hugectr_data", "torchrec_npy": "torchrec_data",
-        "binary_multihot": "torchrec_data", "nvt": "column_data", "tfrecords_multihot": "column_data"}
+        "binary_multihot": "torchrec_data", "nvt": "column_data", "tfrecords_multihot": "column_data",
+        "csv": "csv_data"}
     for name in TRAINING:
         assert data_formats.get(name, "training").declaration == data_formats.declarations()[name]
 

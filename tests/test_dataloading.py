@@ -207,7 +207,7 @@ def test_transcribe_names_a_corrupt_source_file_and_writes_nothing(tmp_path, cap
 
 
 def test_prepare_synthetic_dataset_takes_a_generated_spec(tmp_path):
-    from prepare_synthetic_dataset import output_spec
+    from synthetic_data import output_spec
     assert run_module("generate_feature_spec", "--variant", "criteo_t0_synthetic",
                       "--dst", tmp_path / "feature_spec.yaml").returncode == 0
     spec = output_spec(str(tmp_path / "out"), str(tmp_path / "feature_spec.yaml"), None, 13, [])

@@ -295,7 +295,7 @@ GB80 = 81559 * 2**20  # what an 80 GB A100/H100 reports
 @pytest.mark.parametrize("variant", ["criteo_t15_synthetic", "criteo_t3_synthetic", "criteo_t0_synthetic"])
 @pytest.mark.parametrize("world_size", [1, 8, 16])
 def test_memory_tiers_count_tables_slots_and_update_transients(variant, world_size):
-    from prepare_synthetic_dataset import CRITEO_VARIANTS
+    from feature_spec import CRITEO_VARIANTS
 
     cardinalities = CRITEO_VARIANTS[variant]
     device_budget = table_budget_from_device(GB80)

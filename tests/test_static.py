@@ -570,3 +570,41 @@ def test_gpu_discovery_script() -> None:
     else:
         assert result.returncode == 1
         assert result.stderr.strip().splitlines() == ["error: nvidia-smi not found: this host has no NVIDIA driver"]
+
+
+# The repository root is importable through the .pth file scripts/setup.sh writes into the venv, so
+# no module edits sys.path. Left to do: preproc/'s scripts still put their own folder and the root
+# first (spark-submit and prepare_dataset.sh run them as files), and the op package's standalone
+# harness and its own tests (tensorflow-dot-based-interact/) are built and run outside this venv.
+SYS_PATH_EDITS_LEFT = {"preproc/check_paths.py", "preproc/duckdb_pipeline.py", "preproc/parquet_to_binary.py",
+                       "preproc/spark_data_utils.py", "preproc/split_dataset.py",
+                       "tensorflow-dot-based-interact/harness/check_harness.py",
+                       "tensorflow-dot-based-interact/tests/conftest.py"}
+
+
+def _edits_sys_path(tree: ast.AST) -> bool:
+    """Whether the module calls a method of sys.path or assigns to it (or to a slice of it)."""
+    def is_sys_path(node: ast.AST) -> bool:
+        node = node.value if isinstance(node, ast.Subscript) else node
+        return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value):
+            return True
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(is_sys_path(target) for target in targets):
+                return True
+    return False
+
+
+def test_no_module_outside_the_tests_edits_sys_path() -> None:
+    editing = set()
+    for path in REPO.rglob("*.py"):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.split("/")[0] in (".venv", "tests", ".git") or "/.venv/" in relative:
+            continue
+        if _edits_sys_path(ast.parse(path.read_text(encoding="utf-8"), relative)):
+            editing.add(relative)
+    assert editing - SYS_PATH_EDITS_LEFT == set(), "these modules edit sys.path; the repository root is importable"
+    assert SYS_PATH_EDITS_LEFT - editing == set(), "no longer edits sys.path: drop it from SYS_PATH_EDITS_LEFT"

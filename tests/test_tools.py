@@ -1,4 +1,5 @@
-"""The bring-your-own-data tools: prepare_synthetic_dataset.py, gen_csv.py and transcode.py."""
+"""The bring-your-own-data tools: prepare_synthetic_dataset.py, gen_csv.py and transcode.py (thin
+commands over synthetic_data, csv_data and dataloading.transcribe's csv source)."""
 import os
 import subprocess
 import sys
@@ -11,11 +12,11 @@ import yaml
 import data_errors
 import datasets
 import synthetic_data
-from feature_spec import FeatureSpec, FeatureSpecError
-from gen_csv import generate_csv
-from prepare_synthetic_dataset import CRITEO_VARIANTS
+from csv_data import generate_csv
+from dataloading.transcribe import transcribe
+from feature_spec import CRITEO_VARIANTS, DEFAULT_SPEC_NAME, FeatureSpec, FeatureSpecError
 from safe_io import OutputPathError
-from transcode import transcode
+from transcode import TRANSCODE_FLAGS
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_CSV_SPEC = os.path.join(REPO_ROOT, "tests", "transcoding", "small_csv.yaml")
@@ -24,6 +25,13 @@ SMALL_CSV_SPEC = os.path.join(REPO_ROOT, "tests", "transcoding", "small_csv.yaml
 def run_tool(script, *args):
     return subprocess.run([sys.executable, os.path.join(REPO_ROOT, script), *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
+
+
+def transcode(input_dir, output_dir, chunk_size=65536, overwrite=False, feature_spec_out=DEFAULT_SPEC_NAME):
+    """What transcode.py runs, in-process: the CSV dataset to split-binary; returns the written spec."""
+    transcribe("csv", input_dir, output_dir, "tf_raw", dst_feature_spec=feature_spec_out, src_batch_size=chunk_size,
+               overwrite=overwrite, names=TRANSCODE_FLAGS)
+    return FeatureSpec.from_yaml(os.path.join(output_dir, feature_spec_out))
 
 
 def tree(directory):
@@ -81,7 +89,7 @@ def test_criteo_variants_have_26_tables_and_the_reference_sizes():
 
 
 def test_synthetic_dataset_from_a_variant_and_from_a_spec_with_odd_paths(tmp_path):
-    from prepare_synthetic_dataset import output_spec
+    from synthetic_data import output_spec
     variant = output_spec(str(tmp_path / "t3"), None, "criteo_t3_synthetic", 13, [])
     synthetic_data.write_synthetic_dataset(variant, 512, 256, seed=5)
     assert FeatureSpec.from_yaml(str(tmp_path / "t3" / "feature_spec.yaml")).cardinalities == \
@@ -221,3 +229,36 @@ def test_gen_csv_refuses_an_external_file_without_naming_a_flag_it_lacks(tmp_pat
     assert "lies outside the dataset folder" in result.stderr, result.stderr
     assert "this command reads only files inside it" in result.stderr and "allowed explicitly" not in result.stderr
     assert not (tmp_path / "csv").exists() and not (tmp_path / "outside.csv").exists()
+
+
+def test_csv_is_a_transcribe_source_for_every_destination(csv_dir, tmp_path):
+    """transcode.py's conversion is transcribe's csv source: to split-TFRecords (whole batches only)
+    and back to split-binary, the first whole batches of the CSV files arrive unchanged."""
+    records = tmp_path / "records"
+    result = subprocess.run([sys.executable, "-m", "dataloading.transcribe", "--src_dataset_type", "csv",
+                             "--src_dataset_path", str(csv_dir), "--dst_dataset_type", "split_tfrecords",
+                             "--dst_dataset_path", str(records), "--src_batch_size", "256",
+                             "--dst_prebatch_size", "256"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "wrote 2 train and 2 test batches of 256 samples (split_tfrecords)" in result.stdout
+    binary = tmp_path / "binary"
+    transcribe("split_tfrecords", str(records), str(binary), "tf_raw", src_batch_size=256)
+    spec = FeatureSpec.from_yaml(str(binary / "feature_spec.yaml"))
+    assert spec.check_files() == {"train": 512, "test": 512}
+    _, columns = read_csv_columns(csv_dir, "train")
+    np.testing.assert_array_equal(np.fromfile(spec.file_of("train", "cat_1.bin"), spec.dtype_of("cat_1.bin")),
+                                  columns["cat_1.bin"][:512])
+
+
+def test_transcode_checks_the_output_before_reading_the_data(csv_dir, tmp_path):
+    """The first pass over the CSV files (values, `cardinality: auto`) runs only once the output is
+    known to be writable: a bad output is reported, not the bad value a long scan would find."""
+    _corrupt(csv_dir, "test/label.csv", 600, 0, 7)
+    out = tmp_path / "binary"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    with pytest.raises(OutputPathError, match="refusing"):
+        transcode(str(csv_dir), str(out))
+    with pytest.raises(data_errors.DataError, match="value 7 is not a label"):
+        transcode(str(csv_dir), str(tmp_path / "fresh"))
+    assert sorted(os.listdir(tmp_path)) == ["binary", "csv"] and os.listdir(out) == ["mine.txt"]

@@ -1,6 +1,7 @@
 """Issue 12 for the data tools: bad input is one error line and leaves the file system as it was;
 outputs never overlap inputs and appear whole or not at all (transcode.py, gen_csv.py,
-prepare_synthetic_dataset.py, datasets.SplitBinaryWriter, safe_io.check_replaceable).
+prepare_synthetic_dataset.py and the library code behind them, datasets.SplitBinaryWriter,
+safe_io.check_replaceable).
 
 Subprocess cases (the real entry points) are grouped per tool; the many variants of one rule run
 in-process against the same library functions the entry points call.
@@ -15,13 +16,12 @@ import yaml
 
 import data_errors
 import datasets
-import prepare_synthetic_dataset as synthetic
 import synthetic_data
+from csv_data import generate_csv
 from feature_spec import FeatureSpec, FeatureSpecError
-from gen_csv import generate_csv
 from multiproc import assert_one_error, run_python, snapshot
 from safe_io import OutputPathError, check_replaceable
-from transcode import transcode
+from test_tools import transcode
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_CSV_SPEC = os.path.join(REPO_ROOT, "tests", "transcoding", "small_csv.yaml")
@@ -64,7 +64,7 @@ def test_transcode_refuses_every_overlap_with_or_without_overwrite(csv_dir, tmp_
     (csv_dir / "train" / "label.csv").symlink_to(outside)
     before = snapshot(tmp_path)
     cases = [(csv_dir, "is --input"), (csv_dir / "test", "lies inside --input"),
-             (tmp_path, "contains --input"), (outside.parent, "contains the CSV file of mapping 'train'"),
+             (tmp_path, "contains --input"), (outside.parent, "contains the data file of mapping 'train'"),
              (csv_dir / "feature_spec.yaml", "lies inside --input")]
     for output, relation in cases:
         for overwrite in (False, True):
@@ -134,8 +134,7 @@ def test_transcode_output_path_problems_are_one_line(csv_dir, tmp_path):
     assert snapshot(tmp_path) == before
     with pytest.raises(OutputPathError, match="is a file, not a directory"):
         transcode(str(csv_dir), str(a_file / "out"))
-    with pytest.raises(ValueError, match="--input is required"):
-        transcode("", str(tmp_path / "out"))
+    assert_one_error(tool("transcode.py", "--output", tmp_path / "out"), "--input is required")
     with pytest.raises(OutputPathError, match="plain file name"):
         transcode(str(csv_dir), str(tmp_path / "out"), feature_spec_out="../spec.yaml")
     assert snapshot(tmp_path) == before
@@ -294,19 +293,19 @@ def test_gen_csv_overwrite_replaces_its_files_and_no_others(tmp_path):
 # ----------------------------------------------------------------- prepare_synthetic_dataset
 def test_synthetic_flags_main_py_cannot_train_are_refused_by_name():
     cases = [
-        (lambda: synthetic.sample_counts(0, None, 10), "--synthetic_dataset_num_entries is 0"),
-        (lambda: synthetic.sample_counts(100, 5, 10), "--synthetic_dataset_num_test_entries is 5"),
-        (lambda: synthetic.sample_counts(100, None, 0), "--synthetic_dataset_batch_size must be at least 1"),
-        (lambda: synthetic.parse_cardinalities([]), "--synthetic_dataset_table_sizes is empty"),
-        (lambda: synthetic.parse_cardinalities(["4", "0"]), "--synthetic_dataset_table_sizes .* got 0"),
-        (lambda: synthetic.parse_cardinalities(["2147483647"]), "table_sizes .* got 2147483647"),
-        (lambda: synthetic.output_spec("/x", None, None, 0, ["3"]), "--num_numerical_features .* got 0"),
+        (lambda: synthetic_data.sample_counts(0, None, 10), "--synthetic_dataset_num_entries is 0"),
+        (lambda: synthetic_data.sample_counts(100, 5, 10), "--synthetic_dataset_num_test_entries is 5"),
+        (lambda: synthetic_data.sample_counts(100, None, 0), "--synthetic_dataset_batch_size must be at least 1"),
+        (lambda: synthetic_data.parse_cardinalities([]), "--synthetic_dataset_table_sizes is empty"),
+        (lambda: synthetic_data.parse_cardinalities(["4", "0"]), "--synthetic_dataset_table_sizes .* got 0"),
+        (lambda: synthetic_data.parse_cardinalities(["2147483647"]), "table_sizes .* got 2147483647"),
+        (lambda: synthetic_data.output_spec("/x", None, None, 0, ["3"]), "--num_numerical_features .* got 0"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
-    assert synthetic.sample_counts(25, 12, 10) == (20, 10)
-    assert synthetic.parse_cardinalities(["1", "2147483646"]) == [1, 2147483646]
+    assert synthetic_data.sample_counts(25, 12, 10) == (20, 10)
+    assert synthetic_data.parse_cardinalities(["1", "2147483646"]) == [1, 2147483646]
 
 
 def test_synthetic_cli_refuses_bad_sizes_specs_and_overlaps(tmp_path):
