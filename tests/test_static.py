@@ -116,7 +116,8 @@ def test_every_pin_resolves_as_a_wheel_for_the_images_python(python: str, tmp_pa
 
 def test_op_cpu_kernel_builds_with_gxx_11_and_matches_numpy(tmp_path: Path) -> None:
     """The NGC 24.02 image compiles with g++ 11, which has no _Float16: build the whole CPU library
-    with it and run forward and backward (float, half and bfloat16) against the NumPy reference."""
+    with it and run forward and backward (float, half and bfloat16) against the NumPy reference, and
+    the fused bias + ReLU (its target_clones) against NumPy."""
     require(shutil.which("g++-11") is not None, "g++-11 not installed (Debian g++-11; `make setup`)")
     library = tmp_path / "_dot_based_interact_ops.so"
     build = run(["make", "-s", "-C", str(OP_DIR), "cpu", "CXX=g++-11", f"BUILD={tmp_path / 'build'}",
@@ -138,6 +139,9 @@ for dtype, tolerance in ((np.float32, 1e-5), (np.float16, 2e-3), (tf.bfloat16.as
     grad[:, 0, :] -= bottom_grad
     for actual, expected in ((op_output, output), (op_grad, grad), (op_bottom_grad, bottom_grad)):
         assert actual.dtype == dtype and max_scaled_error(actual.numpy(), expected) <= tolerance
+x, bias = rng.normal(size=(9, 70)).astype(np.float32), rng.normal(size=70).astype(np.float32)
+relu = ops.bias_relu_dropout(x=x, bias=bias, key=[1, 2], row_ids=np.arange(9), rate=0.0)
+assert np.array_equal(relu.numpy(), np.maximum(x + bias, 0))
 print("ok")
 """
     result = run([sys.executable, "-c", check], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})

@@ -87,25 +87,44 @@ inline __attribute__((always_inline)) void BackwardRowBody(const R* dy, const R*
   }
 }
 
-// The row loops compiled for AVX-512, AVX2 and the baseline, chosen once at load time by the CPU
-// (the hash's 32-bit multiplies and unsigned compares are several times faster with AVX-512).
-#define ROW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-ROW_CLONES void ForwardRow(const float* x, float* y, const float* bias, int64_t cols, uint32_t row, uint32_t threshold,
-                           float scale) {
-  ForwardRowBody(x, y, bias, cols, row, threshold, scale);
+// The row loops compiled for AVX-512 (BW: 16-bit lanes for bfloat16), AVX2 and the baseline, the
+// widest one this CPU runs chosen once: the hash's 32-bit multiplies and unsigned compares are several
+// times faster with AVX-512. (Chosen by hand: g++ 11, the NGC image's, has no target_clones for
+// AVX-512BW.)
+template <typename R>
+using ForwardFn = void (*)(const R*, R*, const float*, int64_t, uint32_t, uint32_t, float);
+template <typename R>
+using BackwardFn = void (*)(const R*, const R*, R*, float*, int64_t, float);
+
+#define ROW_LOOPS(SUFFIX, TARGET)                                                                          \
+  template <typename R>                                                                                   \
+  TARGET void ForwardRow##SUFFIX(const R* x, R* y, const float* bias, int64_t cols, uint32_t row,         \
+                                 uint32_t threshold, float scale) {                                       \
+    ForwardRowBody(x, y, bias, cols, row, threshold, scale);                                              \
+  }                                                                                                       \
+  template <typename R>                                                                                   \
+  TARGET void BackwardRow##SUFFIX(const R* dy, const R* y, R* dx, float* sum, int64_t cols, float scale) { \
+    BackwardRowBody(dy, y, dx, sum, cols, scale);                                                         \
+  }
+ROW_LOOPS(Avx512, __attribute__((target("avx512f,avx512bw"))))
+ROW_LOOPS(Avx2, __attribute__((target("avx2"))))
+ROW_LOOPS(Baseline, )
+#undef ROW_LOOPS
+
+template <typename R>
+struct RowLoops {
+  ForwardFn<R> forward;
+  BackwardFn<R> backward;
+};
+
+template <typename R>
+const RowLoops<R>& ChosenRowLoops() {
+  static const RowLoops<R> chosen =
+      __builtin_cpu_supports("avx512bw") ? RowLoops<R>{&ForwardRowAvx512<R>, &BackwardRowAvx512<R>}
+      : __builtin_cpu_supports("avx2")   ? RowLoops<R>{&ForwardRowAvx2<R>, &BackwardRowAvx2<R>}
+                                         : RowLoops<R>{&ForwardRowBaseline<R>, &BackwardRowBaseline<R>};
+  return chosen;
 }
-ROW_CLONES void ForwardRow(const uint16_t* x, uint16_t* y, const float* bias, int64_t cols, uint32_t row,
-                           uint32_t threshold, float scale) {
-  ForwardRowBody(x, y, bias, cols, row, threshold, scale);
-}
-ROW_CLONES void BackwardRow(const float* dy, const float* y, float* dx, float* sum, int64_t cols, float scale) {
-  BackwardRowBody(dy, y, dx, sum, cols, scale);
-}
-ROW_CLONES void BackwardRow(const uint16_t* dy, const uint16_t* y, uint16_t* dx, float* sum, int64_t cols,
-                            float scale) {
-  BackwardRowBody(dy, y, dx, sum, cols, scale);
-}
-#undef ROW_CLONES
 
 float Scale(float rate) { return 1.0f / (1.0f - rate); }
 
@@ -149,10 +168,11 @@ class BiasReluDropoutOp : public OpKernel {
     auto* out = RawData<T>(y);
     const int64_t* ids = row_ids.flat<int64_t>().data();
     const float* b = bias_values.data();
+    const auto forward = ChosenRowLoops<typename Raw<T>::type>().forward;
 
     auto work = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        ForwardRow(in + i * cols, out + i * cols, b, cols, RowHash(ids[i], k0) ^ k1, threshold, scale);
+        forward(in + i * cols, out + i * cols, b, cols, RowHash(ids[i], k0) ^ k1, threshold, scale);
       }
     };
     const auto& workers = *context->device()->tensorflow_cpu_worker_threads();
@@ -191,11 +211,12 @@ class BiasReluDropoutGradOp : public OpKernel {
     const auto& workers = *context->device()->tensorflow_cpu_worker_threads();
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(workers.num_threads, rows / 64));
     std::vector<float> sums(parts * cols, 0.0f);
+    const auto backward = ChosenRowLoops<typename Raw<T>::type>().backward;
     auto work = [&](int64_t first_part, int64_t last_part) {
       for (int64_t part = first_part; part < last_part; ++part) {
         float* sum = sums.data() + part * cols;
         for (int64_t i = rows * part / parts; i < rows * (part + 1) / parts; ++i) {
-          BackwardRow(grad + i * cols, out + i * cols, result + i * cols, sum, cols, scale);
+          backward(grad + i * cols, out + i * cols, result + i * cols, sum, cols, scale);
         }
       }
     };
