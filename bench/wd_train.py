@@ -5,16 +5,22 @@ weights; deep MLP 5 x 1024, dropout 0.1) with FTRL 0.02 on the wide part and RMS
 deep part (Keras's legacy optimizers: the TF 2.4 ones the reference ran, which update only the rows a
 batch touches), on the same in-memory batches of uniform random ids, numerics and labels, fp32:
 
-- ours: wide_and_deep.wd_model.TrainStep (grouped tables: four gathers and four sparse updates a step);
-- ours_amp_bf16 (on a CPU with bf16 units): ours under `--amp`, bfloat16 compute, float32 weights;
+- ours: wide_and_deep.wd_model.TrainStep (grouped tables: four gathers and four sparse updates a step;
+  each hidden layer's bias, ReLU and dropout one pass of the op package's BiasReluDropout);
 - reference: written plainly as V1 does it, `tf.keras.experimental.WideDeepModel` over a linear and a
   DNN Keras model built from one `Input` per feature and one `Embedding` layer per table (1-wide in the
-  linear model, the code's width in the DNN), one persistent GradientTape, each optimizer applied to its
-  model's variables, the step a tf.function.
+  linear model, the code's width in the DNN), Keras Dense + Dropout layers, one persistent GradientTape,
+  each optimizer applied to its model's variables, the step a tf.function;
+- on a CPU with bf16 units, both again under Keras's mixed_bfloat16 policy: ours is what `--amp` runs
+  on such a CPU; the reference's main.py refuses `--cpu --amp`, so its bf16 row is Keras's policy
+  applied to its approach, for a like-for-like comparison.
 
-Each is timed over `--steps` steps after `--warmup` steps (the first traces the graph); samples/s is
-batch x steps / seconds. The batch is 16384 by default: the reference's 131072 takes minutes per step on
-a small CPU (the MLP's matmuls are 5.3M multiply-adds per sample, x3 for training).
+All models are built first, then timed round-robin, one step each per round, for `--steps` rounds after
+`--warmup` rounds (the first traces the graphs), so a change of the machine's load touches every row
+alike; a row's step time is the median of its rounds and samples/s is batch / that. The batch is 16384
+by default: the reference's 131072 takes many seconds per step on a small CPU (the MLP's matmuls are
+5.3M multiply-adds per sample, x3 for training). oneDNN is on for both (TF_ENABLE_ONEDNN_OPTS=1 unless
+set, as the entry points set it).
 Writes bench/results/wd_train.json and prints a table.
 Usage: python -m bench.wd_train [--batch_size N] [--steps N] [--warmup N]
 """
@@ -24,8 +30,10 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "wd_train.json")
 
@@ -100,13 +108,16 @@ def ours_step(hidden, dropout):
             sum(int(np.prod(v.shape)) for v in model.trainable_variables))
 
 
-def timed(run, data, warmup, steps):
-    for i in range(warmup):
-        run(data[i % len(data)]).numpy()
-    start = time.perf_counter()
-    for i in range(steps):
-        run(data[(warmup + i) % len(data)]).numpy()
-    return time.perf_counter() - start
+def timed_round_robin(runs: dict, data: list, warmup: int, steps: int) -> dict:
+    """Median seconds of one step of each run, the runs taking turns step by step."""
+    times = {name: [] for name in runs}
+    for round_number in range(warmup + steps):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run(data[round_number % len(data)]).numpy()
+            if round_number >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def cpu_name() -> str:
@@ -126,35 +137,44 @@ def main() -> None:
     args = parser.parse_args()
     hidden, dropout = [1024] * 5, 0.1
     data = batches(args.batch_size, 2)
-    rows = {}
     bf16 = host_cpu_bf16_support()
-    runs = [("ours", ours_step, "float32"), ("reference_keras_widedeep", reference_step, "float32")]
+    plan = [("ours", ours_step, "float32"), ("reference_keras_widedeep", reference_step, "float32")]
     if bf16.supported:
-        runs.append(("ours_amp_bf16", ours_step, "mixed_bfloat16"))
-    for name, build, policy in runs:
+        plan += [("ours_amp_bf16", ours_step, "mixed_bfloat16"),
+                 ("reference_keras_widedeep_bf16", reference_step, "mixed_bfloat16")]
+    runs, parameters, policies = {}, {}, {}
+    for name, build, policy in plan:
         tf.keras.mixed_precision.set_global_policy(policy)
-        run, params = build(hidden, dropout)
-        seconds = timed(run, data, args.warmup, args.steps)
-        rows[name] = {"samples_per_s": args.batch_size * args.steps / seconds, "step_s": seconds / args.steps,
-                      "parameters": params, "policy": policy}
-        del run
-    speedup = rows["ours"]["samples_per_s"] / rows["reference_keras_widedeep"]["samples_per_s"]
+        runs[name], parameters[name] = build(hidden, dropout)
+        policies[name] = policy
+    tf.keras.mixed_precision.set_global_policy("float32")
+    step_seconds = timed_round_robin(runs, data, args.warmup, args.steps)
+    rows = {name: {"samples_per_s": args.batch_size / seconds, "step_s": seconds, "parameters": parameters[name],
+                   "policy": policies[name]} for name, seconds in step_seconds.items()}
+    rate = {name: row["samples_per_s"] for name, row in rows.items()}
+    speedups = {"fp32_vs_fp32": rate["ours"] / rate["reference_keras_widedeep"]}
+    if bf16.supported:
+        speedups["bf16_vs_keras_bf16"] = rate["ours_amp_bf16"] / rate["reference_keras_widedeep_bf16"]
+        speedups["amp_vs_reference_cpu_mode"] = rate["ours_amp_bf16"] / rate["reference_keras_widedeep"]
     result = {"batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "cpu": cpu_name(),
-              "threads": os.cpu_count(), "cpu_bf16": bf16.evidence, "load_average": os.getloadavg(), "rows": rows, "speedup": speedup,
-              "target_speedup": 1.5}
+              "threads": os.cpu_count(), "cpu_bf16": bf16.evidence, "load_average": os.getloadavg(), "rows": rows,
+              "speedups": speedups, "target_speedup": 1.5,
+              "command": f"python -m bench.wd_train --batch_size {args.batch_size} --steps {args.steps} "
+                         f"--warmup {args.warmup}"}
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS + ".tmp", "w") as f:
         json.dump(result, f, indent=1)
     os.replace(RESULTS + ".tmp", RESULTS)
-    print(f"Wide & Deep training, batch {args.batch_size}, fp32, {result['cpu']} ({result['threads']} threads)")
-    print(f"{'implementation':28} {'samples/s':>12} {'step s':>8} {'parameters':>12}")
+    print(f"Wide & Deep training, batch {args.batch_size}, {result['cpu']} ({result['threads']} threads), "
+          f"median of {args.steps} round-robin steps")
+    print(f"{'implementation':32} {'policy':>15} {'samples/s':>10} {'step s':>8} {'parameters':>11}")
     for name, row in rows.items():
-        print(f"{name:28} {row['samples_per_s']:12.0f} {row['step_s']:8.3f} {row['parameters']:12d}")
-    print(f"speedup ours / reference (both fp32): {speedup:.2f}x (target 1.5x)")
-    if "ours_amp_bf16" in rows:
-        print(f"speedup ours --amp (bf16) / reference fp32: "
-              f"{rows['ours_amp_bf16']['samples_per_s'] / rows['reference_keras_widedeep']['samples_per_s']:.2f}x")
-
+        print(f"{name:32} {row['policy']:>15} {row['samples_per_s']:10.0f} {row['step_s']:8.3f} {row['parameters']:11d}")
+    print(f"ours / reference, both fp32: {speedups['fp32_vs_fp32']:.2f}x")
+    if bf16.supported:
+        print(f"ours / reference, both bf16 (Keras mixed_bfloat16): {speedups['bf16_vs_keras_bf16']:.2f}x")
+        print(f"ours --amp (bf16) / the reference's CPU mode (fp32; it refuses --cpu --amp): "
+              f"{speedups['amp_vs_reference_cpu_mode']:.2f}x (target 1.5x)")
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ Usage: scripts/demo_wd.sh [--help]
 
 Steps (outputs under $DEMO_DIR, default ./demo_output_wd):
   1. python -m wide_and_deep.outbrain_synthetic writes the seven Outbrain CSVs and teacher.json (the
-     teacher's MAP@12 on the eval displays: the ceiling);
+     teacher's MAP@12 and AUC on the eval displays: the ceiling);
   2. wide_and_deep/scripts/preproc.sh duckdb 4 turns them into 4096-row TFRecords (train/, eval/);
   3. horovodrun -np 2 --gloo main.py (from wide_and_deep/, --cpu): the reference's model with a
      smaller deep part, every 100 steps and per epoch the reference's log keys, a checkpoint per epoch;
@@ -80,5 +80,6 @@ summary = json.load(open(sys.argv[3]))
 print(f"preprocessing: {json.dumps(summary.get('rows', summary.get('total', {})))}")
 print(f"MAP@12: reference's {final['streaming_map_val']:.4f}, exact {final['exact_map_val']:.4f}; "
       f"teacher {teacher['map_at_12_eval']:.4f}")
-print(f"AUC {final['auc_val']:.4f}, loss {final['loss_val']:.4f}, accuracy {final['binary_accuracy_val']:.4f}")
+print(f"AUC {final['auc_val']:.4f} (teacher {teacher['auc_eval']:.4f}), loss {final['loss_val']:.4f}, "
+      f"accuracy {final['binary_accuracy_val']:.4f}")
 PY

@@ -88,6 +88,7 @@ def test_generator_files_and_cardinalities(data):
     assert views.iloc[0] > 10 * views.mean()
     teacher = json.loads((data / "csv" / "teacher.json").read_text())
     assert 0.5 < teacher["map_at_12_eval"] < 1.0 and teacher["click_rows"] == len(clicks)
+    assert 0.5 < teacher["auc_eval"] < 1.0
 
 
 # ----------------------------------------------------------------------------- records

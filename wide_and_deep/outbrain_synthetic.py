@@ -10,7 +10,7 @@ A teacher decides the click of each display from features the preprocessing reco
 of the ad, its advertiser and its campaign (train-split CTRs), topic and category overlap between
 the page and the ad's document (TF-IDF similarities) and the ad document's age (days since
 published). Its score plus Gumbel noise picks the clicked ad; ranking each eval display's ads by
-the score alone gives the teacher's MAP@12, written to `teacher.json` with the split rule of
+the score alone gives the teacher's MAP@12 (and its AUC), written to `teacher.json` with the split rule of
 `outbrain_rules` (displays the preprocessing drops for a missing geo or platform excluded): the
 ceiling a model should approach. The same seed gives the same bytes.
 
@@ -29,6 +29,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from metrics import exact_auc
 from safe_io import OutputPathError, atomic_directory
 from wide_and_deep.outbrain_rules import (DAY_MS, DEFAULT_SPLIT_SEED, INPUT_FILES, NUM_DAYS, OUTBRAIN_EPOCH_MS,
                                           eval_mask)
@@ -256,6 +257,7 @@ def generate(output: str, displays: int, seed: int, split_seed: int = DEFAULT_SP
     in_eval = eval_mask(split_seed, display_ids, days) & kept
     eval_rows = in_eval[row_display]
     teacher = {"map_at_12_eval": _map_at_12(row_display[eval_rows], score[eval_rows], clicked[eval_rows]),
+               "auc_eval": exact_auc(clicked[eval_rows], score[eval_rows]),
                "map_at_12_train": _map_at_12(row_display[~eval_rows & kept[row_display]],
                                              score[~eval_rows & kept[row_display]],
                                              clicked[~eval_rows & kept[row_display]]),

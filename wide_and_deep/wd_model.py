@@ -125,7 +125,8 @@ class DeepEmbeddings(tf.keras.layers.Layer):
         pieces = {}
         for names, table, columns, offsets in zip(self.groups, self.tables, self.columns, self.offsets):
             vectors = tf.gather(table, tf.gather(categorical, columns, axis=1) + offsets)  # [B, n, width]
-            pieces.update({name: vectors[:, i] for i, name in enumerate(names)})
+            # One Unpack (its gradient one Pack), not n slices whose gradients are n full-size tensors.
+            pieces.update(zip(names, tf.unstack(vectors, axis=1)))
         pieces.update({name: numeric[:, i:i + 1] for i, name in enumerate(F.NUMERIC_FEATURES)})
         return tf.concat([tf.cast(pieces[name], self.compute_dtype) for name in F.deep_input_order()], axis=1)
 
