@@ -133,13 +133,22 @@ tensorflow::Status CheckRate(float rate) {
   return tensorflow::OkStatus();
 }
 
-template <typename T>
-class BiasReluDropoutOp : public OpKernel {
+// Both ops' `rate` attribute, read and checked once at construction.
+class RateKernel : public OpKernel {
  public:
-  explicit BiasReluDropoutOp(OpKernelConstruction* context) : OpKernel(context) {
+  explicit RateKernel(OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("rate", &rate_));
     OP_REQUIRES_OK(context, CheckRate(rate_));
   }
+
+ protected:
+  float rate_ = 0.0f;
+};
+
+template <typename T>
+class BiasReluDropoutOp : public RateKernel {
+ public:
+  using RateKernel::RateKernel;
 
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
@@ -178,18 +187,12 @@ class BiasReluDropoutOp : public OpKernel {
     const auto& workers = *context->device()->tensorflow_cpu_worker_threads();
     tensorflow::Shard(workers.num_threads, workers.workers, rows, 12 * cols, work);
   }
-
- private:
-  float rate_ = 0.0f;
 };
 
 template <typename T>
-class BiasReluDropoutGradOp : public OpKernel {
+class BiasReluDropoutGradOp : public RateKernel {
  public:
-  explicit BiasReluDropoutGradOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rate", &rate_));
-    OP_REQUIRES_OK(context, CheckRate(rate_));
-  }
+  using RateKernel::RateKernel;
 
   void Compute(OpKernelContext* context) override {
     const Tensor& dy = context->input(0);
@@ -229,8 +232,6 @@ class BiasReluDropoutGradOp : public OpKernel {
     }
   }
 
- private:
-  float rate_ = 0.0f;
 };
 
 #define REGISTER_RELU_DROPOUT(T)                                                                     \
