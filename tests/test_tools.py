@@ -1,5 +1,6 @@
 """The bring-your-own-data tools: prepare_synthetic_dataset.py, gen_csv.py and transcode.py (thin
 commands over synthetic_data, csv_data and dataloading.transcribe's csv source)."""
+import json
 import os
 import subprocess
 import sys
@@ -262,3 +263,29 @@ def test_transcode_checks_the_output_before_reading_the_data(csv_dir, tmp_path):
     with pytest.raises(data_errors.DataError, match="value 7 is not a label"):
         transcode(str(csv_dir), str(tmp_path / "fresh"))
     assert sorted(os.listdir(tmp_path)) == ["binary", "csv"] and os.listdir(out) == ["mine.txt"]
+
+
+def test_before_after_runs_two_commits_in_turns_and_reports_their_medians(tmp_path):
+    """bench/before_after.py: each commit in its own worktree (its own files), alternating, medians and
+    the ratio in the report; the worktrees are gone afterwards."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    report = tmp_path / "report.json"
+    # the metric: how many lines the commit's README has, so the two sides differ when the commits do
+    command = ["python", "-c", "import json; json.dump({'readme': {'lines': len(open('README.md').readlines())}}, "
+                               "open('lines.json', 'w'))"]
+    shallow = subprocess.run(["git", "rev-parse", "--verify", "HEAD~1"], cwd=repo, capture_output=True).returncode
+    before = "HEAD" if shallow else "HEAD~1"  # a shallow clone has one commit: both sides are it
+    done = subprocess.run([sys.executable, "-m", "bench.before_after", "--before", before, "--after", "HEAD",
+                           "--rounds", "2", "--results", "lines.json", "--metric", "readme.lines",
+                           "--output", str(report), "--", *command], cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(report.read_text())
+    assert [len(v) for v in result["samples"]["before"].values()] == [2]
+    for side, revision in (("before", before), ("after", "HEAD")):
+        commit = subprocess.run(["git", "rev-parse", revision], cwd=repo, capture_output=True, text=True).stdout.strip()
+        assert result["commits"][side] == commit
+        readme = subprocess.run(["git", "show", f"{commit}:README.md"], cwd=repo, capture_output=True, text=True).stdout
+        assert result["medians"][side]["readme.lines"] == len(readme.splitlines())
+    assert "after/before" in done.stdout
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+    assert "before_after_" not in worktrees
