@@ -182,6 +182,30 @@ def test_cuda_objects_hold_every_architecture_this_nvcc_builds(tmp_path: Path) -
     assert record == {"cuda_sm": expected, "cuda_ptx": [expected[-1]]}
 
 
+def test_reference_peer_builds_against_a_deeplearningexamples_copy(tmp_path: Path) -> None:
+    """The harness's peer (`make reference-peer`, what `scripts/gpu_interaction_check.sh
+    --reference DIR` runs) compiles with nvcc for sm_90 against a real copy of NVIDIA
+    DeepLearningExamples (DLE_COPY: its root, e.g. the 24.03 release; never stored here), its
+    binary holds an sm_90 cubin, and a folder that is no such copy is refused by name."""
+    copy = os.environ.get("DLE_COPY", "")
+    require(shutil.which("nvcc") is not None, "nvcc not installed (CUDA toolkit)")
+    require(bool(copy) and Path(copy).is_dir(), "DLE_COPY does not name a copy of NVIDIA DeepLearningExamples")
+    cuobjdump = cuobjdump_path()
+    require(cuobjdump is not None, "cuobjdump not installed (nvidia-cuda-cuobjdump; `make setup`)")
+    build = run(["make", "-s", "-C", str(OP_DIR), "reference-peer", f"BUILD={tmp_path}", f"REFERENCE={copy}",
+                 "CUDA_ARCHS=90"])
+    assert build.returncode == 0, build.stderr[-4000:]
+    listing = run([cuobjdump, "--list-elf", str(tmp_path / "reference_peer")]).stdout
+    assert set(re.findall(r"\.sm_(\d+)\.cubin$", listing, re.M)) == {"90"}, listing
+    empty = tmp_path / "not_a_copy"
+    empty.mkdir()
+    refused = run(["make", "-s", "-C", str(OP_DIR), "reference-peer", f"BUILD={tmp_path / 'refused'}",
+                   f"REFERENCE={empty}", "CUDA_ARCHS=90"])
+    assert refused.returncode != 0
+    assert f"{empty} is not a DeepLearningExamples copy" in refused.stderr
+    assert not (tmp_path / "refused" / "reference_peer").exists()
+
+
 # Shared memory per SM a kernel may use (bytes) and resident warps per SM.
 SM_LIMITS = {"A100": (164 * 1024, 64), "H100": (228 * 1024, 64)}
 LAYOUT_PROBE = r"""
