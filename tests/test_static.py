@@ -206,6 +206,27 @@ def test_reference_peer_builds_against_a_deeplearningexamples_copy(tmp_path: Pat
     assert not (tmp_path / "refused" / "reference_peer").exists()
 
 
+def test_peer_comparison_of_the_h100_baseline() -> None:
+    """check_harness's comparison with the peer, on the first real run (H100, commit cd465df):
+    the recorded speed-ups are the reference's time over ours, the targets per mode are the
+    issue's, and that run meets them only for fp32 with TF32 off."""
+    sys.path.insert(0, str(OP_DIR / "harness"))
+    try:
+        from check_harness import PEER_TARGET, compare_with_peer
+    finally:
+        sys.path.pop(0)
+    baseline = json.loads((REPO / "bench" / "results" / "interaction_cuda_baseline_h100.json").read_text())
+    assert baseline["device"] == "NVIDIA H100 80GB HBM3" and baseline["commit"] == "cd465df"
+    rows = compare_with_peer(baseline["bandwidth"], baseline["peer"]["bandwidth"])
+    assert rows == baseline["peer"]["comparison"] and len(rows) == 9
+    both = {row["mode"]: row for row in rows if row["direction"] == "forward+backward"}
+    assert {mode: round(row["speedup"], 2) for mode, row in both.items()} == {"fp16": 0.82, "tf32": 0.91, "fp32": 2.44}
+    assert {mode: row["target"] for mode, row in both.items()} == PEER_TARGET == {"fp16": 1.25, "tf32": 1.25,
+                                                                                  "fp32": 2.0}
+    assert [mode for mode, row in both.items() if row["target_met"]] == ["fp32"]
+    assert baseline["peer_target_met"] is False and baseline["bandwidth_target_met"] is False
+
+
 # Shared memory per SM a kernel may use (bytes) and resident warps per SM.
 SM_LIMITS = {"A100": (164 * 1024, 64), "H100": (228 * 1024, 64)}
 LAYOUT_PROBE = r"""
