@@ -327,6 +327,62 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
     assert fitting == {2: 16 * 32, 4: 32 * 32}  # D a multiple of 8 (fp16) or 4 (fp32) up to 128, F <= 32
 
 
+# An H100's per-SM limits (compute 9.0): registers, allocated per warp in units of 256; shared
+# memory per SM and per block; threads; blocks.
+H100 = {"registers": 65536, "register_unit": 256, "shared": 228 * 1024, "block_shared": 227 * 1024,
+        "threads": 2048, "blocks": 32}
+
+
+def h100_resident_blocks(registers: int, threads: int, block_shared: int) -> Dict[str, int]:
+    """Blocks of `threads` threads using `registers` per thread and `block_shared` bytes of
+    shared memory (static, which includes the runtime's reserve, + dynamic) that an H100 SM
+    holds at once, by each limit."""
+    assert block_shared <= H100["block_shared"], block_shared
+    warps = threads // 32
+    per_warp = -(-registers * 32 // H100["register_unit"]) * H100["register_unit"]
+    return {"registers": H100["registers"] // per_warp // warps, "shared": H100["shared"] // block_shared,
+            "threads": H100["threads"] // threads, "blocks": H100["blocks"]}
+
+
+def test_tensor_core_kernels_hold_the_residency_they_claim_on_an_h100(tmp_path: Path) -> None:
+    """From the sm_90 build (cuobjdump --dump-resource-usage: registers, static shared memory)
+    and the launch configuration of kernel_layout.h (threads per block, dynamic shared memory at
+    Criteo's 27 x 128), each tensor-core kernel is resident on an H100 exactly as its layout
+    header claims (kForwardBlocksPerSm, kBackwardBlocksPerSm), shared memory being the limit and
+    registers no tighter. The first kernels (102 registers, 4 warps and 34,816 + 1,024 bytes per
+    block forward; 96 registers and 60,928 + 1,024 bytes backward) would fail it."""
+    require(shutil.which("nvcc") is not None, "nvcc not installed (CUDA toolkit)")
+    cuobjdump = cuobjdump_path()
+    require(cuobjdump is not None, "cuobjdump not installed (nvidia-cuda-cuobjdump; `make setup`)")
+    probe = tensor_core_layouts(tmp_path)
+    objects = tmp_path / "sm90"
+    kernels_object = objects / "cuda" / "kernels" / "cuda" / "dot_based_interact.o"
+    build = run(["make", "-s", "-C", str(OP_DIR), f"BUILD={objects}", "CUDA_ARCHS=90", str(kernels_object)])
+    assert build.returncode == 0, build.stderr[-4000:]
+    usage = run([cuobjdump, "--dump-resource-usage", str(kernels_object)]).stdout
+    found = re.findall(r"Function (\S*(Forward|Backward)TensorCoreKernel\S*):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+)",
+                       usage)
+    criteo = {entry["size"]: entry for entry in probe["layouts"] if (entry["f"], entry["d"]) == (27, 128)}
+    claims = {"Forward": probe["forward_blocks_claim"], "Backward": probe["backward_blocks_claim"]}
+    seen = set()
+    for name, direction, registers, stack, static_shared in found:
+        kind = "fp16" if "__half" in name else "3xtf32" if "SplitTf32" in name else "tf32"
+        seen.add((direction, kind))
+        assert int(stack) == 0, f"{direction} {kind} spills to the stack"
+        # The runtime's reserve per block is in the cubin's static shared memory; the kernels have none of their own.
+        assert int(static_shared) == probe["reserved"], (name, static_shared)
+        layout = criteo[2 if kind == "fp16" else 4]
+        dynamic = probe["warps_per_block"] * layout[f"{direction.lower()}_bytes"]
+        limits = h100_resident_blocks(int(registers), probe["threads_per_block"], dynamic + int(static_shared))
+        resident = min(limits.values())
+        assert resident == claims[direction] == limits["shared"], (direction, kind, registers, limits)
+        assert layout["blocks"]["H100"][0 if direction == "Forward" else 1] == resident
+    assert seen == {(direction, kind) for direction in claims for kind in ("fp16", "tf32", "3xtf32")}, usage
+    old = {"Forward": h100_resident_blocks(102, 128, 34816 + 1024), "Backward": h100_resident_blocks(96, 128, 60928 + 1024)}
+    assert {direction: min(limits.values()) for direction, limits in old.items()} == {"Forward": 4, "Backward": 3}
+    assert all(min(old[direction].values()) != claims[direction] for direction in claims)
+
+
 def test_op_readme_states_the_kernel_layout(tmp_path: Path) -> None:
     """The op README's shared-memory table is kernel_layout.h's numbers for Criteo (27 x 128)."""
     probe = tensor_core_layouts(tmp_path)
