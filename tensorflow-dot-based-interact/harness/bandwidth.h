@@ -6,9 +6,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -109,6 +111,55 @@ inline std::string JoinEntries(const std::vector<std::string>& entries) {
   std::string joined;
   for (size_t e = 0; e < entries.size(); ++e) joined += (e ? ",\n    " : "") + entries[e];
   return joined;
+}
+
+// The command line both programs share: --output PATH (required), --repeats N and --batch B (at
+// least 1), plus a program's own integer options (`numbers`, at least 1) and flags.
+struct Options {
+  std::string output;
+  int repeats = 50;
+  int64_t batch = 65536;
+};
+
+// Fills `options`; returns -1 to go on, else the exit status (0 after --help, 2 after printing
+// the usage for a bad command line).
+inline int ParseOptions(int argc, char** argv, Options* options, void (*usage)(FILE*),
+                        const std::map<std::string, int64_t*>& numbers = {},
+                        const std::map<std::string, bool*>& flags = {}) {
+  for (int a = 1; a < argc; ++a) {
+    const std::string argument = argv[a];
+    if (argument == "--help" || argument == "-h") {
+      usage(stdout);
+      return 0;
+    }
+    const auto flag = flags.find(argument);
+    if (flag != flags.end()) {
+      *flag->second = true;
+      continue;
+    }
+    const auto number = numbers.find(argument);
+    const bool known = argument == "--output" || argument == "--repeats" || argument == "--batch" ||
+                       number != numbers.end();
+    if (!known || a + 1 >= argc) {
+      usage(stderr);
+      return 2;
+    }
+    const char* value = argv[++a];
+    if (argument == "--output") {
+      options->output = value;
+    } else if (argument == "--repeats") {
+      options->repeats = std::max(1, std::atoi(value));
+    } else if (argument == "--batch") {
+      options->batch = std::max<int64_t>(1, std::atoll(value));
+    } else {
+      *number->second = std::max<int64_t>(1, std::atoll(value));
+    }
+  }
+  if (options->output.empty()) {
+    usage(stderr);
+    return 2;
+  }
+  return -1;
 }
 
 }  // namespace bandwidth

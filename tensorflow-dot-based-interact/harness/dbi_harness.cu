@@ -283,42 +283,15 @@ void Usage(FILE* stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string directory;
-  int repeats = 50;
-  int64_t batch = 65536;
+  bandwidth::Options options;
   bool quick = false;
   int64_t max_batch = 0;  // 0: no cap
-  for (int a = 1; a < argc; ++a) {
-    const std::string argument = argv[a];
-    if (argument == "--help" || argument == "-h") {
-      Usage(stdout);
-      return 0;
-    }
-    if (argument == "--quick") {
-      quick = true;
-      continue;
-    }
-    if (a + 1 >= argc) {
-      Usage(stderr);
-      return 2;
-    }
-    if (argument == "--output") {
-      directory = argv[++a];
-    } else if (argument == "--repeats") {
-      repeats = std::max(1, std::atoi(argv[++a]));
-    } else if (argument == "--max-batch") {
-      max_batch = std::max<int64_t>(1, std::atoll(argv[++a]));
-    } else if (argument == "--batch") {
-      batch = std::max<int64_t>(1, std::atoll(argv[++a]));
-    } else {
-      Usage(stderr);
-      return 2;
-    }
-  }
-  if (directory.empty()) {
-    Usage(stderr);
-    return 2;
-  }
+  const int status = bandwidth::ParseOptions(argc, argv, &options, Usage, {{"--max-batch", &max_batch}},
+                                             {{"--quick", &quick}});
+  if (status >= 0) return status;
+  const std::string& directory = options.output;
+  const int repeats = options.repeats;
+  const int64_t batch = options.batch;
   int device = 0;
   Check(cudaGetDevice(&device), "cudaGetDevice");
   cudaDeviceProp properties;

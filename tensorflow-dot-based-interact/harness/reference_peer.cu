@@ -10,9 +10,7 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -80,40 +78,16 @@ void Usage(FILE* stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string path;
-  int repeats = 50;
-  long long batch = 65536;
-  for (int a = 1; a < argc; ++a) {
-    const std::string argument = argv[a];
-    if (argument == "--help" || argument == "-h") {
-      Usage(stdout);
-      return 0;
-    }
-    if (a + 1 >= argc) {
-      Usage(stderr);
-      return 2;
-    }
-    if (argument == "--output") {
-      path = argv[++a];
-    } else if (argument == "--repeats") {
-      repeats = std::max(1, std::atoi(argv[++a]));
-    } else if (argument == "--batch") {
-      batch = std::max(1LL, std::atoll(argv[++a]));
-    } else {
-      Usage(stderr);
-      return 2;
-    }
-  }
-  if (path.empty()) {
-    Usage(stderr);
-    return 2;
-  }
+  bandwidth::Options options;
+  const int status = bandwidth::ParseOptions(argc, argv, &options, Usage);
+  if (status >= 0) return status;
   int device = 0;
   bandwidth::Check(cudaGetDevice(&device), "reference_peer: cudaGetDevice");
   int memory_clock_khz = 0;
   int bus_width_bits = 0;
   const double peak_gbs = bandwidth::PeakGbs(device, &memory_clock_khz, &bus_width_bits);
-  const uint samples = static_cast<uint>(batch);
+  const uint samples = static_cast<uint>(options.batch);
+  const int repeats = options.repeats;
   std::vector<std::string> entries;
   for (const auto& mode : {TimeMode("fp16", "reference_fp16", 2, samples, repeats, peak_gbs,
                                     dotBasedInteractFP16Fwd, dotBasedInteractFP16Bwd),
@@ -123,10 +97,10 @@ int main(int argc, char** argv) {
                                     dotBasedInteractFP32Fwd, dotBasedInteractFP32Bwd)}) {
     entries.insert(entries.end(), mode.begin(), mode.end());
   }
-  std::ofstream file(path);
+  std::ofstream file(options.output);
   file << "{\n  \"peer\": \"NVIDIA DeepLearningExamples TensorFlow2/Recommendation/DLRM_and_DCNv2 "
           "tensorflow-dot-based-interact launchers\",\n  \"bandwidth\": [\n    "
        << bandwidth::JoinEntries(entries) << "\n  ]\n}\n";
-  std::printf("reference_peer: %zu bandwidth entries written to %s\n", entries.size(), path.c_str());
+  std::printf("reference_peer: %zu bandwidth entries written to %s\n", entries.size(), options.output.c_str());
   return file ? 0 : 1;
 }
