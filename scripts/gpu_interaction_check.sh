@@ -4,7 +4,8 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: scripts/gpu_interaction_check.sh [--output DIR] [--batch N] [--repeats N] [--no-sanitizer]
+Usage: scripts/gpu_interaction_check.sh [--output DIR] [--batch N] [--repeats N] [--reference DLE]
+                                      [--no-sanitizer]
 
 On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
   1. builds the standalone harness (tensorflow-dot-based-interact/harness) for this GPU's
@@ -14,6 +15,11 @@ On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
      (2048, 27, 128), D = 255-257, F > 32, unaligned buffers) against the NumPy reference and
      times forward, backward and both at (N, 27, 128), N = 65536 by default, writing
      DIR/interaction_cuda.json (DIR defaults to bench/results) and printing a table;
+     with --reference DLE (a copy of NVIDIA DeepLearningExamples, fetched at run time, never
+     stored in this repository) it also builds the reference's TF2 DLRM_and_DCNv2 dot-interaction
+     launchers (fp16, TF32, fp32) from that copy and times them in the same run, at the same
+     shape, bytes, warm-up and repeats; the JSON then holds both, the speed-up per mode and
+     direction and each one's fraction of the HBM peak;
   3. runs the correctness cases at batch <= 8 under compute-sanitizer memcheck, racecheck and synccheck
      (skipped with --no-sanitizer or when compute-sanitizer is absent), logs in DIR.
 Exit status: 0 when everything passed; 1 when a check failed; 3 when NumPy is missing (the JSON
@@ -33,6 +39,7 @@ OUTPUT_DIR="${REPO_DIR}/bench/results"
 BATCH=65536
 REPEATS=50
 SANITIZER=1
+REFERENCE=""
 ARGUMENTS="$*"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -40,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --output) [[ $# -ge 2 ]] || die "--output needs a folder"; OUTPUT_DIR="$2"; shift 2 ;;
     --batch) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--batch needs a positive integer"; BATCH="$2"; shift 2 ;;
     --repeats) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--repeats needs a positive integer"; REPEATS="$2"; shift 2 ;;
+    --reference) [[ -n "${2:-}" ]] || die "--reference needs a DeepLearningExamples folder"; REFERENCE="$2"; shift 2 ;;
     --no-sanitizer) SANITIZER=0; shift ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -49,6 +57,15 @@ NVCC="${NVCC:-nvcc}"
 PYTHON="${PYTHON:-python3}"
 command -v "${NVCC}" >/dev/null || die "${NVCC} not found (the CUDA toolkit's compiler; set NVCC=)"
 command -v "${PYTHON}" >/dev/null || die "${PYTHON} not found (set PYTHON=)"
+if [[ -n "${REFERENCE}" ]]; then
+  [[ -d "${REFERENCE}" ]] || die "--reference ${REFERENCE}: no such folder"
+  REFERENCE="$(cd "${REFERENCE}" && pwd)"
+  command -v make >/dev/null || die "make not found (it builds the reference peer)"
+  # The op's Makefile knows where the reference's launchers lie in the copy.
+  if ! refusal="$(make -s -C "${OP_DIR}" check-reference "REFERENCE=${REFERENCE}" 2>&1)"; then
+    die "--reference: $(head -n 1 <<<"${refusal}")"
+  fi
+fi
 mkdir -p "${OUTPUT_DIR}"
 OUTPUT_DIR="$(cd "${OUTPUT_DIR}" && pwd)"
 BUILD_DIR="$(mktemp -d)"
@@ -75,10 +92,17 @@ else
     "${OP_DIR}/harness/dbi_harness.cu" "${OP_DIR}/cc/kernels/cuda/dot_based_interact.cu" -o "${HARNESS}"
 fi
 
+check_arguments=(--binary "${HARNESS}" --results "${OUTPUT_DIR}/interaction_cuda.json" --batch "${BATCH}"
+  --repeats "${REPEATS}" --command "scripts/gpu_interaction_check.sh ${ARGUMENTS}")
+if [[ -n "${REFERENCE}" ]]; then
+  peer_arguments=(-s -C "${OP_DIR}" reference-peer "BUILD=${BUILD_DIR}" "NVCC=${NVCC}" "REFERENCE=${REFERENCE}")
+  if [[ -n "${ARCHS}" ]]; then peer_arguments+=("CUDA_ARCHS=${ARCHS}"); fi
+  make "${peer_arguments[@]}"
+  check_arguments+=(--peer-binary "${BUILD_DIR}/reference_peer")
+fi
+
 status=0
-"${PYTHON}" "${OP_DIR}/harness/check_harness.py" --binary "${HARNESS}" \
-  --results "${OUTPUT_DIR}/interaction_cuda.json" --batch "${BATCH}" --repeats "${REPEATS}" \
-  --command "scripts/gpu_interaction_check.sh ${ARGUMENTS}" || status=$?
+"${PYTHON}" "${OP_DIR}/harness/check_harness.py" "${check_arguments[@]}" || status=$?
 
 if [[ "${SANITIZER}" == 1 ]]; then
   if command -v compute-sanitizer >/dev/null; then

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bandwidth.h"
 #include "cuda/dot_based_interact_launchers.h"
 
 namespace dbi = dot_based_interact;
@@ -28,10 +29,7 @@ namespace dbi_cuda = dot_based_interact::cuda;
 namespace {
 
 void Check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "dbi_harness: %s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
+  bandwidth::Check(status, (std::string("dbi_harness: ") + what).c_str());
 }
 
 void CheckLaunch(const dbi_cuda::LaunchResult& result) {
@@ -161,9 +159,7 @@ dbi::InteractShape MakeShape(int64_t batch, int64_t num_vectors, int64_t dim) {
 }
 
 std::string ShapeJson(const dbi::InteractShape& shape) {
-  std::ostringstream json;
-  json << "[" << shape.batch << ", " << shape.num_vectors << ", " << shape.dim << "]";
-  return json.str();
+  return bandwidth::ShapeJson(shape.batch, shape.num_vectors, shape.dim);
 }
 
 // Runs one correctness case, writes its .npy files and returns its manifest entry.
@@ -210,59 +206,21 @@ std::string CorrectnessCase(const std::string& directory, const dbi::InteractSha
                    : CorrectnessCase<float>(directory, name, shape, mode, fold, offset);
 }
 
-// Milliseconds per call of `launch`, averaged over `repeats` after as many warm-up calls.
-template <typename Launch>
-double TimeMs(Launch launch, int repeats) {
-  for (int r = 0; r < repeats; ++r) launch();
-  Check(cudaDeviceSynchronize(), "warm-up");
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "cudaEventCreate");
-  Check(cudaEventCreate(&stop), "cudaEventCreate");
-  Check(cudaEventRecord(start), "cudaEventRecord");
-  for (int r = 0; r < repeats; ++r) launch();
-  Check(cudaEventRecord(stop), "cudaEventRecord");
-  Check(cudaEventSynchronize(stop), "kernel execution");
-  float milliseconds = 0.0f;
-  Check(cudaEventElapsedTime(&milliseconds, start, stop), "cudaEventElapsedTime");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return milliseconds / repeats;
-}
-
-std::string BandwidthEntry(const dbi::InteractShape& shape, const Mode& mode, const char* kernel,
-                           const char* direction, double milliseconds, double bytes, double peak_gbs) {
-  const double gbs = bytes / (milliseconds * 1e-3) / 1e9;
-  std::ostringstream json;
-  json << "{\"shape\": " << ShapeJson(shape) << ", \"mode\": \"" << mode.name << "\", \"dtype\": \""
-       << (mode.half ? "float16" : "float32") << "\", \"kernel\": \"" << kernel << "\", \"direction\": \"" << direction
-       << "\", \"ms\": " << milliseconds << ", \"bytes\": " << bytes << ", \"gb_per_s\": " << gbs
-       << ", \"fraction_of_peak\": " << (peak_gbs > 0 ? gbs / peak_gbs : 0.0) << "}";
-  return json.str();
-}
-
 // Times forward, backward and forward + backward of one large shape: three manifest entries.
 template <typename T>
 std::vector<std::string> BandwidthCase(const dbi::InteractShape& shape, const Mode& mode, int repeats,
                                        double peak_gbs) {
   DeviceCall<T> call(shape, 0);
-  // 0x3C bytes: 1.06 in fp16, 0.0115 in fp32; finite and non-zero.
-  Check(cudaMemset(call.input, 0x3C, call.InputCount() * sizeof(T)), "cudaMemset");
-  Check(cudaMemset(call.upstream, 0x3C, call.OutputCount() * sizeof(T)), "cudaMemset");
+  Check(cudaMemset(call.input, bandwidth::kFillByte, call.InputCount() * sizeof(T)), "cudaMemset");
+  Check(cudaMemset(call.upstream, bandwidth::kFillByte, call.OutputCount() * sizeof(T)), "cudaMemset");
   const dbi_cuda::LaunchResult forward = call.Forward(mode);
   CheckLaunch(forward);
   CheckLaunch(call.Backward(mode, true));
   Check(cudaDeviceSynchronize(), "kernel execution");
-  const double element = sizeof(T);
-  const double forward_bytes = element * (call.InputCount() + call.OutputCount());
-  const double backward_bytes = element * (2.0 * call.InputCount() + call.OutputCount() + call.BottomCount());
-  const double forward_ms = TimeMs([&] { call.Forward(mode); }, repeats);
-  const double backward_ms = TimeMs([&] { call.Backward(mode, true); }, repeats);
-  const double both_ms = TimeMs([&] { call.Forward(mode); call.Backward(mode, true); }, repeats);
-  Check(cudaGetLastError(), "timed launches");
-  const char* kernel = dbi_cuda::KernelName(forward.kernel);
-  return {BandwidthEntry(shape, mode, kernel, "forward", forward_ms, forward_bytes, peak_gbs),
-          BandwidthEntry(shape, mode, kernel, "backward", backward_ms, backward_bytes, peak_gbs),
-          BandwidthEntry(shape, mode, kernel, "forward+backward", both_ms, forward_bytes + backward_bytes, peak_gbs)};
+  return bandwidth::TimeDirections(
+      ShapeJson(shape), mode.name, dbi_cuda::KernelName(forward.kernel),
+      bandwidth::CountsOf(shape.batch, shape.num_vectors, shape.dim, shape.output_width), sizeof(T),
+      [&] { call.Forward(mode); }, [&] { call.Backward(mode, true); }, repeats, peak_gbs);
 }
 
 // Bytes read + written per second by a device-to-device copy of 1 GiB: the practical ceiling.
@@ -274,19 +232,11 @@ double CopyGbs(int repeats) {
   Check(cudaMalloc(&target, bytes), "cudaMalloc");
   Check(cudaMemset(source, 0x3C, bytes), "cudaMemset");
   const double milliseconds =
-      TimeMs([&] { Check(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync"); },
-             repeats);
+      bandwidth::TimeMs([&] { Check(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDeviceToDevice), "copy"); },
+                        repeats);
   cudaFree(source);
   cudaFree(target);
   return 2.0 * bytes / (milliseconds * 1e-3) / 1e9;
-}
-
-// Peak DRAM bandwidth from the device's attributes (cudaDeviceProp::memoryClockRate is gone in
-// CUDA 13; the attributes exist in CUDA 12 and 13). 0 when the device does not report them.
-double PeakBandwidthGbs(int device, int* memory_clock_khz, int* bus_width_bits) {
-  Check(cudaDeviceGetAttribute(memory_clock_khz, cudaDevAttrMemoryClockRate, device), "memory clock");
-  Check(cudaDeviceGetAttribute(bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, device), "bus width");
-  return 2.0 * *memory_clock_khz * 1e3 * (*bus_width_bits / 8.0) / 1e9;  // double data rate
 }
 
 struct Shape3 {
@@ -333,49 +283,22 @@ void Usage(FILE* stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string directory;
-  int repeats = 50;
-  int64_t batch = 65536;
+  bandwidth::Options options;
   bool quick = false;
   int64_t max_batch = 0;  // 0: no cap
-  for (int a = 1; a < argc; ++a) {
-    const std::string argument = argv[a];
-    if (argument == "--help" || argument == "-h") {
-      Usage(stdout);
-      return 0;
-    }
-    if (argument == "--quick") {
-      quick = true;
-      continue;
-    }
-    if (a + 1 >= argc) {
-      Usage(stderr);
-      return 2;
-    }
-    if (argument == "--output") {
-      directory = argv[++a];
-    } else if (argument == "--repeats") {
-      repeats = std::max(1, std::atoi(argv[++a]));
-    } else if (argument == "--max-batch") {
-      max_batch = std::max<int64_t>(1, std::atoll(argv[++a]));
-    } else if (argument == "--batch") {
-      batch = std::max<int64_t>(1, std::atoll(argv[++a]));
-    } else {
-      Usage(stderr);
-      return 2;
-    }
-  }
-  if (directory.empty()) {
-    Usage(stderr);
-    return 2;
-  }
+  const int status = bandwidth::ParseOptions(argc, argv, &options, Usage, {{"--max-batch", &max_batch}},
+                                             {{"--quick", &quick}});
+  if (status >= 0) return status;
+  const std::string& directory = options.output;
+  const int repeats = options.repeats;
+  const int64_t batch = options.batch;
   int device = 0;
   Check(cudaGetDevice(&device), "cudaGetDevice");
   cudaDeviceProp properties;
   Check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
   int memory_clock_khz = 0;
   int bus_width_bits = 0;
-  const double peak_gbs = PeakBandwidthGbs(device, &memory_clock_khz, &bus_width_bits);
+  const double peak_gbs = bandwidth::PeakGbs(device, &memory_clock_khz, &bus_width_bits);
   int runtime_version = 0;
   int driver_version = 0;
   Check(cudaRuntimeGetVersion(&runtime_version), "cudaRuntimeGetVersion");
@@ -393,16 +316,16 @@ int main(int argc, char** argv) {
     const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
     for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, extra.fold, extra.offset));
   }
-  std::vector<std::string> bandwidth;
+  std::vector<std::string> timings;
   double copy_gbs = 0.0;
   if (!quick) {
     copy_gbs = CopyGbs(repeats);
-    const dbi::InteractShape large = MakeShape(batch, 27, 128);
+    const dbi::InteractShape large = MakeShape(batch, bandwidth::kVectors, bandwidth::kDim);
     for (const Mode& mode : kModes) {
       const std::vector<std::string> entries = mode.half
                                                    ? BandwidthCase<dbi_cuda::Half>(large, mode, repeats, peak_gbs)
                                                    : BandwidthCase<float>(large, mode, repeats, peak_gbs);
-      bandwidth.insert(bandwidth.end(), entries.begin(), entries.end());
+      timings.insert(timings.end(), entries.begin(), entries.end());
     }
   }
 
@@ -415,9 +338,9 @@ int main(int argc, char** argv) {
            << ",\n  \"repeats\": " << repeats << ",\n  \"cases\": [\n    ";
   for (size_t c = 0; c < cases.size(); ++c) manifest << (c ? ",\n    " : "") << cases[c];
   manifest << "\n  ],\n  \"bandwidth\": [\n    ";
-  for (size_t b = 0; b < bandwidth.size(); ++b) manifest << (b ? ",\n    " : "") << bandwidth[b];
+  manifest << bandwidth::JoinEntries(timings);
   manifest << "\n  ]\n}\n";
   std::printf("dbi_harness: %zu correctness cases and %zu bandwidth entries on %s written to %s\n", cases.size(),
-              bandwidth.size(), properties.name, directory.c_str());
+              timings.size(), properties.name, directory.c_str());
   return manifest ? 0 : 1;
 }

@@ -9,6 +9,11 @@
 // Shared memory starts as 0xFF bytes (NaN), device buffers are heap blocks (AddressSanitizer
 // catches out-of-bounds accesses), and WMMA pointers, strides, 16-byte vector accesses and
 // dynamic shared memory above 48 KB without cudaFuncSetAttribute are checked.
+// cp.async (cuda_pipeline.h's __pipeline_* calls) is deferred as on a GPU: a lane's copies land
+// only when it waits for their group, so a stage read before its wait, or written while its
+// copies are pending, gives wrong results; a lane that ends with copies never waited for fails.
+// The emulated GPU has one SM with 64 KB of shared memory, so the persistent grid is a block or
+// two and each warp runs several samples even at the harness's small emulated batches.
 // Not emulated: timing, races between warps (the kernels share nothing between warps), exact
 // TF32 or tensor-core summation order. Test-only: never part of the op library.
 #ifndef DOT_BASED_INTERACT_CUDA_EMULATION_H_
@@ -57,6 +62,13 @@ namespace emulation {
 constexpr int kLanes = 32;
 
 // The lanes of the running warp: fibers, a barrier and the shuffle exchange.
+// One cp.async copy, done when its lane waits for its group.
+struct PendingCopy {
+  void* target;
+  const void* source;
+  size_t bytes;
+};
+
 struct Warp {
   ucontext_t scheduler;
   ucontext_t lanes[kLanes];
@@ -67,11 +79,15 @@ struct Warp {
   unsigned generation = 0;
   float exchange[kLanes] = {};
   std::function<void()> body;
+  // Per lane: committed groups of copies, oldest first, and the group being gathered.
+  std::vector<std::vector<PendingCopy>> committed[kLanes];
+  std::vector<PendingCopy> gathering[kLanes];
 };
 
 struct Position {
   uint3 thread{0, 0, 0};
   uint3 block{0, 0, 0};
+  uint3 grid{1, 1, 1};
   Warp* warp = nullptr;
   unsigned char* shared = nullptr;
 };
@@ -98,8 +114,13 @@ inline void SyncWarp() {
 }
 
 inline void LaneEntry() {
-  Current().warp->body();
-  Current().warp->finished[Current().warp->current] = true;
+  Warp& warp = *Current().warp;
+  warp.body();
+  for (const auto& group : warp.committed[warp.current]) {
+    if (!group.empty()) Fail("a lane ended with cp.async copies it never waited for");
+  }
+  if (!warp.gathering[warp.current].empty()) Fail("a lane ended with cp.async copies it never committed");
+  warp.finished[warp.current] = true;
 }
 
 // Runs `body` in the 32 lanes of warp `warp_index` of block `block`, round robin.
@@ -149,6 +170,7 @@ auto Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
     if (block.x % kLanes != 0 || block.y != 1 || block.z != 1) Fail("blocks must be whole warps in x");
     std::tuple<std::decay_t<Params>...> bound(args...);
     std::vector<unsigned char> shared;
+    Current().grid = {grid.x, 1, 1};
     for (unsigned b = 0; b < grid.x; ++b) {
       shared.assign(shared_bytes + 128, 0xFF);  // garbage that reads as NaN
       const uintptr_t base = reinterpret_cast<uintptr_t>(shared.data());
@@ -170,6 +192,7 @@ inline void CheckAligned(const void* pointer, uintptr_t bytes, const char* what)
 
 #define threadIdx (::emulation::Current().thread)
 #define blockIdx (::emulation::Current().block)
+#define gridDim (::emulation::Current().grid)
 
 inline void __syncwarp(unsigned = 0xffffffffu) { emulation::SyncWarp(); }
 
@@ -194,6 +217,33 @@ inline void __stcs(uint4* pointer, uint4 value) {
 }
 
 [[noreturn]] inline void __trap() { emulation::Fail("__trap"); }
+
+// ---- cp.async (cuda_pipeline.h) ---------------------------------------------------------------
+
+inline void __pipeline_memcpy_async(void* target, const void* source, size_t bytes, size_t zero_fill = 0) {
+  if (bytes != 4 && bytes != 8 && bytes != 16) emulation::Fail("cp.async of other than 4, 8 or 16 bytes");
+  if (zero_fill != 0) emulation::Fail("cp.async zero fill is not emulated");
+  emulation::CheckAligned(target, bytes, "cp.async target misaligned");
+  emulation::CheckAligned(source, bytes, "cp.async source misaligned");
+  emulation::Warp& warp = *emulation::Current().warp;
+  warp.gathering[warp.current].push_back({target, source, bytes});
+}
+
+inline void __pipeline_commit() {
+  emulation::Warp& warp = *emulation::Current().warp;
+  warp.committed[warp.current].push_back(std::move(warp.gathering[warp.current]));
+  warp.gathering[warp.current].clear();
+}
+
+// Completes this lane's committed groups but the `prior` most recent.
+inline void __pipeline_wait_prior(size_t prior) {
+  emulation::Warp& warp = *emulation::Current().warp;
+  auto& groups = warp.committed[warp.current];
+  while (groups.size() > prior) {
+    for (const emulation::PendingCopy& copy : groups.front()) std::memcpy(copy.target, copy.source, copy.bytes);
+    groups.erase(groups.begin());
+  }
+}
 
 inline int min(int a, int b) { return a < b ? a : b; }
 
@@ -332,9 +382,31 @@ inline int EmulatedMajor() {
   return text != nullptr ? std::atoi(text) : 9;
 }
 
-enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor, cudaDevAttrMemoryClockRate, cudaDevAttrGlobalMemoryBusWidth };
+enum cudaDeviceAttr {
+  cudaDevAttrComputeCapabilityMajor,
+  cudaDevAttrMemoryClockRate,
+  cudaDevAttrGlobalMemoryBusWidth,
+  cudaDevAttrMultiProcessorCount,
+  cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+  cudaDevAttrMaxBlocksPerMultiprocessor,
+};
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
-  *value = attribute == cudaDevAttrComputeCapabilityMajor ? EmulatedMajor() : 0;
+  switch (attribute) {
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = EmulatedMajor();
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 1;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor:
+      *value = 64 * 1024;
+      break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor:
+      *value = 32;
+      break;
+    default:
+      *value = 0;
+  }
   return cudaSuccess;
 }
 
@@ -360,10 +432,13 @@ inline cudaError_t cudaDriverGetVersion(int* version) {
   return cudaSuccess;
 }
 
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
+constexpr int cudaSharedmemCarveoutMaxShared = 100;
 template <typename Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaFuncAttribute, int value) {
-  emulation::SharedLimits()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
+cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaFuncAttribute attribute, int value) {
+  if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    emulation::SharedLimits()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
+  }
   return cudaSuccess;
 }
 

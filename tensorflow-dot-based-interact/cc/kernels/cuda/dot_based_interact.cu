@@ -1,14 +1,15 @@
-// CUDA kernels of the dot interaction, one warp per sample and kSamplesPerBlock samples per block
-// (kernel_layout.h):
+// CUDA kernels of the dot interaction (geometry and shared memory: kernel_layout.h):
 // * tensor-core kernels (WMMA with fp32 accumulation: fp16 for half; TF32 for float when TF32
-//   is allowed, else 3xTF32) for the shapes of FitsTensorCores: the sample is staged in shared
-//   memory 64 columns at a time with 16-byte loads, the output row is assembled in shared memory
-//   and written with 16-byte stores;
-// * a general SIMT kernel (fp32 arithmetic, any F and D) for every other shape and for GPUs
-//   older than compute 8.0.
+//   is allowed, else 3xTF32) for the shapes of FitsTensorCores, on a persistent grid: each warp
+//   walks its samples chunk by chunk, and the next chunk's cp.async copies (16 bytes each) are in
+//   flight while it computes this one (two shared-memory stages per warp); the output row is
+//   assembled in shared memory and written with 16-byte stores;
+// * a general SIMT kernel (fp32 arithmetic, any F and D; one warp per sample, kSamplesPerBlock
+//   per block) for every other shape and for GPUs older than compute 8.0.
 // No kernel finds a pair from its column: pairs are enumerated row by row, (i, j) for j < i, so
 // column D + i(i-1)/2 + j is integer arithmetic. Includes CUDA headers only.
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -254,50 +255,49 @@ struct SplitTf32Operands : OperandTypes<float, wmma::precision::tf32> {
   }
 };
 
-constexpr int kLoadBatch = 8;  // 16-byte loads in flight per lane
-
-// This warp's `bytes` of the block's dynamic shared memory (one region per sample).
+// This warp's `bytes` of the block's dynamic shared memory (one region per warp).
 __device__ __forceinline__ unsigned char* WarpSharedRegion(int64_t bytes) {
   extern __shared__ __align__(128) unsigned char shared[];
   return shared + WarpInBlock() * bytes;
 }
 
-// Stages columns [first_column, first_column + width) of a sample's rows into `chunk` (width:
-// up to 64 columns of the 16-padded D), zero past F rows and past D columns. With `row0_output`,
-// row 0's values are also stored there (the forward's copy of the bottom-MLP output).
+// The steps of this warp in the persistent grid: its samples are first, first + stride, ...
+// (stride: the warps of the grid), each in `chunks` steps of one staged chunk.
+struct WarpSteps {
+  int64_t first;
+  int64_t stride;
+  int chunks;
+  int64_t count;
+  __device__ int64_t Sample(int64_t step) const { return first + step / chunks * stride; }
+  __device__ int Chunk(int64_t step) const { return static_cast<int>(step % chunks); }
+};
+
+__device__ __forceinline__ WarpSteps StepsOfThisWarp(int64_t batch, int chunks) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kTensorCoreWarpsPerBlock;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kTensorCoreWarpsPerBlock + WarpInBlock();
+  const int64_t samples = first < batch ? (batch - first + stride - 1) / stride : 0;
+  return {first, stride, chunks, samples * chunks};
+}
+
+// Starts copying columns [first_column, first_column + width) of a sample's F rows into `chunk`
+// with cp.async (16 bytes per copy; they land once the warp waits for their group), and zeroes
+// what the copies do not cover: columns past D, rows past F. No column or row is left as it was,
+// so a stage can hold anything (the last sample's Gram tiles) before it is filled again.
 template <typename T>
-__device__ void LoadChunk(const T* sample, const InteractShape& shape, const TensorCoreLayout& layout,
-                          int first_column, T* chunk, T* row0_output, int lane) {
+__device__ void IssueChunk(const T* sample, const InteractShape& shape, const TensorCoreLayout& layout,
+                           int first_column, T* chunk, int lane) {
   constexpr int kPerVector = kVectorBytes / sizeof(T);
   const int num_vectors = static_cast<int>(shape.num_vectors);
   const int dim = static_cast<int>(shape.dim);
-  const int width = min(kChunkColumns, layout.padded_dim - first_column);
+  const int width = min(layout.chunk_columns, layout.padded_dim - first_column);
   const int valid = min(width, dim - first_column);
   const int vectors_per_row = valid / kPerVector;
   const int total = num_vectors * vectors_per_row;
-  for (int first = lane; first < total; first += kWarpSize * kLoadBatch) {
-    uint4 loaded[kLoadBatch];
-#pragma unroll
-    for (int u = 0; u < kLoadBatch; ++u) {
-      const int v = first + u * kWarpSize;
-      if (v < total) {
-        const int row = v / vectors_per_row;
-        const int column = first_column + (v - row * vectors_per_row) * kPerVector;
-        loaded[u] = __ldcs(reinterpret_cast<const uint4*>(sample + row * dim + column));
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kLoadBatch; ++u) {
-      const int v = first + u * kWarpSize;
-      if (v < total) {
-        const int row = v / vectors_per_row;
-        const int column = (v - row * vectors_per_row) * kPerVector;
-        *reinterpret_cast<uint4*>(chunk + row * layout.chunk_stride + column) = loaded[u];
-        if (row0_output != nullptr && row == 0) {
-          __stcs(reinterpret_cast<uint4*>(row0_output + first_column + column), loaded[u]);
-        }
-      }
-    }
+  for (int v = lane; v < total; v += kWarpSize) {
+    const int row = v / vectors_per_row;
+    const int column = (v - row * vectors_per_row) * kPerVector;
+    __pipeline_memcpy_async(chunk + row * layout.chunk_stride + column, sample + row * dim + first_column + column,
+                            kVectorBytes);
   }
   const T zero = FromFloat<T>(0.0f);
   const int pad_columns = width - valid;
@@ -309,13 +309,27 @@ __device__ void LoadChunk(const T* sample, const InteractShape& shape, const Ten
   }
 }
 
-// Writes the chunk's F rows, columns [first_column, min(first_column + 64, D)), to `sample`.
+// Starts copying `vectors` 16-byte vectors from `source` to `target` (cp.async).
+__device__ __forceinline__ void IssueVectors(const void* source, void* target, int vectors, int lane) {
+  for (int v = lane; v < vectors; v += kWarpSize) {
+    __pipeline_memcpy_async(static_cast<uint4*>(target) + v, static_cast<const uint4*>(source) + v, kVectorBytes);
+  }
+}
+
+// Copies `vectors` 16-byte vectors from shared memory to global memory (streaming stores).
+__device__ __forceinline__ void StoreVectors(const void* source, void* target, int vectors, int lane) {
+  for (int v = lane; v < vectors; v += kWarpSize) {
+    __stcs(static_cast<uint4*>(target) + v, static_cast<const uint4*>(source)[v]);
+  }
+}
+
+// Writes the chunk's F rows, columns [first_column, min(first_column + chunk_columns, D)), to `sample`.
 template <typename T>
 __device__ void StoreChunk(const T* chunk, const InteractShape& shape, const TensorCoreLayout& layout,
                            int first_column, T* sample, int lane) {
   constexpr int kPerVector = kVectorBytes / sizeof(T);
   const int dim = static_cast<int>(shape.dim);
-  const int valid = min(kChunkColumns, dim - first_column);
+  const int valid = min(layout.chunk_columns, dim - first_column);
   const int vectors_per_row = valid / kPerVector;
   const int total = static_cast<int>(shape.num_vectors) * vectors_per_row;
   for (int v = lane; v < total; v += kWarpSize) {
@@ -326,165 +340,205 @@ __device__ void StoreChunk(const T* chunk, const InteractShape& shape, const Ten
   }
 }
 
-// Forward: the lower Gram tiles (0,0), (1,0), (1,1) of the 16-padded rows accumulate over the
-// chunks; then they go to shared memory, the pair values into the output stage, and the stage
-// to the output row.
+// The pipeline of a warp: step `step`'s copies are issued (and committed as one group) one step
+// ahead, so step s + 1 arrives while step s is computed. `issue(step)` starts a step's copies,
+// `compute(step)` runs it once they have landed; the stage computed is refilled only after the
+// whole warp is done with it.
+template <typename Issue, typename Compute>
+__device__ __forceinline__ void RunPipeline(const WarpSteps& steps, Issue issue, Compute compute) {
+  issue(int64_t{0});
+  __pipeline_commit();
+  for (int64_t step = 0; step < steps.count; ++step) {
+    if (step + 1 < steps.count) issue(step + 1);
+    __pipeline_commit();  // possibly empty: the wait below always leaves exactly the next step pending
+    __pipeline_wait_prior(1);
+    __syncwarp();  // every lane's copies and zeroes of this step are visible to all
+    compute(step);
+    __syncwarp();  // the stage is free for the copies of step + kStages
+  }
+}
+
+// Forward: per sample, the lower Gram tiles (0,0), (1,0), (1,1) of the 16-padded rows accumulate
+// over its chunks (row 0's columns go to the output on the way); after the last chunk they go to
+// the chunk's stage, the pair values to the output stage after them, and that to the output row.
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerSm)
     ForwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, const T* __restrict__ input,
                             T* __restrict__ output) {
-  const int64_t sample = WarpSample();
-  if (sample >= shape.batch) return;
+  const WarpSteps steps = StepsOfThisWarp(shape.batch, layout.chunks);
+  if (steps.count == 0) return;  // warp-uniform
   unsigned char* region = WarpSharedRegion(layout.forward_bytes);
   const int lane = Lane();
-  T* chunk = reinterpret_cast<T*>(region);
-  const T* values = input + sample * shape.num_vectors * shape.dim;
-  T* row = output + sample * shape.output_width;
-  const bool two_tiles = layout.rows > kTile;  // warp-uniform, as WMMA needs
-
-  typename Operands::Sum gram00, gram10, gram11;
-  wmma::fill_fragment(gram00, 0.0f);
-  wmma::fill_fragment(gram10, 0.0f);
-  wmma::fill_fragment(gram11, 0.0f);
-  for (int first_column = 0; first_column < layout.padded_dim; first_column += kChunkColumns) {
-    LoadChunk(values, shape, layout, first_column, chunk, row, lane);
-    __syncwarp();
-    const int width = min(kChunkColumns, layout.padded_dim - first_column);
-    for (int k = 0; k < width; k += Operands::kK) {
-      typename Operands::template Operand<wmma::matrix_a, wmma::row_major> upper_a, lower_a;
-      typename Operands::template Operand<wmma::matrix_b, wmma::col_major> upper_b, lower_b;
-      Operands::Load(upper_a, chunk + k, layout.chunk_stride);
-      Operands::Load(upper_b, chunk + k, layout.chunk_stride);
-      Operands::Multiply(gram00, upper_a, upper_b);
-      if (two_tiles) {
-        const T* lower = chunk + kTile * layout.chunk_stride + k;
-        Operands::Load(lower_a, lower, layout.chunk_stride);
-        Operands::Load(lower_b, lower, layout.chunk_stride);
-        Operands::Multiply(gram10, lower_a, upper_b);
-        Operands::Multiply(gram11, lower_a, lower_b);
-      }
-    }
-    __syncwarp();  // the next chunk, or the Gram tiles, overwrite this one
-  }
-  float* gram = reinterpret_cast<float*>(region);
-  wmma::store_matrix_sync(gram, gram00, layout.gram_stride, wmma::mem_row_major);
-  if (two_tiles) {
-    wmma::store_matrix_sync(gram + kTile * layout.gram_stride, gram10, layout.gram_stride, wmma::mem_row_major);
-    wmma::store_matrix_sync(gram + kTile * layout.gram_stride + kTile, gram11, layout.gram_stride,
-                            wmma::mem_row_major);
-  }
-  __syncwarp();
-  T* stage = reinterpret_cast<T*>(region + layout.forward_stage_offset);
   const int num_vectors = static_cast<int>(shape.num_vectors);
-  for (int i = 1; i < num_vectors; ++i) {
-    if (lane < i) stage[i * (i - 1) / 2 + lane] = FromFloat<T>(gram[i * layout.gram_stride + lane]);
-  }
-  const int stage_columns = static_cast<int>(shape.output_width - shape.dim);
-  for (int p = static_cast<int>(NumPairs(num_vectors)) + lane; p < stage_columns; p += kWarpSize) {
-    stage[p] = FromFloat<T>(0.0f);
-  }
-  __syncwarp();
-  const int stage_vectors = stage_columns * static_cast<int>(sizeof(T)) / kVectorBytes;
-  uint4* pair_row = reinterpret_cast<uint4*>(row + shape.dim);
-  for (int v = lane; v < stage_vectors; v += kWarpSize) __stcs(pair_row + v, reinterpret_cast<const uint4*>(stage)[v]);
+  const int dim = static_cast<int>(shape.dim);
+  const bool two_tiles = layout.rows > kTile;  // warp-uniform, as WMMA needs
+  const auto stage = [&](int64_t step) {
+    return reinterpret_cast<T*>(region + step % kStages * layout.forward_stage_bytes);
+  };
+  typename Operands::Sum gram00, gram10, gram11;
+  RunPipeline(
+      steps,
+      [&](int64_t step) {
+        IssueChunk(input + steps.Sample(step) * num_vectors * dim, shape, layout,
+                   steps.Chunk(step) * layout.chunk_columns, stage(step), lane);
+      },
+      [&](int64_t step) {
+        const int chunk_index = steps.Chunk(step);
+        const int first_column = chunk_index * layout.chunk_columns;
+        T* chunk = stage(step);
+        T* row = output + steps.Sample(step) * shape.output_width;
+        if (chunk_index == 0) {
+          wmma::fill_fragment(gram00, 0.0f);
+          wmma::fill_fragment(gram10, 0.0f);
+          wmma::fill_fragment(gram11, 0.0f);
+        }
+        const int width = min(layout.chunk_columns, layout.padded_dim - first_column);
+        StoreVectors(chunk, row + first_column, min(width, dim - first_column) * static_cast<int>(sizeof(T)) / kVectorBytes,
+                     lane);
+        for (int k = 0; k < width; k += Operands::kK) {
+          typename Operands::template Operand<wmma::matrix_a, wmma::row_major> upper_a, lower_a;
+          typename Operands::template Operand<wmma::matrix_b, wmma::col_major> upper_b, lower_b;
+          Operands::Load(upper_a, chunk + k, layout.chunk_stride);
+          Operands::Load(upper_b, chunk + k, layout.chunk_stride);
+          Operands::Multiply(gram00, upper_a, upper_b);
+          if (two_tiles) {
+            const T* lower = chunk + kTile * layout.chunk_stride + k;
+            Operands::Load(lower_a, lower, layout.chunk_stride);
+            Operands::Load(lower_b, lower, layout.chunk_stride);
+            Operands::Multiply(gram10, lower_a, upper_b);
+            Operands::Multiply(gram11, lower_a, lower_b);
+          }
+        }
+        if (chunk_index + 1 < layout.chunks) return;
+        __syncwarp();  // every lane has read the chunk before the Gram tiles overwrite it
+        float* gram = reinterpret_cast<float*>(chunk);
+        wmma::store_matrix_sync(gram, gram00, layout.gram_stride, wmma::mem_row_major);
+        if (two_tiles) {
+          wmma::store_matrix_sync(gram + kTile * layout.gram_stride, gram10, layout.gram_stride, wmma::mem_row_major);
+          wmma::store_matrix_sync(gram + kTile * layout.gram_stride + kTile, gram11, layout.gram_stride,
+                                  wmma::mem_row_major);
+        }
+        __syncwarp();
+        T* pairs = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(chunk) + layout.forward_pairs_offset);
+        for (int i = 1; i < num_vectors; ++i) {
+          if (lane < i) pairs[i * (i - 1) / 2 + lane] = FromFloat<T>(gram[i * layout.gram_stride + lane]);
+        }
+        const int pair_columns = static_cast<int>(shape.output_width - shape.dim);
+        for (int p = static_cast<int>(NumPairs(num_vectors)) + lane; p < pair_columns; p += kWarpSize) {
+          pairs[p] = FromFloat<T>(0.0f);
+        }
+        __syncwarp();
+        StoreVectors(pairs, row + dim, pair_columns * static_cast<int>(sizeof(T)) / kVectorBytes, lane);
+      });
 }
 
 // Backward: grad = S X per sample with S the symmetric [rows, rows] matrix of upstream pair
-// gradients (zero diagonal and padding), one 16-column tile of X at a time. A tile column's
-// result replaces that column of the chunk (no other tile reads it): in place for fp32, through
-// an fp32 scratch for fp16, where row 0 gets the pass-through before its single rounding.
+// gradients (zero diagonal and padding), built from the upstream row that arrives with the
+// sample's first chunk, one 16-column tile of X at a time. A tile column's result replaces that
+// column of the chunk (no other tile reads it): in place for fp32, through an fp32 scratch for
+// fp16, where row 0 gets the pass-through before its single rounding.
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPerSm)
     BackwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, bool fold_bottom_mlp_grad,
                              const T* __restrict__ input, const T* __restrict__ upstream_grad, T* __restrict__ grad,
                              T* __restrict__ bottom_mlp_grad) {
-  const int64_t sample = WarpSample();
-  if (sample >= shape.batch) return;
+  const WarpSteps steps = StepsOfThisWarp(shape.batch, layout.chunks);
+  if (steps.count == 0) return;  // warp-uniform
   unsigned char* region = WarpSharedRegion(layout.backward_bytes);
   const int lane = Lane();
-  T* chunk = reinterpret_cast<T*>(region);
   T* coefficients = reinterpret_cast<T*>(region + layout.coefficient_offset);
-  T* upstream = reinterpret_cast<T*>(region + layout.upstream_offset);
+  T* pass_through = reinterpret_cast<T*>(region + layout.pass_through_offset);
   float* scratch = reinterpret_cast<float*>(region + layout.scratch_offset);
   const int num_vectors = static_cast<int>(shape.num_vectors);
   const int dim = static_cast<int>(shape.dim);
-  const T* values = input + sample * num_vectors * dim;
-  T* grad_rows = grad + sample * num_vectors * dim;
-
-  // The upstream row into shared memory; its first D values are bottom_mlp_grad.
-  const uint4* upstream_row = reinterpret_cast<const uint4*>(upstream_grad + sample * shape.output_width);
-  uint4* bottom_row = reinterpret_cast<uint4*>(bottom_mlp_grad + sample * dim);
   const int upstream_vectors = static_cast<int>(shape.output_width) * static_cast<int>(sizeof(T)) / kVectorBytes;
   const int bottom_vectors = dim * static_cast<int>(sizeof(T)) / kVectorBytes;
-#pragma unroll 4
-  for (int v = lane; v < upstream_vectors; v += kWarpSize) {
-    const uint4 loaded = __ldcs(upstream_row + v);
-    reinterpret_cast<uint4*>(upstream)[v] = loaded;
-    if (v < bottom_vectors) __stcs(bottom_row + v, loaded);
-  }
+  const bool two_tiles = layout.rows > kTile;
+  const auto stage = [&](int64_t step) { return region + step % kStages * layout.backward_stage_bytes; };
+  // The diagonal and the padding of S stay zero; each sample writes the rest.
   for (int e = lane; e < layout.rows * layout.coefficient_stride; e += kWarpSize) {
     coefficients[e] = FromFloat<T>(0.0f);
   }
-  __syncwarp();
-  for (int i = 1; i < num_vectors; ++i) {
-    if (lane < i) {
-      const T pair_grad = upstream[dim + i * (i - 1) / 2 + lane];
-      coefficients[i * layout.coefficient_stride + lane] = pair_grad;
-      coefficients[lane * layout.coefficient_stride + i] = pair_grad;
-    }
-  }
-  __syncwarp();
-
-  const bool two_tiles = layout.rows > kTile;
-  for (int first_column = 0; first_column < layout.padded_dim; first_column += kChunkColumns) {
-    LoadChunk(values, shape, layout, first_column, chunk, static_cast<T*>(nullptr), lane);
-    __syncwarp();
-    const int width = min(kChunkColumns, layout.padded_dim - first_column);
-    const int valid = min(width, dim - first_column);
-    for (int tile_column = 0; tile_column < width; tile_column += kTile) {
-      typename Operands::Sum upper, lower;
-      wmma::fill_fragment(upper, 0.0f);
-      wmma::fill_fragment(lower, 0.0f);
-      for (int k = 0; k < layout.rows; k += Operands::kK) {
-        typename Operands::template Operand<wmma::matrix_a, wmma::row_major> a;
-        typename Operands::template Operand<wmma::matrix_b, wmma::row_major> b;
-        Operands::Load(b, chunk + k * layout.chunk_stride + tile_column, layout.chunk_stride);
-        Operands::Load(a, coefficients + k, layout.coefficient_stride);
-        Operands::Multiply(upper, a, b);
-        if (two_tiles) {
-          Operands::Load(a, coefficients + kTile * layout.coefficient_stride + k, layout.coefficient_stride);
-          Operands::Multiply(lower, a, b);
+  RunPipeline(
+      steps,
+      [&](int64_t step) {
+        const int64_t sample = steps.Sample(step);
+        const int chunk_index = steps.Chunk(step);
+        IssueChunk(input + sample * num_vectors * dim, shape, layout, chunk_index * layout.chunk_columns,
+                   reinterpret_cast<T*>(stage(step)), lane);
+        if (chunk_index == 0) {
+          IssueVectors(upstream_grad + sample * shape.output_width, stage(step) + layout.backward_upstream_offset,
+                       upstream_vectors, lane);
         }
-      }
-      __syncwarp();  // every row of this tile column is read before it is overwritten
-      float* result;
-      int result_stride;
-      if constexpr (std::is_same<T, float>::value) {
-        result = chunk + tile_column;
-        result_stride = layout.chunk_stride;
-      } else {
-        result = scratch;
-        result_stride = kScratchStride;
-      }
-      wmma::store_matrix_sync(result, upper, result_stride, wmma::mem_row_major);
-      if (two_tiles) wmma::store_matrix_sync(result + kTile * result_stride, lower, result_stride, wmma::mem_row_major);
-      __syncwarp();
-      if (fold_bottom_mlp_grad && lane < kTile && tile_column + lane < valid) {
-        result[lane] += ToFloat(upstream[first_column + tile_column + lane]);
-      }
-      __syncwarp();
-      if constexpr (!std::is_same<T, float>::value) {
-        for (int e = lane; e < num_vectors * kTile; e += kWarpSize) {
-          const int row = e / kTile;
-          const int column = e % kTile;
-          chunk[row * layout.chunk_stride + tile_column + column] = FromFloat<T>(scratch[row * kScratchStride + column]);
+      },
+      [&](int64_t step) {
+        const int64_t sample = steps.Sample(step);
+        const int chunk_index = steps.Chunk(step);
+        const int first_column = chunk_index * layout.chunk_columns;
+        T* chunk = reinterpret_cast<T*>(stage(step));
+        if (chunk_index == 0) {
+          // S from the pair gradients; the first D values are bottom_mlp_grad and the pass-through.
+          const T* upstream = reinterpret_cast<const T*>(stage(step) + layout.backward_upstream_offset);
+          for (int i = 1; i < num_vectors; ++i) {
+            if (lane < i) {
+              const T pair_grad = upstream[dim + i * (i - 1) / 2 + lane];
+              coefficients[i * layout.coefficient_stride + lane] = pair_grad;
+              coefficients[lane * layout.coefficient_stride + i] = pair_grad;
+            }
+          }
+          StoreVectors(upstream, bottom_mlp_grad + sample * dim, bottom_vectors, lane);
+          if (fold_bottom_mlp_grad) {
+            for (int v = lane; v < bottom_vectors; v += kWarpSize) {
+              reinterpret_cast<uint4*>(pass_through)[v] = reinterpret_cast<const uint4*>(upstream)[v];
+            }
+          }
+          __syncwarp();
         }
-        __syncwarp();
-      }
-    }
-    StoreChunk(chunk, shape, layout, first_column, grad_rows, lane);
-    __syncwarp();  // the next chunk overwrites this one
-  }
+        const int width = min(layout.chunk_columns, layout.padded_dim - first_column);
+        const int valid = min(width, dim - first_column);
+        for (int tile_column = 0; tile_column < width; tile_column += kTile) {
+          typename Operands::Sum upper, lower;
+          wmma::fill_fragment(upper, 0.0f);
+          wmma::fill_fragment(lower, 0.0f);
+          for (int k = 0; k < layout.rows; k += Operands::kK) {
+            typename Operands::template Operand<wmma::matrix_a, wmma::row_major> a;
+            typename Operands::template Operand<wmma::matrix_b, wmma::row_major> b;
+            Operands::Load(b, chunk + k * layout.chunk_stride + tile_column, layout.chunk_stride);
+            Operands::Load(a, coefficients + k, layout.coefficient_stride);
+            Operands::Multiply(upper, a, b);
+            if (two_tiles) {
+              Operands::Load(a, coefficients + kTile * layout.coefficient_stride + k, layout.coefficient_stride);
+              Operands::Multiply(lower, a, b);
+            }
+          }
+          __syncwarp();  // every row of this tile column is read before it is overwritten
+          float* result;
+          int result_stride;
+          if constexpr (std::is_same<T, float>::value) {
+            result = chunk + tile_column;
+            result_stride = layout.chunk_stride;
+          } else {
+            result = scratch;
+            result_stride = kScratchStride;
+          }
+          wmma::store_matrix_sync(result, upper, result_stride, wmma::mem_row_major);
+          if (two_tiles) wmma::store_matrix_sync(result + kTile * result_stride, lower, result_stride, wmma::mem_row_major);
+          __syncwarp();
+          if (fold_bottom_mlp_grad && lane < kTile && tile_column + lane < valid) {
+            result[lane] += ToFloat(pass_through[first_column + tile_column + lane]);
+          }
+          __syncwarp();
+          if constexpr (!std::is_same<T, float>::value) {
+            for (int e = lane; e < num_vectors * kTile; e += kWarpSize) {
+              const int row = e / kTile;
+              const int column = e % kTile;
+              chunk[row * layout.chunk_stride + tile_column + column] = FromFloat<T>(scratch[row * kScratchStride + column]);
+            }
+            __syncwarp();
+          }
+        }
+        StoreChunk(chunk, shape, layout, first_column, grad + sample * num_vectors * dim, lane);
+      });
 }
 
 #else
@@ -500,13 +554,13 @@ struct SplitTf32Operands {
 };
 
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerSm)
     ForwardTensorCoreKernel(InteractShape, TensorCoreLayout, const T* __restrict__, T* __restrict__) {
   __trap();
 }
 
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPerSm)
     BackwardTensorCoreKernel(InteractShape, TensorCoreLayout, bool, const T* __restrict__, const T* __restrict__,
                              T* __restrict__, T* __restrict__) {
   __trap();
@@ -516,29 +570,48 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // ---- dispatch ----------------------------------------------------------------------------------
 
-// What the launchers need of a device, read once per device (never per launch).
+// What the launchers need of a device, read once per device (never per launch): the compute
+// capability, and what sizes the tensor-core kernels' persistent grid.
 struct DeviceInfo {
   int major = 0;
+  int multiprocessors = 0;
+  int shared_bytes_per_sm = 0;
+  int max_blocks_per_sm = 0;
   const char* error = nullptr;
 };
 
 constexpr int kMaxDevices = 64;
 
-template <typename Operands>
-cudaError_t AllowTensorCoreSharedMemory() {
-  const int bytes =
-      static_cast<int>(kSamplesPerBlock * MaxTensorCoreSampleBytes(sizeof(typename Operands::Element)));
-  const cudaError_t forward =
-      cudaFuncSetAttribute(ForwardTensorCoreKernel<Operands>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (forward != cudaSuccess) return forward;
-  return cudaFuncSetAttribute(BackwardTensorCoreKernel<Operands>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+// Allows `kernel` the dynamic shared memory of a block of the largest tensor-core shape (above
+// the default 48 KB) and asks for the largest shared-memory carveout of L1.
+template <typename Kernel>
+cudaError_t AllowSharedMemory(Kernel kernel, int element_bytes) {
+  const int bytes = static_cast<int>(kTensorCoreWarpsPerBlock * MaxTensorCoreWarpBytes(element_bytes));
+  const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (status != cudaSuccess) return status;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
 }
 
-// Compute capability of `device` (current), and on 8.0+ the tensor-core kernels allowed the
-// shared memory of kSamplesPerBlock samples of the largest tensor-core shape (over 48 KB for fp32).
+template <typename Operands>
+cudaError_t AllowTensorCoreSharedMemory() {
+  const int element_bytes = sizeof(typename Operands::Element);
+  const cudaError_t forward = AllowSharedMemory(ForwardTensorCoreKernel<Operands>, element_bytes);
+  if (forward != cudaSuccess) return forward;
+  return AllowSharedMemory(BackwardTensorCoreKernel<Operands>, element_bytes);
+}
+
+// Compute capability of `device` (current), its SMs, shared memory and blocks per SM, and on
+// 8.0+ the tensor-core kernels allowed their shared memory (AllowSharedMemory).
 DeviceInfo QueryDevice(int device) {
   DeviceInfo info;
   cudaError_t status = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&info.shared_bytes_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  }
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&info.max_blocks_per_sm, cudaDevAttrMaxBlocksPerMultiprocessor, device);
+  }
   if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<Fp16Operands>();
   if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<Tf32Operands>();
   if (status == cudaSuccess && info.major >= 8) status = AllowTensorCoreSharedMemory<SplitTf32Operands>();
@@ -551,8 +624,12 @@ DeviceInfo CurrentDevice() {
   static DeviceInfo devices[kMaxDevices];
   int device = 0;
   const cudaError_t status = cudaGetDevice(&device);
-  if (status != cudaSuccess) return {0, cudaGetErrorString(status)};
-  if (device < 0 || device >= kMaxDevices) return {0, "device ordinal beyond the launchers' table of 64 devices"};
+  DeviceInfo failed;
+  if (status != cudaSuccess) failed.error = cudaGetErrorString(status);
+  if (status == cudaSuccess && (device < 0 || device >= kMaxDevices)) {
+    failed.error = "device ordinal beyond the launchers' table of 64 devices";
+  }
+  if (failed.error != nullptr) return failed;
   std::call_once(queried[device], [device] { devices[device] = QueryDevice(device); });
   return devices[device];
 }
@@ -594,8 +671,19 @@ bool SimtVectors(const InteractShape& shape, std::initializer_list<const void*> 
   return shape.dim % kLaneColumns == 0 && Aligned(buffers, kLaneColumns * sizeof(T));
 }
 
+// SIMT kernels: one warp per sample.
 unsigned Blocks(const InteractShape& shape) {
   return static_cast<unsigned>((shape.batch + kSamplesPerBlock - 1) / kSamplesPerBlock);
+}
+
+// Tensor-core kernels: the persistent grid, as many blocks of `warp_bytes` per warp as the device
+// holds at once (ResidentBlocks), no more than the batch has samples for.
+unsigned TensorCoreBlocks(const InteractShape& shape, const DeviceInfo& device, int64_t warp_bytes) {
+  const int64_t resident = int64_t{device.multiprocessors} *
+                           ResidentBlocks(kTensorCoreWarpsPerBlock * warp_bytes, device.shared_bytes_per_sm,
+                                          device.max_blocks_per_sm);
+  const int64_t needed = (shape.batch + kTensorCoreWarpsPerBlock - 1) / kTensorCoreWarpsPerBlock;
+  return static_cast<unsigned>(Min(resident, needed));
 }
 
 LaunchResult Finish(KernelKind kernel) {
@@ -615,7 +703,7 @@ LaunchResult Forward(const InteractShape& shape, const T* input, T* output, bool
     const TensorCoreLayout layout = MakeTensorCoreLayout(shape.num_vectors, shape.dim, sizeof(T));
     WithOperands<T>(kernel, [&](auto operands) {
       using Operands = decltype(operands);
-      ForwardTensorCoreKernel<Operands><<<Blocks(shape), kThreadsPerBlock, kSamplesPerBlock * layout.forward_bytes, stream>>>(
+      ForwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.forward_bytes), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.forward_bytes, stream>>>(
           shape, layout, input, output);
     });
   }
@@ -636,7 +724,7 @@ LaunchResult Backward(const InteractShape& shape, bool fold_bottom_mlp_grad, con
     const TensorCoreLayout layout = MakeTensorCoreLayout(shape.num_vectors, shape.dim, sizeof(T));
     WithOperands<T>(kernel, [&](auto operands) {
       using Operands = decltype(operands);
-      BackwardTensorCoreKernel<Operands><<<Blocks(shape), kThreadsPerBlock, kSamplesPerBlock * layout.backward_bytes, stream>>>(
+      BackwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.backward_bytes), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.backward_bytes, stream>>>(
           shape, layout, fold_bottom_mlp_grad, input, upstream_grad, grad, bottom_mlp_grad);
     });
   }

@@ -1,10 +1,13 @@
-// Launch geometry and per-sample shared-memory layout of the CUDA dot-interaction kernels, in
-// plain constexpr C++: the kernels, the launchers and a host-only test (residency on A100/H100)
-// all read the same numbers.
+// Launch geometry and per-warp shared-memory layout of the CUDA dot-interaction kernels, in
+// plain constexpr C++: the kernels, the launchers and host-only tests (layout, residency on
+// A100/H100, registers of the sm_90 build) all read the same numbers.
 //
-// Every kernel runs one warp per sample and kSamplesPerBlock warps per block. The tensor-core
-// kernels stage a sample in shared memory kChunkColumns columns at a time (a [rows, 64] tile),
-// so a sample's shared memory does not grow with D.
+// The SIMT kernels run one warp per sample, kSamplesPerBlock warps per block. The tensor-core
+// kernels run a persistent grid (as many blocks as the GPU holds at once, capped by the batch):
+// each warp walks its samples (one every `warps in the grid`) in steps of one chunk of
+// kChunkRowBytes per row (a whole sample for fp16 up to D = 128, half a sample for fp32), and
+// while it computes one step, the next step's chunk is already on its way into the other of its
+// kStages shared-memory stages (cp.async), so every resident warp keeps a sample in flight.
 #ifndef DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 #define DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 
@@ -16,7 +19,7 @@ namespace dot_based_interact {
 namespace cuda {
 
 constexpr int kWarpSize = 32;
-constexpr int kSamplesPerBlock = 4;  // one warp per sample
+constexpr int kSamplesPerBlock = 4;  // SIMT kernels: one warp per sample
 constexpr int kThreadsPerBlock = kSamplesPerBlock * kWarpSize;
 constexpr int kVectorBytes = 16;     // global loads and stores of the vectorised paths
 
@@ -24,11 +27,25 @@ constexpr int kVectorBytes = 16;     // global loads and stores of the vectorise
 constexpr int64_t kTensorCoreMaxVectors = 32;
 constexpr int64_t kTensorCoreMaxDim = 128;
 constexpr int kTile = 16;
-constexpr int kChunkColumns = 64;  // sample columns staged per step
+constexpr int kTensorCoreWarpsPerBlock = 2;
+constexpr int kTensorCoreThreadsPerBlock = kTensorCoreWarpsPerBlock * kWarpSize;
+constexpr int kStages = 2;             // chunks a warp holds: the one it computes, the one arriving
+constexpr int kChunkRowBytes = 256;    // bytes of a sample row staged per step (128 fp16, 64 fp32)
 constexpr int kScratchStride = kTile + 4;  // fp32 tile-column scratch of the fp16 backward
 constexpr int kRegionAlignment = 128;
+constexpr int kBlockReservedSharedBytes = 1024;  // the runtime's shared memory per block (8.0+)
+
+// Residency each tensor-core kernel is designed for, in blocks of kTensorCoreWarpsPerBlock warps
+// per SM, on an H100 (65,536 registers and 228 KB of shared memory per SM) at Criteo's shape
+// (F = 27, D = 128) in every precision: shared memory (the layout below) allows exactly that
+// many, and the kernels' __launch_bounds__ hold their registers to what that many blocks allow.
+// tests/test_static.py checks both from the sm_90 build (cuobjdump).
+constexpr int kForwardBlocksPerSm = 6;   // 12 warps, 24 samples' chunks staged per SM
+constexpr int kBackwardBlocksPerSm = 4;  // 8 warps, 16 chunks (with their upstream rows)
 
 constexpr int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+constexpr int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+constexpr int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // Shapes the tensor-core kernels take: F <= 32, D <= 128 and rows of whole 16-byte vectors
 // (D a multiple of 8 in fp16, of 4 in fp32). Everything else runs the general SIMT kernel.
@@ -38,22 +55,30 @@ constexpr bool FitsTensorCores(int64_t num_vectors, int64_t dim, int element_byt
 
 // Byte offsets and strides (in elements) of one warp's shared memory in the tensor-core kernels.
 // Rows carry a 16-byte skew, which keeps every WMMA tile pointer 32-byte aligned and spreads
-// consecutive rows over the banks.
+// consecutive rows over the banks. Stage s of a warp starts at s * (forward|backward)_stage_bytes.
 struct TensorCoreLayout {
   int rows;               // F rounded up to 16
   int padded_dim;         // D rounded up to 16 (whole column tiles)
   int k_step;             // WMMA k: 16 for fp16, 8 for TF32 (32 bytes of operands)
-  int chunk_stride;       // elements per row of the [rows, 64] sample chunk
+  int chunk_columns;      // columns staged per step (a multiple of 16)
+  int chunks;             // steps per sample
+  int chunk_stride;       // elements per row of a staged [rows, chunk_columns] chunk
   int gram_stride;        // fp32 per row of the forward's Gram tiles
   int coefficient_stride; // elements per row of the backward's symmetric [rows, rows] matrix
-  // forward: chunk at 0; after the last chunk the Gram tiles at 0 and the output stage after them
-  int64_t forward_stage_offset;
-  int64_t forward_bytes;
-  // backward: chunk, coefficients, the upstream row, and (2-byte types) an fp32 scratch tile column
+  // forward stage: the chunk; after a sample's last chunk, the Gram tiles at 0 and the output
+  // stage (the pair values) after them
+  int64_t forward_pairs_offset;
+  int64_t forward_stage_bytes;
+  int64_t forward_bytes;  // per warp
+  // backward stage: the chunk, then (filled with a sample's first chunk) its upstream row; per
+  // warp after the stages: the coefficients, the upstream row's first D values (the
+  // pass-through), and for 2-byte types an fp32 scratch tile column
+  int64_t backward_upstream_offset;
+  int64_t backward_stage_bytes;
   int64_t coefficient_offset;
-  int64_t upstream_offset;
+  int64_t pass_through_offset;
   int64_t scratch_offset;
-  int64_t backward_bytes;
+  int64_t backward_bytes;  // per warp
 };
 
 constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim, int element_bytes) {
@@ -62,39 +87,41 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   layout.rows = static_cast<int>(RoundUp(num_vectors, kTile));
   layout.padded_dim = static_cast<int>(RoundUp(dim, kTile));
   layout.k_step = 32 / element_bytes;
-  layout.chunk_stride = kChunkColumns + skew;
+  layout.chunk_columns = static_cast<int>(Min(kChunkRowBytes / element_bytes, layout.padded_dim));
+  layout.chunks = (layout.padded_dim + layout.chunk_columns - 1) / layout.chunk_columns;
+  layout.chunk_stride = layout.chunk_columns + skew;
   layout.gram_stride = layout.rows + 4;
   layout.coefficient_stride = layout.rows + skew;
   const int64_t output_width = OutputWidth(num_vectors, dim);
   const int64_t chunk_bytes = RoundUp(int64_t{layout.rows} * layout.chunk_stride * element_bytes, kRegionAlignment);
   const int64_t gram_bytes = RoundUp(int64_t{layout.rows} * layout.gram_stride * 4, kRegionAlignment);
-  const int64_t stage_bytes = RoundUp((output_width - dim) * element_bytes, kRegionAlignment);
-  layout.forward_stage_offset = gram_bytes;
-  layout.forward_bytes = chunk_bytes > gram_bytes + stage_bytes ? chunk_bytes : gram_bytes + stage_bytes;
-  const int64_t coefficient_bytes =
-      RoundUp(int64_t{layout.rows} * layout.coefficient_stride * element_bytes, kRegionAlignment);
-  const int64_t upstream_bytes = RoundUp(output_width * element_bytes, kRegionAlignment);
+  const int64_t pairs_bytes = RoundUp((output_width - dim) * element_bytes, kRegionAlignment);
+  layout.forward_pairs_offset = gram_bytes;
+  layout.forward_stage_bytes = Max(chunk_bytes, gram_bytes + pairs_bytes);
+  layout.forward_bytes = kStages * layout.forward_stage_bytes;
+  layout.backward_upstream_offset = chunk_bytes;
+  layout.backward_stage_bytes = chunk_bytes + RoundUp(output_width * element_bytes, kRegionAlignment);
+  layout.coefficient_offset = kStages * layout.backward_stage_bytes;
+  layout.pass_through_offset =
+      layout.coefficient_offset + RoundUp(int64_t{layout.rows} * layout.coefficient_stride * element_bytes, kRegionAlignment);
+  layout.scratch_offset = layout.pass_through_offset + RoundUp(dim * element_bytes, kRegionAlignment);
   const int64_t scratch_bytes = element_bytes == 4 ? 0 : RoundUp(int64_t{layout.rows} * kScratchStride * 4, kRegionAlignment);
-  layout.coefficient_offset = chunk_bytes;
-  layout.upstream_offset = chunk_bytes + coefficient_bytes;
-  layout.scratch_offset = layout.upstream_offset + upstream_bytes;
   layout.backward_bytes = layout.scratch_offset + scratch_bytes;
   return layout;
 }
 
-// The largest per-sample footprint within the tensor-core limits (F = 32, D = 128): what the
-// launchers allow the kernels once per device, and what the residency test checks.
-constexpr int64_t MaxTensorCoreSampleBytes(int element_bytes) {
+// The largest per-warp footprint within the tensor-core limits (F = 32, D = 128): what the
+// launchers allow the kernels once per device (times the warps per block).
+constexpr int64_t MaxTensorCoreWarpBytes(int element_bytes) {
   const TensorCoreLayout layout = MakeTensorCoreLayout(kTensorCoreMaxVectors, kTensorCoreMaxDim, element_bytes);
-  return layout.backward_bytes > layout.forward_bytes ? layout.backward_bytes : layout.forward_bytes;
+  return Max(layout.backward_bytes, layout.forward_bytes);
 }
 
-// Blocks of kSamplesPerBlock samples that fit in `shared_bytes_per_sm` (the runtime reserves
-// 1 KB per block), times the samples per block; capped by `max_warps_per_sm`.
-constexpr int64_t ResidentSamples(int64_t sample_bytes, int64_t shared_bytes_per_sm, int64_t max_warps_per_sm) {
-  const int64_t blocks = shared_bytes_per_sm / (kSamplesPerBlock * sample_bytes + 1024);
-  const int64_t samples = blocks * kSamplesPerBlock;
-  return samples < max_warps_per_sm ? samples : max_warps_per_sm;
+// Blocks of `block_bytes` dynamic shared memory that fit in `shared_bytes_per_sm` beside the
+// runtime's reserve per block, at least 1 (a GPU then runs them one after the other) and at most
+// `max_blocks_per_sm`. The persistent grid is this many blocks per SM.
+constexpr int64_t ResidentBlocks(int64_t block_bytes, int64_t shared_bytes_per_sm, int64_t max_blocks_per_sm) {
+  return Max(1, Min(shared_bytes_per_sm / (block_bytes + kBlockReservedSharedBytes), max_blocks_per_sm));
 }
 
 }  // namespace cuda
