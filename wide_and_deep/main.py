@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
+import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
 from cli import bad_input
 
 PRINT_FREQ = 100
@@ -47,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_data_pattern", nargs="+", default=["/outbrain/tfrecords/eval/part*"],
                    help="Glob(s) of the evaluation TFRecords")
     p.add_argument("--transformed_metadata_path", default="/outbrain/tfrecords",
-                   help="Folder holding the data's metadata.json (the reference: its TFT metadata)")
+                   help="Folder holding the data's metadata.json (the reference: its TFT metadata), or the "
+                        "feature_spec.yaml of --dataset_type split_binary")
+    p.add_argument("--dataset_type", default="tfrecords", choices=data_formats.names("training", "wide_and_deep"),
+                   help="Data format (this project's; the registry's Wide & Deep formats): the reference's "
+                        "pre-batched TFRecords, or split-binary files described by a feature spec")
     p.add_argument("--use_checkpoint", action="store_true",
                    help="Start from the newest checkpoint in --model_dir (training resumes where it stopped)")
     p.add_argument("--model_dir", default="/outbrain/checkpoints", help="Checkpoint folder")
@@ -148,21 +153,27 @@ class Data:
     full_train_records: int
 
 
+def _given(flag: str) -> bool:
+    return any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in sys.argv[1:])
+
+
 def open_data(args: argparse.Namespace, world_size: int) -> Data:
-    """metadata.json, the files of both splits and their records, checked against each other and the flags."""
+    """The --dataset_type format's description of the data and both splits' records (through the
+    registry, wd_data.open_splits), checked against each other and the flags."""
     from wide_and_deep import wd_data
     from wide_and_deep.features import PREBATCH_SIZE
 
-    meta = wd_data.read_metadata(args.transformed_metadata_path)
-    if "--training_set_size" in sys.argv and args.training_set_size != meta.train_rows:
-        raise UsageError(f"--training_set_size {args.training_set_size} differs from the {meta.train_rows} train rows "
-                         f"of {os.path.join(args.transformed_metadata_path, wd_data.METADATA)}")
-    train = wd_data.index_records(wd_data.expand_patterns(args.train_data_pattern, "--train_data_pattern"),
-                                  meta.train_rows, "train")
-    evaluation = wd_data.index_records(wd_data.expand_patterns(args.eval_data_pattern, "--eval_data_pattern"),
-                                       meta.eval_rows, "eval")
+    options = {flag: getattr(args, flag) for flag in ("train_data_pattern", "eval_data_pattern")}
+    try:
+        data_formats.check_options(args.dataset_type, {k: v if _given(k) else None for k, v in options.items()})
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    train, evaluation = wd_data.open_splits(args.dataset_type, args.transformed_metadata_path, options)
+    if _given("training_set_size") and args.training_set_size != train.rows:
+        raise UsageError(f"--training_set_size {args.training_set_size} differs from the {train.rows} train rows "
+                         f"of the --dataset_type {args.dataset_type} data in {args.transformed_metadata_path}")
     records_per_step = args.global_batch_size // PREBATCH_SIZE
-    full_records = meta.train_rows // PREBATCH_SIZE
+    full_records = train.rows // PREBATCH_SIZE
     steps = wd_data.train_steps_per_epoch(full_records, records_per_step)
     if steps == 0 and not args.evaluate:
         raise UsageError(f"--global_batch_size {args.global_batch_size} exceeds the {full_records * PREBATCH_SIZE} "
@@ -297,7 +308,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
 
     ap_sum, groups, parts, done = 0.0, 0, [], 0
     while True:
-        batches = wd_data.dataset(run.data.eval, wd_data.eval_record_groups(
+        batches = run.data.eval.dataset(wd_data.eval_record_groups(
             len(run.data.eval), run.data.eval_records_per_rank, run.rank, run.world_size), run.config.buckets)
         for batch in batches:
             probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
@@ -359,7 +370,7 @@ def train(run: Run) -> int:
     while bench is not None or epoch < args.num_epochs:
         groups = wd_data.train_record_groups(data.full_train_records, data.train_records_per_step, run.rank, run.world_size,
                                              args.seed, epoch, step % data.steps_per_epoch)
-        for batch in wd_data.dataset(data.train, groups, run.config.buckets):
+        for batch in data.train.dataset(groups, run.config.buckets):
             run.optimizers.deep_lr.assign(wd_model.deep_learning_rate(step, data.steps_per_epoch, run.config))
             loss, probabilities, votes = trainer.step(batch, tf.constant(step, tf.int64),
                                                       tf.constant(vote(STOP.signum), tf.float32))
@@ -437,14 +448,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    import tensorflow as tf
-
     import distributed as dist
     import folder_lock
     from checkpoint import CheckpointError
+    from data_errors import DataError
+    from feature_spec import FeatureSpecError
     from safe_io import OutputPathError
     from utils import DllLogger, print_rank0
-    from wide_and_deep.wd_data import DataError
+    from wide_and_deep.wd_data import surface_record_errors
 
     dist.init()
     rank, world_size = dist.rank(), dist.size()
@@ -470,13 +481,12 @@ def _main(args: argparse.Namespace) -> int:
         logger.log_parameters(vars(args) | {"world_size": world_size})
         if rank == 0:
             write_args(args, world_size)
-        code = run_evaluate(run) if args.evaluate else train(run)
+        with surface_record_errors():
+            code = run_evaluate(run) if args.evaluate else train(run)
         dist.barrier()
         return code
-    except (UsageError, DataError, CheckpointError, OutputPathError, FileNotFoundError) as error:
+    except (UsageError, DataError, FeatureSpecError, CheckpointError, OutputPathError, FileNotFoundError) as error:
         return bad_input(error)
-    except tf.errors.InvalidArgumentError as error:  # a record failing the reader's checks
-        return bad_input(f"bad training or eval record: {error.message.splitlines()[0]}")
     finally:
         logger.close()
         if lock is not None:
