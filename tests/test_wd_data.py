@@ -14,7 +14,7 @@ import yaml
 import data_formats
 import data_errors
 from multiproc import REPO_ROOT, assert_ok, launch_env, snapshot
-from test_wd_train import SMALL, _rows, _teacher, _write_split, final, wd, weights, write_dataset
+from test_wd_train import SMALL, _rows, _teacher, _write_split, final, log_records, wd, weights, write_dataset
 from wide_and_deep import features as F
 from wide_and_deep import wd_data
 
@@ -107,6 +107,24 @@ def test_training_on_split_binary_gives_the_weights_of_the_tfrecords(datasets, t
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert final(str(tmp_path / "ra")) == final(str(tmp_path / "rb"))
+
+
+def test_two_ranks_train_on_a_short_last_record_as_one_process(tmp_path):
+    """6 records (the last of 1000 rows), one per rank and step: every epoch's 3 steps read them all, and
+    the step holding the short record gives its rank a smaller batch (it hung before: wd_model.TrainStep)."""
+    folder = str(tmp_path / "data")
+    write_dataset(folder, train_rows=5 * 4096 + 1000, eval_rows=2 * 4096, files=2)
+    flags = ["--train_data_pattern", f"{folder}/train/part*", "--eval_data_pattern", f"{folder}/eval/part*",
+             "--transformed_metadata_path", folder, *SMALL, "--num_epochs", "2", "--deep_dropout", "0"]
+    one = wd([*flags, "--model_dir", str(tmp_path / "one"), "--results_dir", str(tmp_path / "r1")])
+    assert_ok(one)
+    two = wd([*flags, "--model_dir", str(tmp_path / "two"), "--results_dir", str(tmp_path / "r2")], np_=2)
+    assert_ok(two)
+    evaluations = [r["step"] for r in log_records(str(tmp_path / "r2")) if "auc_val" in r.get("data", {})]
+    assert evaluations[:2] == [[3, 6], [6, 6]]
+    a, b = weights(str(tmp_path / "one")), weights(str(tmp_path / "two"))
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-6, err_msg=name)
 
 
 def _bad_copy(datasets, tmp_path, edit):

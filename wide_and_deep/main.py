@@ -6,8 +6,8 @@ Run from this folder as the reference's users do: `python main.py [--amp] [--xla
 name and default; `--seed` is added. Bad input is one `error: ...` line on stderr and exit 2.
 
 Differences from the reference (README "Wide & Deep"): each rank reads a disjoint share of the
-records; an epoch is exactly `train rows // global batch` updates (the reference made one uncounted
-update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
+records; an epoch is exactly `train records // records per step` updates, the short last record
+trained on like the others (the reference made one uncounted update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
 in bfloat16 where the CPU has bf16 units (the reference refused `--cpu --amp`); `--evaluate` needs
 trained weights (`--use_checkpoint`) unless it only measures speed (`--benchmark`); evaluation also
 logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row.
@@ -142,15 +142,13 @@ def saves_checkpoints(args: argparse.Namespace) -> bool:
 
 @dataclass
 class Data:
-    """The indexed splits and the per-rank batch geometry. Training reads the full 4096-row records
-    only (`full_train_records`, the first ones: the preprocessing writes the short one last), as DLRM
-    drops a last partial batch: every rank's batch of every step then has the same size."""
+    """The splits (wd_data.Split) and the per-rank batch geometry. Training reads every record, the
+    short last one too: in a step holding it one rank's batch is smaller (wd_model.TrainStep)."""
     train: Any
     eval: Any
     steps_per_epoch: int
     train_records_per_step: int
     eval_records_per_rank: int
-    full_train_records: int
 
 
 def _given(flag: str) -> bool:
@@ -173,13 +171,11 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
         raise UsageError(f"--training_set_size {args.training_set_size} differs from the {train.rows} train rows "
                          f"of the --dataset_type {args.dataset_type} data in {args.transformed_metadata_path}")
     records_per_step = args.global_batch_size // PREBATCH_SIZE
-    full_records = train.rows // PREBATCH_SIZE
-    steps = wd_data.train_steps_per_epoch(full_records, records_per_step)
+    steps = wd_data.train_steps_per_epoch(len(train), records_per_step)
     if steps == 0 and not args.evaluate:
-        raise UsageError(f"--global_batch_size {args.global_batch_size} exceeds the {full_records * PREBATCH_SIZE} "
-                         f"training rows in full {PREBATCH_SIZE}-row records")
-    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE,
-                full_records)
+        raise UsageError(f"--global_batch_size {args.global_batch_size} needs {records_per_step} records of "
+                         f"{PREBATCH_SIZE} rows per step; the training data holds {len(train)} ({train.rows} rows)")
+    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
 
 
 def configure_tensorflow(args: argparse.Namespace, local_rank: int):
@@ -368,7 +364,7 @@ def train(run: Run) -> int:
     STOP.graceful = True
     epoch = step // data.steps_per_epoch
     while bench is not None or epoch < args.num_epochs:
-        groups = wd_data.train_record_groups(data.full_train_records, data.train_records_per_step, run.rank, run.world_size,
+        groups = wd_data.train_record_groups(len(data.train), data.train_records_per_step, run.rank, run.world_size,
                                              args.seed, epoch, step % data.steps_per_epoch)
         for batch in data.train.dataset(groups, run.config.buckets):
             run.optimizers.deep_lr.assign(wd_model.deep_learning_rate(step, data.steps_per_epoch, run.config))
