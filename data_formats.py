@@ -3,7 +3,8 @@
 A format is one module that calls `register_format` at its top level, once per format name: the
 name, its roles (`training`: a `--dataset_type` of main.py; `source` and `destination`: a
 `--src_dataset_type` / `--dst_dataset_type` of `dataloading.transcribe`), the options only it
-reads (flags such as --hugectr_cardinalities, refused for every other format), and its hooks: how
+reads (flags such as --hugectr_cardinalities, refused for every other format), the model it feeds
+(`model`: "dlrm", the default, or "wide_and_deep", whose formats are listed only for it), and its hooks: how
 it finds or derives its spec (`load_spec`), its reader (the loader builds a rank's pipelines and
 transcribe reads a source from it; `pipelines` and `batches` serve formats without one) and its
 writer. main.py's flag choices, `dataloader`'s dispatch and transcribe's lists are read from here.
@@ -11,7 +12,8 @@ writer. main.py's flag choices, `dataloader`'s dispatch and transcribe's lists a
 Names without TensorFlow. main.py defines its flags before TensorFlow is imported (--xla must set
 TF_XLA_FLAGS first), but the format modules import TensorFlow. So this module imports none of
 them to list the formats: it reads the `register_format(...)` calls in the source of the
-repository's top-level modules (`ast`, literal roles only) and imports a format's module the first
+repository's top-level modules and of the model packages' modules (`wide_and_deep/`; `ast`, literal
+roles only) and imports a format's module the first
 time one of its hooks is needed, which runs the very call it read. A format registered from
 anywhere else (a test's module, a plug-in) is listed once that module is imported. TensorFlow-free.
 """
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
     from feature_spec import FeatureSpec
 
 ROLES = ("training", "source", "destination")
+DLRM = "dlrm"
 _ROOT = os.path.dirname(os.path.abspath(__file__))
+_PACKAGES = ("wide_and_deep",)  # model packages whose modules are scanned too, as `<package>.<module>`
 _CALL = "register_format"
 
 
@@ -52,6 +56,7 @@ class Declaration:
     source: bool = False
     destination: bool = False
     own_options: Tuple[str, ...] = ()
+    model: str = DLRM
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ _declared: Optional[Dict[str, Declaration]] = None
 
 def register_format(name: str, *, load_spec: Callable[[Optional[str], str, Mapping[str, Any]], "FeatureSpec"],
                     training: bool = False, source: bool = False, destination: bool = False,
-                    own_options: Tuple[str, ...] = (), reader: Optional[Callable[..., Any]] = None,
+                    own_options: Tuple[str, ...] = (), model: str = DLRM, reader: Optional[Callable[..., Any]] = None,
                     pipelines: Optional[Callable[..., InputPipelines]] = None,
                     validate: Optional[Callable[["FeatureSpec", Mapping[str, int]], None]] = None,
                     batches: Optional[Callable[..., Iterator[Any]]] = None,
@@ -110,6 +115,9 @@ def register_format(name: str, *, load_spec: Callable[[Optional[str], str, Mappi
     metadata_key: the FeatureSpec.metadata entry describing this format's files (not carried over).
     scan(spec, batch_size) -> FeatureSpec: a source whose spec is finished by reading its data once
       (CSV's `cardinality: auto`), every value checked; transcribe checks the destination first.
+    model: the model the format feeds (a literal): DLRM's formats follow the hooks above; another
+      model's (`wide_and_deep`) follow that model's reader contract (wide_and_deep/wd_data.py) and are
+      listed only for it (`names(role, model)`).
     """
     if training and reader is None and pipelines is None:
         raise TypeError(f"format {name!r}: a training format needs a reader or pipelines")
@@ -118,7 +126,7 @@ def register_format(name: str, *, load_spec: Callable[[Optional[str], str, Mappi
     if destination and writer is None:
         raise TypeError(f"format {name!r}: a destination needs a writer")
     module = _caller_module()
-    declaration = Declaration(name, module, training, source, destination, tuple(own_options))
+    declaration = Declaration(name, module, training, source, destination, tuple(own_options), model)
     found = declarations().get(name)
     if name in _registered or (found is not None and found.module != module):
         where = found.module if found is not None else _registered[name].declaration.module
@@ -144,11 +152,14 @@ def _all_declarations() -> Dict[str, Declaration]:
     global _declared
     if _declared is None:
         _declared = {}
-        for file_name in sorted(os.listdir(_ROOT)):
-            path = os.path.join(_ROOT, file_name)
-            if file_name.endswith(".py") and file_name != os.path.basename(__file__):
-                for declaration in _declared_in(path, file_name[:-3]):
-                    _declared.setdefault(declaration.name, declaration)
+        for package in ("", *_PACKAGES):
+            folder = os.path.join(_ROOT, package)
+            for file_name in sorted(os.listdir(folder)):
+                path = os.path.join(folder, file_name)
+                if file_name.endswith(".py") and path != os.path.abspath(__file__):
+                    module = ".".join(filter(None, (package, file_name[:-3])))
+                    for declaration in _declared_in(path, module):
+                        _declared.setdefault(declaration.name, declaration)
     return _declared
 
 
@@ -168,7 +179,7 @@ def _declared_in(path: str, module: str) -> List[Declaration]:
             continue
         given = [("name", call.args[0])] if call.args else []
         given += [(keyword.arg, keyword.value) for keyword in call.keywords
-                  if keyword.arg in ("name", "own_options", *ROLES)]
+                  if keyword.arg in ("name", "own_options", "model", *ROLES)]
         fields: Dict[str, Any] = {}
         for field, node in given:
             try:
@@ -181,21 +192,22 @@ def _declared_in(path: str, module: str) -> List[Declaration]:
     return found
 
 
-def names(role: str) -> Tuple[str, ...]:
-    """The formats that can play `role` (one of ROLES), in declaration order."""
+def names(role: str, model: str = DLRM) -> Tuple[str, ...]:
+    """The formats feeding `model` that can play `role` (one of ROLES), in declaration order."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-    return tuple(name for name, declaration in _all_declarations().items() if getattr(declaration, role))
+    return tuple(name for name, declaration in _all_declarations().items()
+                 if getattr(declaration, role) and declaration.model == model)
 
 
-def get(name: str, role: str) -> DataFormat:
+def get(name: str, role: str, model: str = DLRM) -> DataFormat:
     """The registered format `name`, importing its module on first use; ValueError naming the
-    choices unless it plays `role`."""
+    choices unless it feeds `model` and plays `role`."""
     declaration = _all_declarations().get(name)
-    if declaration is None or not getattr(declaration, role):
+    if declaration is None or not getattr(declaration, role) or declaration.model != model:
         what = {"training": "dataset_type", "source": "--src_dataset_type",
                 "destination": "--dst_dataset_type"}[role]
-        raise ValueError(f"{what} must be one of {list(names(role))}, got {name!r}")
+        raise ValueError(f"{what} must be one of {list(names(role, model))}, got {name!r}")
     if name not in _registered:
         importlib.import_module(declaration.module)
     return _registered[name]

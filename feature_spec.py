@@ -357,13 +357,15 @@ class FeatureSpec:
 
     # ----------------------------------------------------------- validation
     def check_feature_spec(self, chunk_type: Optional[str] = SPLIT_BINARY,
-                           allow_external_paths: bool = False, allowed_by: Optional[str] = None) -> None:
+                           allow_external_paths: bool = False, allowed_by: Optional[str] = None,
+                           numerical_dtype: str = NUMERICAL_DTYPE) -> None:
         """Every rule of §4.2 plus: cardinality fits the dtype, hotness/alpha/pooling well formed (and
         hotness 1 in CSV files), no file serves two chunks of a mapping, and (unless
         `allow_external_paths`) every file lies inside the spec's folder; the error names
         `allowed_by`, the caller's flag that allows it, if it has one. `chunk_type` None checks a
         spec whose files are not its business (synthetic data, a split-TFRecords folder): features,
-        channels and dtypes only. Raises FeatureSpecError."""
+        channels and dtypes only. `numerical_dtype`: the numericals' one dtype (float16 for DLRM;
+        Wide & Deep's split-binary files keep float32). Raises FeatureSpecError."""
         where = self._where()
         self._check_features(where, chunk_type)
         self._check_channels(where)
@@ -378,7 +380,7 @@ class FeatureSpec:
         if chunk_type == CSV:
             self.refuse_multi_hot("a CSV dataset (one column per feature)")
         else:
-            self._check_dtypes(where)
+            self._check_dtypes(where, numerical_dtype)
         if chunk_type is None:
             return
         if self.source_spec is None:
@@ -410,9 +412,9 @@ class FeatureSpec:
             raise FeatureSpecError(f"{where}: categorical feature '{name}' has pooling {pooling!r}; it "
                                    f"must be one of {list(POOLINGS)}")
 
-    def _check_dtypes(self, where: str) -> None:
-        """Categoricals int8/16/32 wide enough for their cardinality, numericals float16, the
-        label bool or int8."""
+    def _check_dtypes(self, where: str, numerical_dtype: str) -> None:
+        """Categoricals int8/16/32 wide enough for their cardinality, numericals `numerical_dtype`,
+        the label bool or int8."""
         for name in self.categorical_names:
             dtype = str(self.dtype_of(name))
             if dtype not in CATEGORICAL_DTYPES:
@@ -423,8 +425,8 @@ class FeatureSpec:
                 raise FeatureSpecError(f"{where}: cardinality {card} of feature '{name}' does not fit "
                                        f"its dtype {dtype}")
         for name in self.numerical_names:
-            if str(self.dtype_of(name)) != NUMERICAL_DTYPE:
-                raise FeatureSpecError(f"{where}: numerical feature '{name}' must be float16, "
+            if str(self.dtype_of(name)) != numerical_dtype:
+                raise FeatureSpecError(f"{where}: numerical feature '{name}' must be {numerical_dtype}, "
                                        f"got {self.dtype_of(name)}")
         if str(self.dtype_of(self.label_name)) not in LABEL_DTYPES:
             raise FeatureSpecError(f"{where}: label feature '{self.label_name}' must be "

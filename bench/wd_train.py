@@ -52,7 +52,9 @@ def batches(batch_size: int, count: int, seed: int = 0):
         ids = np.stack([rng.integers(0, F.BUCKETS[n], batch_size) for n in F.CATEGORICAL_NAMES], 1)
         out.append({"categorical": tf.constant(ids, tf.int64),
                     "numeric": tf.constant(rng.random((batch_size, len(F.NUMERIC_FEATURES)), np.float32)),
-                    "label": tf.constant(rng.integers(0, 2, batch_size).astype(np.float32))})
+                    "label": tf.constant(rng.integers(0, 2, batch_size).astype(np.float32)),
+                    "display_id": tf.constant(np.arange(batch_size) // 6, tf.int64),
+                    "row": tf.constant(np.arange(batch_size), tf.int64)})
     return out
 
 

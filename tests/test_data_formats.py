@@ -85,6 +85,18 @@ def test_a_name_registered_twice_or_roles_that_are_not_literal_are_refused(tmp_p
         data_formats._declared_in(str(bad), "bad_format")
 
 
+def test_the_model_a_format_feeds_is_read_from_source_and_keeps_the_lists_apart(tmp_path):
+    plug_in = tmp_path / "other_model_format.py"
+    plug_in.write_text("import data_formats\n"
+                       "data_formats.register_format('other_npy', training=True, model='other', load_spec=None, "
+                       "reader=None)\n")
+    (declared,) = data_formats._declared_in(str(plug_in), "other_model_format")
+    assert (declared.name, declared.model, declared.training) == ("other_npy", "other", True)
+    assert {d.model for name, d in data_formats.declarations().items() if name in TRAINING} == {"dlrm"}
+    with pytest.raises(ValueError, match=r"dataset_type must be one of \[\], got 'tf_raw'"):
+        data_formats.get("tf_raw", "training", model="other")
+
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """A toy_npy dataset (train: 4 batches, test: 2.5) and the toy format registered by importing its module."""

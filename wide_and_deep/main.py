@@ -6,8 +6,8 @@ Run from this folder as the reference's users do: `python main.py [--amp] [--xla
 name and default; `--seed` is added. Bad input is one `error: ...` line on stderr and exit 2.
 
 Differences from the reference (README "Wide & Deep"): each rank reads a disjoint share of the
-records; an epoch is exactly `train rows // global batch` updates (the reference made one uncounted
-update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
+records; an epoch is exactly `train records // records per step` updates, the short last record
+trained on like the others (the reference made one uncounted update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
 in bfloat16 where the CPU has bf16 units (the reference refused `--cpu --amp`); `--evaluate` needs
 trained weights (`--use_checkpoint`) unless it only measures speed (`--benchmark`); evaluation also
 logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row.
@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
+import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
 from cli import bad_input
 
 PRINT_FREQ = 100
@@ -47,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_data_pattern", nargs="+", default=["/outbrain/tfrecords/eval/part*"],
                    help="Glob(s) of the evaluation TFRecords")
     p.add_argument("--transformed_metadata_path", default="/outbrain/tfrecords",
-                   help="Folder holding the data's metadata.json (the reference: its TFT metadata)")
+                   help="Folder holding the data's metadata.json (the reference: its TFT metadata), or the "
+                        "feature_spec.yaml of --dataset_type split_binary")
+    p.add_argument("--dataset_type", default="tfrecords", choices=data_formats.names("training", "wide_and_deep"),
+                   help="Data format (this project's; the registry's Wide & Deep formats): the reference's "
+                        "pre-batched TFRecords, or split-binary files described by a feature spec")
     p.add_argument("--use_checkpoint", action="store_true",
                    help="Start from the newest checkpoint in --model_dir (training resumes where it stopped)")
     p.add_argument("--model_dir", default="/outbrain/checkpoints", help="Checkpoint folder")
@@ -137,38 +142,40 @@ def saves_checkpoints(args: argparse.Namespace) -> bool:
 
 @dataclass
 class Data:
-    """The indexed splits and the per-rank batch geometry. Training reads the full 4096-row records
-    only (`full_train_records`, the first ones: the preprocessing writes the short one last), as DLRM
-    drops a last partial batch: every rank's batch of every step then has the same size."""
+    """The splits (wd_data.Split) and the per-rank batch geometry. Training reads every record, the
+    short last one too: in a step holding it one rank's batch is smaller (wd_model.TrainStep)."""
     train: Any
     eval: Any
     steps_per_epoch: int
     train_records_per_step: int
     eval_records_per_rank: int
-    full_train_records: int
+
+
+def _given(flag: str) -> bool:
+    return any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in sys.argv[1:])
 
 
 def open_data(args: argparse.Namespace, world_size: int) -> Data:
-    """metadata.json, the files of both splits and their records, checked against each other and the flags."""
+    """The --dataset_type format's description of the data and both splits' records (through the
+    registry, wd_data.open_splits), checked against each other and the flags."""
     from wide_and_deep import wd_data
     from wide_and_deep.features import PREBATCH_SIZE
 
-    meta = wd_data.read_metadata(args.transformed_metadata_path)
-    if "--training_set_size" in sys.argv and args.training_set_size != meta.train_rows:
-        raise UsageError(f"--training_set_size {args.training_set_size} differs from the {meta.train_rows} train rows "
-                         f"of {os.path.join(args.transformed_metadata_path, wd_data.METADATA)}")
-    train = wd_data.index_records(wd_data.expand_patterns(args.train_data_pattern, "--train_data_pattern"),
-                                  meta.train_rows, "train")
-    evaluation = wd_data.index_records(wd_data.expand_patterns(args.eval_data_pattern, "--eval_data_pattern"),
-                                       meta.eval_rows, "eval")
+    options = {flag: getattr(args, flag) for flag in ("train_data_pattern", "eval_data_pattern")}
+    try:
+        data_formats.check_options(args.dataset_type, {k: v if _given(k) else None for k, v in options.items()})
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    train, evaluation = wd_data.open_splits(args.dataset_type, args.transformed_metadata_path, options)
+    if _given("training_set_size") and args.training_set_size != train.rows:
+        raise UsageError(f"--training_set_size {args.training_set_size} differs from the {train.rows} train rows "
+                         f"of the --dataset_type {args.dataset_type} data in {args.transformed_metadata_path}")
     records_per_step = args.global_batch_size // PREBATCH_SIZE
-    full_records = meta.train_rows // PREBATCH_SIZE
-    steps = wd_data.train_steps_per_epoch(full_records, records_per_step)
+    steps = wd_data.train_steps_per_epoch(len(train), records_per_step)
     if steps == 0 and not args.evaluate:
-        raise UsageError(f"--global_batch_size {args.global_batch_size} exceeds the {full_records * PREBATCH_SIZE} "
-                         f"training rows in full {PREBATCH_SIZE}-row records")
-    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE,
-                full_records)
+        raise UsageError(f"--global_batch_size {args.global_batch_size} needs {records_per_step} records of "
+                         f"{PREBATCH_SIZE} rows per step; the training data holds {len(train)} ({train.rows} rows)")
+    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
 
 
 def configure_tensorflow(args: argparse.Namespace, local_rank: int):
@@ -297,7 +304,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
 
     ap_sum, groups, parts, done = 0.0, 0, [], 0
     while True:
-        batches = wd_data.dataset(run.data.eval, wd_data.eval_record_groups(
+        batches = run.data.eval.dataset(wd_data.eval_record_groups(
             len(run.data.eval), run.data.eval_records_per_rank, run.rank, run.world_size), run.config.buckets)
         for batch in batches:
             probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
@@ -357,9 +364,9 @@ def train(run: Run) -> int:
     STOP.graceful = True
     epoch = step // data.steps_per_epoch
     while bench is not None or epoch < args.num_epochs:
-        groups = wd_data.train_record_groups(data.full_train_records, data.train_records_per_step, run.rank, run.world_size,
+        groups = wd_data.train_record_groups(len(data.train), data.train_records_per_step, run.rank, run.world_size,
                                              args.seed, epoch, step % data.steps_per_epoch)
-        for batch in wd_data.dataset(data.train, groups, run.config.buckets):
+        for batch in data.train.dataset(groups, run.config.buckets):
             run.optimizers.deep_lr.assign(wd_model.deep_learning_rate(step, data.steps_per_epoch, run.config))
             loss, probabilities, votes = trainer.step(batch, tf.constant(step, tf.int64),
                                                       tf.constant(vote(STOP.signum), tf.float32))
@@ -437,14 +444,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    import tensorflow as tf
-
     import distributed as dist
     import folder_lock
     from checkpoint import CheckpointError
+    from data_errors import DataError
+    from feature_spec import FeatureSpecError
     from safe_io import OutputPathError
     from utils import DllLogger, print_rank0
-    from wide_and_deep.wd_data import DataError
+    from wide_and_deep.wd_data import surface_record_errors
 
     dist.init()
     rank, world_size = dist.rank(), dist.size()
@@ -470,13 +477,12 @@ def _main(args: argparse.Namespace) -> int:
         logger.log_parameters(vars(args) | {"world_size": world_size})
         if rank == 0:
             write_args(args, world_size)
-        code = run_evaluate(run) if args.evaluate else train(run)
+        with surface_record_errors():
+            code = run_evaluate(run) if args.evaluate else train(run)
         dist.barrier()
         return code
-    except (UsageError, DataError, CheckpointError, OutputPathError, FileNotFoundError) as error:
+    except (UsageError, DataError, FeatureSpecError, CheckpointError, OutputPathError, FileNotFoundError) as error:
         return bad_input(error)
-    except tf.errors.InvalidArgumentError as error:  # a record failing the reader's checks
-        return bad_input(f"bad training or eval record: {error.message.splitlines()[0]}")
     finally:
         logger.close()
         if lock is not None:

@@ -1,9 +1,23 @@
-"""The reader of the Wide & Deep TFRecords (reference §6, this project's layout in docs/architecture.md).
+"""Wide & Deep data: the reader contract of its dataset formats, the per-rank record shares, and the
+reference's pre-batched TFRecords (reference §6, this project's layout in docs/architecture.md).
 
-Each tf.train.Example holds up to PREBATCH_SIZE rows (the last record of a split may hold fewer), one
-list per key of features.record_keys(); `<folder>/metadata.json` records each split's row count.
-The files are indexed once (record offsets, from the 12-byte TFRecord headers), so every rank reads
-only its own records with positioned reads:
+Every W&D format registers itself in `data_formats` with `model="wide_and_deep"` (wide_and_deep/main.py's
+`--dataset_type` lists them; DLRM's lists do not), with two hooks:
+
+- `load_spec(folder, spec_file_name, options)`: the format's checked description of the dataset in
+  `folder` (--transformed_metadata_path): here metadata.json, for `split_binary` its feature spec.
+- `reader(spec, split, options)` for split "train" or "eval": a `Split`, the split's rows as records
+  of PREBATCH_SIZE rows (record i holds rows [4096 i, 4096 (i + 1)); only the last may be short),
+  read by record number. `options` holds the flags a format may read (its `own_options`).
+
+`open_splits` picks the format through the registry. This module's format, `tfrecords`: each
+tf.train.Example holds up to PREBATCH_SIZE rows, one list per key of features.record_keys();
+`<folder>/metadata.json` records each split's row count; the files (--train_data_pattern,
+--eval_data_pattern) are indexed once (record offsets, from the 12-byte TFRecord headers), so every
+rank reads only its own records with positioned reads. Records whose lists differ in length and ids
+outside a feature's buckets fail the batch with an error naming the key and the records' files.
+
+Record shares, the same for every format:
 
 - train: each epoch's record order is a permutation drawn from (seed, epoch), the same on every rank;
   step k takes the next `records_per_step` records of it and rank r reads those at positions r, r + W,
@@ -13,30 +27,54 @@ only its own records with positioned reads:
 - eval: record i goes to rank i mod W, in file order, so every row is read once over all ranks.
 
 A batch is a dict: `categorical` int64 [B, 13] (features.CATEGORICAL_NAMES order), `numeric` float32
-[B, 13] (features.NUMERIC_FEATURES order), `label` float32 [B], `display_id` int64 [B]. Ids outside a
-feature's buckets and records whose lists differ in length fail the batch with an error naming the key.
+[B, 13] (features.NUMERIC_FEATURES order), `label` float32 [B], `display_id` int64 [B], `row` int64 [B]
+(each row's identity, `row_ids`: what its dropout mask is drawn from). Bad data is a
+`data_errors.DataError` naming the file (and the key or feature).
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, Generator, List, Mapping, Protocol, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+import data_formats
+from data_errors import DataError
+from feature_spec import DEFAULT_SPEC_NAME
+from pipeline_errors import surface_data_errors
 from wide_and_deep import features as F
 
+MODEL = "wide_and_deep"
+SPLITS = ("train", "eval")
 METADATA = "metadata.json"
 FORMAT = "wide_and_deep-tfrecords"
 _HEADER = 12  # uint64 length + uint32 masked crc; the data is followed by a uint32 masked crc
 
 
-class DataError(ValueError):
-    """The data files or their metadata are missing, malformed, or disagree; the message names the file."""
+class Split(Protocol):
+    """One split of a W&D dataset as its format's `reader` serves it (see the module docstring)."""
+    rows: int
+
+    def __len__(self) -> int:
+        """Records of up to PREBATCH_SIZE rows (only the last may be short)."""
+
+    def dataset(self, groups: Iterator[np.ndarray], buckets: Dict[str, int]) -> tf.data.Dataset:
+        """One batch per group of record numbers `groups` yields, the records' rows in group order."""
+
+
+def open_splits(dataset_type: str, folder: str, options: Mapping[str, Any]) -> Tuple[Split, Split]:
+    """The train and eval splits of the W&D dataset of format `dataset_type` described in `folder`
+    (the registry's W&D format of that name); `options`: every flag a format may read."""
+    data_format = data_formats.get(dataset_type, "training", model=MODEL)
+    spec = data_format.load_spec(folder, DEFAULT_SPEC_NAME, options)
+    return data_format.reader(spec, "train", options), data_format.reader(spec, "eval", options)
 
 
 @dataclass(frozen=True)
@@ -44,6 +82,20 @@ class Metadata:
     train_rows: int
     eval_rows: int
     prebatch_size: int
+
+
+@contextlib.contextmanager
+def surface_record_errors() -> Generator[None, None, None]:
+    """Inside the block, bad data found while batches are read is raised as one DataError: the errors
+    a format files (pipeline_errors) and the TFRecord checks' failed assertions (their first line)."""
+    try:
+        with surface_data_errors():
+            yield
+    except tf.errors.InvalidArgumentError as error:
+        failed = re.search(r"assertion failed: \[([^\]]*)\] \[([^\]]*)\]", error.message.replace("\\'", "'"))
+        if failed is None:
+            raise
+        raise DataError(f"bad training or eval record: {failed.group(1)}: {failed.group(2)}") from None
 
 
 def read_metadata(folder: str) -> Metadata:
@@ -74,14 +126,26 @@ def expand_patterns(patterns: Sequence[str], flag: str) -> List[str]:
 
 @dataclass(frozen=True)
 class RecordIndex:
-    """Where every record of a split lies: file number, data offset and length, in file order."""
+    """A TFRecords split (a `Split`): where every record lies (file number, data offset and length, in
+    file order) and how many rows they hold."""
     files: List[str]
     file_ids: np.ndarray
     offsets: np.ndarray
     lengths: np.ndarray
+    rows: int
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def dataset(self, groups: Iterator[np.ndarray], buckets: Dict[str, int]) -> tf.data.Dataset:
+        """The batches of the record groups `groups` yields (one group per batch), parsed and prefetched."""
+        source = _RecordSource(self)
+        records = tf.data.Dataset.from_generator(lambda: (source.read(g) + (g,) for g in groups),
+                                                 output_signature=(tf.TensorSpec([None], tf.string),
+                                                                   tf.TensorSpec([], tf.string),
+                                                                   tf.TensorSpec([None], tf.int64)))
+        return records.map(lambda s, where, numbers: _parse(s, where, numbers, buckets), num_parallel_calls=2,
+                           deterministic=True).prefetch(2)
 
 
 def index_records(files: Sequence[str], rows: int, split: str) -> RecordIndex:
@@ -108,7 +172,7 @@ def index_records(files: Sequence[str], rows: int, split: str) -> RecordIndex:
         raise DataError(f"{split} files ({files[0]} ...) hold {len(offsets)} records; metadata.json's {split}_rows "
                         f"{rows} need {expected} of {F.PREBATCH_SIZE} rows")
     return RecordIndex(list(files), np.array(file_ids, np.int64), np.array(offsets, np.int64),
-                       np.array(lengths, np.int64))
+                       np.array(lengths, np.int64), rows)
 
 
 class _RecordSource:
@@ -118,9 +182,12 @@ class _RecordSource:
         self.index = index
         self.fds = [os.open(path, os.O_RDONLY) for path in index.files]
 
-    def read(self, records: np.ndarray) -> np.ndarray:
-        return np.array([os.pread(self.fds[self.index.file_ids[r]], int(self.index.lengths[r]),
-                                  int(self.index.offsets[r])) for r in records], dtype=object)
+    def read(self, records: np.ndarray) -> Tuple[np.ndarray, str]:
+        """The serialized records and where they lie (their files, for error messages)."""
+        serialized = np.array([os.pread(self.fds[self.index.file_ids[r]], int(self.index.lengths[r]),
+                                        int(self.index.offsets[r])) for r in records], dtype=object)
+        files = sorted({self.index.files[self.index.file_ids[r]] for r in records})
+        return serialized, "records of " + ", ".join(files)
 
 
 def train_steps_per_epoch(num_records: int, records_per_step: int) -> int:
@@ -141,15 +208,11 @@ def train_record_groups(num_records: int, records_per_step: int, rank: int, worl
         yield order[step * records_per_step:(step + 1) * records_per_step][rank::world_size]
 
 
-def step_row_ids(local_rows: tf.Tensor, rank: int, world_size: int) -> tf.Tensor:
-    """Each of this rank's training rows' position in its step's global batch (int64 [local_rows]).
-
-    Rank r holds the step's records r, r + W, r + 2W, ... (`train_record_groups`), PREBATCH_SIZE rows
-    each, so its m-th record's rows are rows (r + m W) * PREBATCH_SIZE + 0, 1, ... of the global batch.
-    The model draws each row's dropout mask from this position: the same on any number of ranks."""
-    rows = tf.range(tf.cast(local_rows, tf.int64), dtype=tf.int64)
-    size = tf.constant(F.PREBATCH_SIZE, tf.int64)
-    return (rank + (rows // size) * world_size) * size + rows % size
+def row_ids(record: int, rows: int) -> np.ndarray:
+    """The identities of a record's rows (the batch key "row"): record number x PREBATCH_SIZE + the
+    row's place in the record. The model draws a row's dropout mask from it and the step, so a row is
+    dropped alike whichever rank reads it and wherever it sits in a batch."""
+    return record * np.int64(F.PREBATCH_SIZE) + np.arange(rows, dtype=np.int64)
 
 
 def eval_record_groups(num_records: int, records_per_rank_batch: int, rank: int,
@@ -160,34 +223,45 @@ def eval_record_groups(num_records: int, records_per_rank_batch: int, rank: int,
         yield mine[start:start + records_per_rank_batch]
 
 
-def _parse(serialized: tf.Tensor, buckets: Dict[str, int]) -> Dict[str, tf.Tensor]:
-    """Records [R] -> the batch dict, with the length and id-range checks."""
+def _parse(serialized: tf.Tensor, where: tf.Tensor, numbers: tf.Tensor, buckets: Dict[str, int]) -> Dict[str, tf.Tensor]:
+    """Records [R] (record numbers `numbers`) -> the batch dict, with the length and id-range checks
+    (their messages name `where`, the records' files)."""
     spec = {key: tf.io.RaggedFeature(tf.int64 if dtype == "int64" else tf.float32)
             for key, dtype in F.record_keys().items()}
     parsed = tf.io.parse_example(serialized, spec)
     lengths = tf.cast(parsed[F.LABEL_KEY].row_lengths(), tf.int64)
     checks = []
     for key, values in parsed.items():
-        checks.append(tf.debugging.assert_equal(tf.cast(values.row_lengths(), tf.int64), lengths,
-                                                message=f"record key '{key}': list length differs from 'label'"))
-    checks.append(tf.debugging.assert_less_equal(lengths, tf.constant(F.PREBATCH_SIZE, tf.int64),
-                                                 message=f"a record holds more than {F.PREBATCH_SIZE} rows"))
+        checks.append(tf.debugging.Assert(tf.reduce_all(tf.equal(tf.cast(values.row_lengths(), tf.int64), lengths)),
+                                          [where, f"record key '{key}': list length differs from 'label'"]))
+    checks.append(tf.debugging.Assert(tf.reduce_all(lengths <= F.PREBATCH_SIZE),
+                                      [where, f"a record holds more than {F.PREBATCH_SIZE} rows"]))
     ids = tf.stack([parsed[n].flat_values for n in F.CATEGORICAL_NAMES], axis=1)
     limits = tf.constant([[buckets[n] for n in F.CATEGORICAL_NAMES]], tf.int64)
     for i, name in enumerate(F.CATEGORICAL_NAMES):
-        checks.append(tf.debugging.assert_non_negative(ids[:, i], message=f"feature '{name}': negative id"))
-        checks.append(tf.debugging.assert_less(ids[:, i], limits[:, i],
-                                               message=f"feature '{name}': id beyond its {buckets[name]} buckets"))
+        checks.append(tf.debugging.Assert(tf.reduce_all(ids[:, i] >= 0), [where, f"feature '{name}': negative id"]))
+        checks.append(tf.debugging.Assert(tf.reduce_all(ids[:, i] < limits[:, i]),
+                                          [where, f"feature '{name}': id beyond its {buckets[name]} buckets"]))
     with tf.control_dependencies(checks):
         return {"categorical": tf.identity(ids),
                 "numeric": tf.stack([parsed[n].flat_values for n in F.NUMERIC_FEATURES], axis=1),
                 "label": tf.cast(parsed[F.LABEL_KEY].flat_values, tf.float32),
-                "display_id": tf.identity(parsed[F.DISPLAY_ID_KEY].flat_values)}
+                "display_id": tf.identity(parsed[F.DISPLAY_ID_KEY].flat_values),
+                "row": (tf.repeat(numbers * F.PREBATCH_SIZE, lengths) + tf.ragged.range(lengths).flat_values)}
 
 
-def dataset(index: RecordIndex, groups: Iterator[np.ndarray], buckets: Dict[str, int]) -> tf.data.Dataset:
-    """The batches of the record groups `groups` yields (one group per batch), parsed and prefetched."""
-    source = _RecordSource(index)
-    records = tf.data.Dataset.from_generator(lambda: (source.read(g) for g in groups),
-                                             output_signature=tf.TensorSpec([None], tf.string))
-    return records.map(lambda s: _parse(s, buckets), num_parallel_calls=2, deterministic=True).prefetch(2)
+
+def load_metadata(folder: str, spec_file_name: str, options: Mapping[str, Any]) -> Metadata:
+    """The `tfrecords` format's load_spec: `<folder>/metadata.json` (the spec file name is DLRM's)."""
+    return read_metadata(folder)
+
+
+def open_tfrecords(metadata: Metadata, split: str, options: Mapping[str, Any]) -> RecordIndex:
+    """The `tfrecords` format's reader: the files of `options["<split>_data_pattern"]`, indexed."""
+    flag = f"{split}_data_pattern"
+    return index_records(expand_patterns(options[flag], f"--{flag}"), getattr(metadata, f"{split}_rows"), split)
+
+
+data_formats.register_format("tfrecords", training=True, model="wide_and_deep",
+                             own_options=("train_data_pattern", "eval_data_pattern"),
+                             load_spec=load_metadata, reader=open_tfrecords)

@@ -27,7 +27,6 @@ import tensorflow as tf
 import distributed as dist
 from custom_ops import op_package
 from wide_and_deep import features as F
-from wide_and_deep import wd_data
 
 WIDE_INIT_LIMIT = 0.05  # Keras Embedding's default uniform initialiser
 TRUNCATION_STDDEV = 0.87962566103423978  # std of a unit normal truncated to [-2, 2] (Keras's correction)
@@ -243,21 +242,34 @@ def optimizer_counters(optimizers: Optimizers) -> Dict[str, tf.Variable]:
     return counters
 
 
-def bce_from_logits(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """Mean binary cross-entropy of sigmoid(logits) (the reference's BCE on the probability)."""
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits[:, 0]))
+def bce_sum_from_logits(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Summed binary cross-entropy of sigmoid(logits) (the reference's BCE on the probability)."""
+    return tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits[:, 0]))
 
 
 class TrainStep:
     """One update: forward, BCE, gradients averaged over the ranks, FTRL and RMSprop applied.
 
+    The ranks' batches may differ in size (a step holding a split's short last record): each rank's
+    loss is its summed BCE x W / the step's global rows (one scalar allreduce), so the averaged
+    gradients are those of the global batch's mean, as on one process. The step is traced once, for
+    any batch size (its input signature): a retrace for a new batch shape on one rank only would
+    give that rank a different set of collectives. Grappler merges collectives of identical inputs
+    and attributes (with static shapes the wide bias's and the deep head bias's gradients are the same
+    tensor, so their two allreduces become one), but not in a graph traced for an unknown batch size;
+    the retracing rank then submitted `wd_deep_grad_8`, which the other never did, and both hung.
     The stop votes of stop_signals ride on the loss's allreduce so that every rank learns the same
-    decision in the same step. Returns (mean loss over ranks, this rank's probabilities, votes).
+    decision in the same step. Returns (mean loss of the global batch, this rank's probabilities, votes).
     """
 
     def __init__(self, model: WideAndDeep, optimizers: Optimizers, seed: int) -> None:
         self.model, self.optimizers, self.seed = model, optimizers, seed
-        self.step = tf.function(self._step, reduce_retracing=True)
+        batch = {"categorical": tf.TensorSpec([None, len(F.CATEGORICAL_NAMES)], tf.int64),
+                 "numeric": tf.TensorSpec([None, len(F.NUMERIC_FEATURES)], tf.float32),
+                 "label": tf.TensorSpec([None], tf.float32), "display_id": tf.TensorSpec([None], tf.int64),
+                 "row": tf.TensorSpec([None], tf.int64)}
+        self.step = tf.function(self._step, input_signature=[batch, tf.TensorSpec([], tf.int64),
+                                                             tf.TensorSpec([None], tf.float32)])
 
     def _scaled(self, optimizer, loss):
         if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
@@ -272,11 +284,12 @@ class TrainStep:
     def _step(self, batch: Dict[str, tf.Tensor], step: tf.Tensor, votes: tf.Tensor):
         model, opts = self.model, self.optimizers
         key = tf.constant(self.seed, tf.int64) * 1_000_003 + step
-        rows = wd_data.step_row_ids(tf.shape(batch["label"], out_type=tf.int64)[0], dist.rank(), dist.size())
         wide_vars, deep_vars = model.wide_variables(), model.deep_variables()
+        rows = tf.cast(tf.shape(batch["label"])[0], tf.float32)
+        global_rows = dist.allreduce(rows, average=False, name="wd_global_rows")
         with tf.GradientTape(persistent=True) as tape:
-            logits = model(batch["categorical"], batch["numeric"], dropout_key=key, row_ids=rows)
-            loss = bce_from_logits(batch["label"], logits)
+            logits = model(batch["categorical"], batch["numeric"], dropout_key=key, row_ids=batch["row"])
+            loss = bce_sum_from_logits(batch["label"], logits) * (dist.size() / global_rows)
             wide_loss, deep_loss = self._scaled(opts.wide, loss), self._scaled(opts.deep, loss)
         wide_grads = self._unscaled(opts.wide, tape.gradient(wide_loss, wide_vars))
         deep_grads = self._unscaled(opts.deep, tape.gradient(deep_loss, deep_vars))
