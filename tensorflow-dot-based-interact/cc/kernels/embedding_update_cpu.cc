@@ -1,12 +1,14 @@
-// CPU kernels of EmbeddingSparseSgd, EmbeddingSparseAdam and EmbeddingSparseAdagrad (registered
-// in cc/ops/embedding_update_ops.cc).
+// CPU kernels of EmbeddingSparseSgd, EmbeddingSparseAdam, EmbeddingSparseAdagrad,
+// EmbeddingSparseRmsprop and EmbeddingSparseFtrl (registered in cc/ops/embedding_update_ops.cc).
 //
 // TensorFlow applies a sparse step with one single-threaded scatter per table (plus separate ops
 // for the learning-rate product and, for Adam, the moment gathers and scatters). Here one op
 // takes every table of the step: all variables are locked once (in mutex address order, as
 // TensorFlow's own multi-variable ops do), every index is checked before anything is written,
 // and the work is cut into parts that own disjoint rows (row % parts), so the intra-op threads
-// update tables, and parts of large tables, in parallel without two threads on one row.
+// update tables, and parts of large tables, in parallel without two threads on one row. A rule
+// that also touches every row first (Keras legacy RMSprop's decay of the whole rms slot) does that
+// pass in blocks over the same threads before the sparse step.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,6 +31,7 @@ using tensorflow::OpKernelContext;
 using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::Var;
+using Workers = tensorflow::DeviceBase::CpuWorkerThreads;
 namespace errors = tensorflow::errors;
 
 // A part should hold at least this many gradient elements to be worth a thread of its own.
@@ -257,6 +260,95 @@ struct AdagradRule {
   }
 };
 
+// Keras legacy RMSprop without momentum, not centered (TF 2.4's, which the W&D reference ran):
+// after the whole rms slot has decayed (DecayBeforeUpdate), rms += g^2 (1 - rho) and
+// table -= lr g / (sqrt(rms) + epsilon) on each distinct touched row, g the sum of its gradients.
+struct RmspropRule {
+  static constexpr int kSlots = 1;
+  static constexpr const char* kSlotLists[] = {"rms"};
+  static constexpr bool kSumsRepeatedRows = true;
+  float learning_rate = 0, rho = 0, one_minus_rho = 0, epsilon = 0;
+
+  Status Read(OpKernelContext* context) {
+    TF_RETURN_IF_ERROR(ReadScalar(context, "learning_rate", &learning_rate));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "rho", &rho));
+    one_minus_rho = 1.0f - rho;  // in float32, as Keras computes it
+    return ReadScalar(context, "epsilon", &epsilon);
+  }
+
+  void Apply(const TableWork& work, int64_t row, const float* gradient) const {
+    float* values = work.table + row * work.dim;
+    float* rms = work.slots[0] + row * work.dim;
+    for (int64_t d = 0; d < work.dim; ++d) {
+      rms[d] += gradient[d] * gradient[d] * one_minus_rho;
+      values[d] -= learning_rate * gradient[d] / (std::sqrt(rms[d]) + epsilon);
+    }
+  }
+};
+
+// FTRL-proximal as TensorFlow's ApplyFtrl computes it, on each distinct touched row.
+struct FtrlRule {
+  static constexpr int kSlots = 2;
+  static constexpr const char* kSlotLists[] = {"accumulators", "linears"};
+  static constexpr bool kSumsRepeatedRows = true;
+  float learning_rate = 0, l1 = 0, l2 = 0, power = 0;  // power: -learning_rate_power
+
+  Status Read(OpKernelContext* context) {
+    float learning_rate_power = 0;
+    TF_RETURN_IF_ERROR(ReadScalar(context, "learning_rate", &learning_rate));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "l1", &l1));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "l2", &l2));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "learning_rate_power", &learning_rate_power));
+    if (!(learning_rate > 0) || !(l1 >= 0) || !(l2 >= 0) || !(learning_rate_power <= 0)) {
+      return errors::InvalidArgument("FTRL needs learning_rate > 0, l1 >= 0, l2 >= 0 and learning_rate_power <= 0, "
+                                     "got ", learning_rate, ", ", l1, ", ", l2, ", ", learning_rate_power);
+    }
+    power = -learning_rate_power;
+    return tensorflow::OkStatus();
+  }
+
+  float Power(float x) const { return power == 0.5f ? std::sqrt(x) : std::pow(x, power); }
+
+  void Apply(const TableWork& work, int64_t row, const float* gradient) const {
+    float* values = work.table + row * work.dim;
+    float* accumulator = work.slots[0] + row * work.dim;
+    float* linear = work.slots[1] + row * work.dim;
+    for (int64_t d = 0; d < work.dim; ++d) {
+      const float updated = accumulator[d] + gradient[d] * gradient[d];
+      const float updated_power = Power(updated);
+      linear[d] += gradient[d] - (updated_power - Power(accumulator[d])) / learning_rate * values[d];
+      const float clipped = std::min(std::max(linear[d], -l1), l1);
+      values[d] = (clipped - linear[d]) / (updated_power / learning_rate + 2.0f * l2);
+      accumulator[d] = updated;
+    }
+  }
+};
+
+// Work on every row of the slots before the sparse step: none, except for RMSprop.
+template <class Rule>
+void DecayBeforeUpdate(const Rule&, const std::vector<TableWork>&, const Workers&) {}
+
+// Elements of an rms slot decayed by one unit of work.
+constexpr int64_t kDecayBlock = 1 << 16;
+
+// RMSprop: rms = rho * rms on every row of every table, blocks of the slots spread over the threads.
+void DecayBeforeUpdate(const RmspropRule& rule, const std::vector<TableWork>& work, const Workers& workers) {
+  std::vector<std::pair<float*, int64_t>> blocks;  // (first element, length)
+  for (const TableWork& table : work) {
+    const int64_t size = table.rows * table.dim;
+    for (int64_t start = 0; start < size; start += kDecayBlock) {
+      blocks.emplace_back(table.slots[0] + start, std::min(kDecayBlock, size - start));
+    }
+  }
+  tensorflow::Shard(workers.num_threads, workers.workers, blocks.size(), 2 * kDecayBlock,
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t block = begin; block < end; ++block) {
+                        float* rms = blocks[block].first;
+                        for (int64_t i = 0; i < blocks[block].second; ++i) rms[i] *= rule.rho;
+                      }
+                    });
+}
+
 template <class Rule>
 class EmbeddingSparseUpdateOp : public OpKernel {
  public:
@@ -290,6 +382,7 @@ class EmbeddingSparseUpdateOp : public OpKernel {
         OP_REQUIRES_OK(context, WritableBuffer(context, variables.at(slot + 1, table, tables), &work[table].slots[slot]));
       }
     }
+    DecayBeforeUpdate(rule, work, workers);
     const int64_t cost_per_unit = units.empty() ? 0 : 4 * (1 + Rule::kSlots) * elements / units.size();
     tensorflow::Shard(workers.num_threads, workers.workers, units.size(), cost_per_unit,
                       [&](int64_t begin, int64_t end) {
@@ -304,6 +397,9 @@ REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseSgd").Device(tensorflow::DEVICE_CPU
 REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseAdam").Device(tensorflow::DEVICE_CPU), EmbeddingSparseUpdateOp<AdamRule>);
 REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseAdagrad").Device(tensorflow::DEVICE_CPU),
                         EmbeddingSparseUpdateOp<AdagradRule>);
+REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseRmsprop").Device(tensorflow::DEVICE_CPU),
+                        EmbeddingSparseUpdateOp<RmspropRule>);
+REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseFtrl").Device(tensorflow::DEVICE_CPU), EmbeddingSparseUpdateOp<FtrlRule>);
 
 }  // namespace
 }  // namespace embedding_update
