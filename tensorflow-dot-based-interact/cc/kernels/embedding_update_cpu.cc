@@ -5,7 +5,7 @@
 // for the learning-rate product and, for Adam, the moment gathers and scatters). Here one op
 // takes every table of the step: all variables are locked once (in mutex address order, as
 // TensorFlow's own multi-variable ops do), every index is checked before anything is written,
-// and the work is cut into parts that own disjoint rows (row % parts), so the intra-op threads
+// and the work is cut into parts that own disjoint rows (row % parts, parts a power of two), so the intra-op threads
 // update tables, and parts of large tables, in parallel without two threads on one row. A rule
 // that also touches every row first (Keras legacy RMSprop's decay of the whole rms slot) does that
 // pass in blocks over the same threads before the sparse step.
@@ -138,7 +138,9 @@ Status DescribeTable(OpKernelContext* context, const LockedVariables& variables,
                                      " is outside [0, ", work->rows, ")");
     }
   }
-  work->parts = std::max<int64_t>(1, std::min<int64_t>(2 * num_threads, work->count * work->dim / kMinElementsPerPart));
+  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(2 * num_threads, work->count * work->dim / kMinElementsPerPart));
+  work->parts = 1;
+  while (2 * work->parts <= wanted) work->parts *= 2;  // a power of two: a part's rows are a mask away
   return tensorflow::OkStatus();
 }
 
@@ -158,13 +160,15 @@ void PrefetchRow(const TableWork& work, int num_slots, int64_t row) {
 
 // Applies `rule` to the rows of one part of a table: gradients one by one in index order, or,
 // when the rule needs each row once (Rule::kSumsRepeatedRows), to the sum of a row's gradients
-// (summed in index order).
+// (summed in index order). Repeated rows are found with a hash table of each row's first entry,
+// every entry linking to the next entry of its row (no sort).
 template <class Rule>
 void UpdatePart(const TableWork& work, int64_t part, const Rule& rule) {
   std::vector<std::pair<int64_t, int64_t>> mine;  // (row, position)
   mine.reserve(work.count / work.parts + 16);
+  const int64_t mask = work.parts - 1;
   for (int64_t j = 0; j < work.count; ++j) {
-    if (work.parts == 1 || work.indices[j] % work.parts == part) mine.emplace_back(work.indices[j], j);
+    if ((work.indices[j] & mask) == part) mine.emplace_back(work.indices[j], j);
   }
   const int64_t dim = work.dim;
   if (!Rule::kSumsRepeatedRows) {
@@ -174,19 +178,35 @@ void UpdatePart(const TableWork& work, int64_t part, const Rule& rule) {
     }
     return;
   }
-  std::sort(mine.begin(), mine.end());
+  int shift = 64 - 4;  // capacity 2^(64 - shift) >= 2 entries per slot
+  while ((uint64_t{1} << (64 - shift)) < 2 * mine.size()) --shift;
+  const uint64_t capacity_mask = (uint64_t{1} << (64 - shift)) - 1;
+  std::vector<int64_t> first_entry(capacity_mask + 1, -1);  // hash slot -> the entry where its row first appears
+  std::vector<int64_t> next(mine.size(), -1), last(mine.size());  // next entry of the row; the row's latest entry
+  std::vector<int64_t> firsts;  // entries where a row first appears, in index order
+  firsts.reserve(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    // The rows of a part share their low bits: Fibonacci hashing takes the product's high bits.
+    uint64_t slot = (static_cast<uint64_t>(mine[k].first) * 0x9E3779B97F4A7C15ull) >> shift;
+    while (first_entry[slot] >= 0 && mine[first_entry[slot]].first != mine[k].first) slot = (slot + 1) & capacity_mask;
+    if (first_entry[slot] < 0) {
+      first_entry[slot] = last[k] = k;
+      firsts.push_back(k);
+    } else {
+      next[last[first_entry[slot]]] = k;
+      last[first_entry[slot]] = k;
+    }
+  }
   std::vector<float> sum(dim);
-  for (size_t first = 0; first < mine.size();) {
-    const int64_t row = mine[first].first;
-    if (first + kPrefetchDistance < mine.size()) PrefetchRow(work, Rule::kSlots, mine[first + kPrefetchDistance].first);
-    std::memcpy(sum.data(), work.gradients + mine[first].second * dim, dim * sizeof(float));
-    size_t next = first + 1;
-    for (; next < mine.size() && mine[next].first == row; ++next) {
-      const float* gradient = work.gradients + mine[next].second * dim;
+  for (size_t i = 0; i < firsts.size(); ++i) {
+    if (i + kPrefetchDistance < firsts.size()) PrefetchRow(work, Rule::kSlots, mine[firsts[i + kPrefetchDistance]].first);
+    int64_t k = firsts[i];
+    std::memcpy(sum.data(), work.gradients + mine[k].second * dim, dim * sizeof(float));
+    for (k = next[k]; k >= 0; k = next[k]) {
+      const float* gradient = work.gradients + mine[k].second * dim;
       for (int64_t d = 0; d < dim; ++d) sum[d] += gradient[d];
     }
-    rule.Apply(work, row, sum.data());
-    first = next;
+    rule.Apply(work, mine[firsts[i]].first, sum.data());
   }
 }
 
