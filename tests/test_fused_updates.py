@@ -1,6 +1,7 @@
 """The fused sparse embedding updates (the compiled EmbeddingSparseSgd / Adam / Adagrad) against
 TensorFlow's per-table ops, and EmbeddingSparseRmsprop / EmbeddingSparseFtrl against Keras's legacy
-RMSprop and Ftrl on the same tables and slots: same values to float rounding, repeated ids included,
+RMSprop and Ftrl on the same tables and slots (through Wide & Deep's adapters, which read the Keras
+optimizer's hyper-parameters and slots): same values to float rounding, repeated ids included,
 lazy Adam touching only the given rows, bad indices refused before anything is written."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import tensorflow as tf
 import custom_ops
 from multiproc import require
 from optimizers import SGD, Adagrad, Adam
+from wide_and_deep.wd_model import fused_ftrl_step, fused_rmsprop_step
 
 SHAPES = [(50, 16), (7, 128), (1000, 8), (3, 4)]  # (rows, dim) of each table
 
@@ -147,7 +149,7 @@ def test_tables_the_op_does_not_take_use_the_tensorflow_ops():
 def keras_and_fused(factory, fused_update, shapes, rates, slot_init=None):
     """The same tables and IndexedSlices (repeated ids, the upper half of each table never touched), one
     step per learning rate in `rates`, through a Keras legacy optimizer's apply_gradients and through
-    `fused_update(optimizer, tables, grads, rate)` with a second optimizer's own slots; `factory(rate)`
+    `fused_update(optimizer, tables, grads)` with a second optimizer's own slots; `factory(rate)`
     builds an optimizer reading the variable `rate`. Returns both (optimizer, tables)."""
     rate = tf.Variable(rates[0])
     runs = []
@@ -171,7 +173,7 @@ def keras_and_fused(factory, fused_update, shapes, rates, slot_init=None):
             grads.append(tf.IndexedSlices(tf.constant(rng.standard_normal((count, dim)).astype(np.float32)),
                                           tf.constant(ids), tf.constant([rows, dim], tf.int64)))
         keras.apply_gradients(zip(grads, keras_tables))
-        fused_update(fused, fused_tables, grads, rate)
+        fused_update(fused, fused_tables, grads)
     return runs
 
 
@@ -192,12 +194,6 @@ def random_rms(optimizer, table, rng):
     optimizer.get_slot(table, "rms").assign(rng.random(table.shape).astype(np.float32))
 
 
-def fused_rmsprop(optimizer, tables, grads, rate):
-    custom_ops.op_package.sparse_rmsprop_update(
-        tables, [optimizer.get_slot(t, "rms") for t in tables], [g.indices for g in grads], [g.values for g in grads],
-        rate, optimizer._get_hyper("rho", tf.float32), optimizer.epsilon)
-
-
 RATES = [0.01, 0.003, 0.02]
 LARGE = [(20000, 64), (300, 1)]  # the first cut into parts and decay blocks over several threads
 
@@ -205,7 +201,7 @@ LARGE = [(20000, 64), (300, 1)]  # the first cut into parts and decay blocks ove
 @pytest.mark.parametrize("shapes", [SHAPES, LARGE], ids=["small", "large"])
 def test_fused_rmsprop_equals_keras_legacy_rmsprop_untouched_rows_decaying(shapes):
     runs = keras_and_fused(lambda rate: tf.keras.optimizers.legacy.RMSprop(lambda: rate.read_value(), rho=0.5),
-                           fused_rmsprop, shapes, RATES, random_rms)
+                           fused_rmsprop_step, shapes, RATES, random_rms)
     assert_same_state(runs, ["rms"])
     (_, _), (fused, tables) = runs
     for (rows, dim), table in zip(shapes, tables):  # untouched rows: rms decayed by rho three times
@@ -214,23 +210,13 @@ def test_fused_rmsprop_equals_keras_legacy_rmsprop_untouched_rows_decaying(shape
         np.testing.assert_array_equal(fused.get_slot(table, "rms").numpy()[touched:], start[touched:] * np.float32(0.125))
 
 
-def fused_ftrl(optimizer, tables, grads, rate):
-    l2 = optimizer._get_hyper("l2_regularization_strength", tf.float32)
-    custom_ops.op_package.sparse_ftrl_update(
-        tables, [optimizer.get_slot(t, "accumulator") for t in tables], [optimizer.get_slot(t, "linear") for t in tables],
-        [g.indices for g in grads], [g.values for g in grads], rate,
-        optimizer._get_hyper("l1_regularization_strength", tf.float32),
-        l2 + optimizer._get_hyper("beta", tf.float32) / (2.0 * rate),
-        optimizer._get_hyper("learning_rate_power", tf.float32))
-
-
 @pytest.mark.parametrize("shapes", [SHAPES, LARGE], ids=["small", "large"])
 @pytest.mark.parametrize("settings", [{}, {"learning_rate_power": -0.7, "initial_accumulator_value": 0.3,
                                           "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.1,
                                           "beta": 0.2}], ids=["wide_and_deep", "regularised"])
 def test_fused_ftrl_equals_keras_legacy_ftrl(shapes, settings):
     runs = keras_and_fused(lambda rate: tf.keras.optimizers.legacy.Ftrl(lambda: rate.read_value(), **settings),
-                           fused_ftrl, shapes, [0.02, 0.05, 0.01])
+                           fused_ftrl_step, shapes, [0.02, 0.05, 0.01])
     assert_same_state(runs, ["accumulator", "linear"])
 
 
@@ -251,4 +237,15 @@ def test_rmsprop_and_ftrl_refuse_bad_slots_indices_and_rates_before_writing():
     with pytest.raises(tf.errors.InvalidArgumentError, match="slot 1 of table 0 must be a float32 variable"):
         custom_ops.op_package.sparse_ftrl_update([table], [accumulator], [tf.Variable(tf.zeros([9, 4]))], [ids], [grad],
                                                  0.02, 0.0, 0.0, -0.5)
+    np.testing.assert_array_equal(table.numpy(), 1)
+
+
+def test_keras_settings_the_fused_steps_do_not_compute_are_refused():
+    table, grad = tf.Variable(tf.ones([4, 2])), tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0], tf.int64))
+    for optimizer, step in ((tf.keras.optimizers.legacy.RMSprop(momentum=0.9), fused_rmsprop_step),
+                            (tf.keras.optimizers.legacy.RMSprop(centered=True), fused_rmsprop_step),
+                            (tf.keras.optimizers.legacy.Ftrl(l2_shrinkage_regularization_strength=0.1), fused_ftrl_step)):
+        optimizer._create_all_weights([table])
+        with pytest.raises(ValueError, match="is not fused"):
+            step(optimizer, [table], [grad])
     np.testing.assert_array_equal(table.numpy(), 1)
