@@ -244,7 +244,9 @@ def fused_ftrl_step(optimizer: tf.keras.optimizers.legacy.Ftrl, tables: Sequence
     if optimizer._l2_shrinkage_regularization_strength > 0:
         raise ValueError("fused_ftrl_step: FTRL with l2_shrinkage_regularization_strength > 0 is not fused")
     rate = optimizer._decayed_lr(tf.float32)
-    hyper = lambda name: optimizer._get_hyper(name, tf.float32)  # noqa: E731
+
+    def hyper(name: str) -> tf.Tensor:
+        return optimizer._get_hyper(name, tf.float32)
     return op_package.sparse_ftrl_update(
         tables, [optimizer.get_slot(t, "accumulator") for t in tables], [optimizer.get_slot(t, "linear") for t in tables],
         [g.indices for g in gradients], [g.values for g in gradients], rate, hyper("l1_regularization_strength"),
