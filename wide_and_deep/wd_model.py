@@ -12,8 +12,11 @@ initialised on their own (Glorot-normal deep, uniform +-0.05 wide, as Keras does
 one pass (the op package's `BiasReluDropout`, a CPU kernel; the same values from TensorFlow ops on a
 GPU), and its dropout mask is a hash of (seed, step, layer, the row's position in the global batch):
 a resumed run draws the same masks as an uninterrupted one, and any number of ranks the same as one.
-Sparse gradients reach Keras's legacy (TF 2.4) FTRL and RMSprop, which update only the rows a batch
-touched, as the reference's optimizers did.
+The optimizers are Keras's legacy (TF 2.4) FTRL and RMSprop, the reference's, which update only the
+rows a batch touched. Where the hidden layers use the CPU kernel and there is no fp16 loss scaling, the
+four tables' sparse steps are the op package's fused multi-threaded `EmbeddingSparseFtrl` and
+`EmbeddingSparseRmsprop`, the same arithmetic on the Keras optimizers' own slots (RMSprop's decay of
+every rms row included); Keras still applies the dense weights and counts the iterations.
 """
 from __future__ import annotations
 
@@ -156,12 +159,14 @@ class WideAndDeep(tf.keras.Model):
     """Logit of the click probability: wide logit + deep logit (the sigmoid is applied by the caller)."""
 
     def __init__(self, config: WideDeepConfig, use_kernel: Optional[bool] = None) -> None:
-        """`use_kernel`: the hidden layers' fused CPU kernel (default: where it is built and no GPU is visible)."""
+        """`use_kernel`: the op package's CPU kernels, for the hidden layers and (see `build_optimizers`) the
+        tables' optimizer steps (default: where the library is built and no GPU is visible)."""
         super().__init__(name="wide_and_deep")
         self.config = config
         self.wide = WidePart(config)
         self.embeddings = DeepEmbeddings(config)
         use_kernel = op_package.relu_dropout_kernel_available() if use_kernel is None else use_kernel
+        self.use_kernel = use_kernel
         self.hidden = [HiddenLayer(units, config.dropout, config.seed + 10 + i, use_kernel, f"deep_dense_{i}")
                        for i, units in enumerate(config.hidden_units)]
         self.head = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(config.seed + 9),
@@ -179,6 +184,10 @@ class WideAndDeep(tf.keras.Model):
     def build_all(self) -> None:
         """Create every variable (one call on an empty batch)."""
         self(tf.zeros([0, len(F.CATEGORICAL_NAMES)], tf.int64), tf.zeros([0, len(F.NUMERIC_FEATURES)]))
+
+    def tables(self) -> List[tf.Variable]:
+        """The embedding tables (sparse gradients): the wide table, then the deep ones."""
+        return [self.wide.table, *self.embeddings.tables]
 
     def wide_variables(self) -> List[tf.Variable]:
         return [self.wide.table, *self.wide.dense.trainable_variables]
@@ -200,15 +209,18 @@ class WideAndDeep(tf.keras.Model):
 
 @dataclass
 class Optimizers:
-    """FTRL for the wide variables, RMSprop(rho 0.5) for the deep ones (§5); `deep_lr` is set per step."""
+    """FTRL for the wide variables, RMSprop(rho 0.5) for the deep ones (§5); `deep_lr` is set per step;
+    `fused_tables`: the tables' steps are the op package's fused kernels (`apply_gradients`)."""
     wide: tf.keras.optimizers.legacy.Optimizer
     deep: tf.keras.optimizers.legacy.Optimizer
     deep_lr: tf.Variable
+    fused_tables: bool
 
 
 def build_optimizers(model: WideAndDeep, config: WideDeepConfig, loss_scaling: bool) -> Optimizers:
     """Both optimizers with their slots created (a restore needs them); `loss_scaling`: fp16 AMP's
-    dynamic loss scaling, one scale per optimizer as the reference."""
+    dynamic loss scaling, one scale per optimizer as the reference. The tables' steps are fused where
+    the model uses the CPU kernels and nothing is loss-scaled (a skipped fp16 step is Keras's logic)."""
     deep_lr = tf.Variable(config.deep_learning_rate, trainable=False, dtype=tf.float32, name="deep_lr")
     wide = tf.keras.optimizers.legacy.Ftrl(learning_rate=config.linear_learning_rate)
     deep = tf.keras.optimizers.legacy.RMSprop(learning_rate=lambda: deep_lr.read_value(), rho=0.5)
@@ -217,11 +229,54 @@ def build_optimizers(model: WideAndDeep, config: WideDeepConfig, loss_scaling: b
         deep = tf.keras.mixed_precision.LossScaleOptimizer(deep)
     wide._create_all_weights(model.wide_variables())
     deep._create_all_weights(model.deep_variables())
-    return Optimizers(wide, deep, deep_lr)
+    return Optimizers(wide, deep, deep_lr, model.use_kernel and not loss_scaling)
 
 
 def _inner(optimizer):
     return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def fused_ftrl_step(optimizer: tf.keras.optimizers.legacy.Ftrl, tables: Sequence[tf.Variable],
+                    gradients: Sequence[tf.IndexedSlices]) -> tf.Operation:
+    """What `optimizer.apply_gradients` does to these tables (its hyper-parameters, learning rate and
+    slots), as one fused multi-threaded CPU op; `optimizer`'s iterations are not counted."""
+    if optimizer._l2_shrinkage_regularization_strength > 0:
+        raise ValueError("fused_ftrl_step: FTRL with l2_shrinkage_regularization_strength > 0 is not fused")
+    rate = optimizer._decayed_lr(tf.float32)
+
+    def hyper(name: str) -> tf.Tensor:
+        return optimizer._get_hyper(name, tf.float32)
+    return op_package.sparse_ftrl_update(
+        tables, [optimizer.get_slot(t, "accumulator") for t in tables], [optimizer.get_slot(t, "linear") for t in tables],
+        [g.indices for g in gradients], [g.values for g in gradients], rate, hyper("l1_regularization_strength"),
+        hyper("l2_regularization_strength") + hyper("beta") / (2.0 * rate), hyper("learning_rate_power"))
+
+
+def fused_rmsprop_step(optimizer: tf.keras.optimizers.legacy.RMSprop, tables: Sequence[tf.Variable],
+                       gradients: Sequence[tf.IndexedSlices]) -> tf.Operation:
+    """What `optimizer.apply_gradients` does to these tables (every rms row decayed, the touched rows
+    updated), as one fused multi-threaded CPU op; `optimizer`'s iterations are not counted."""
+    if optimizer._momentum or optimizer.centered:
+        raise ValueError("fused_rmsprop_step: RMSprop with momentum or centered is not fused")
+    return op_package.sparse_rmsprop_update(
+        tables, [optimizer.get_slot(t, "rms") for t in tables], [g.indices for g in gradients],
+        [g.values for g in gradients], optimizer._decayed_lr(tf.float32), optimizer._get_hyper("rho", tf.float32),
+        optimizer.epsilon)
+
+
+def apply_gradients(model: WideAndDeep, optimizers: Optimizers, wide_grads: Sequence, deep_grads: Sequence) -> None:
+    """One step of both optimizers on the gradients of `model.wide_variables()` and `deep_variables()`:
+    all through Keras, or (`optimizers.fused_tables`) the tables through the fused kernels and the
+    dense weights through Keras (which counts the iterations either way)."""
+    pairs = {"wide": list(zip(wide_grads, model.wide_variables())), "deep": list(zip(deep_grads, model.deep_variables()))}
+    if optimizers.fused_tables:
+        tables = {id(t) for t in model.tables()}
+        for name, fused_step in (("wide", fused_ftrl_step), ("deep", fused_rmsprop_step)):
+            sparse = [(g, v) for g, v in pairs[name] if id(v) in tables]
+            fused_step(getattr(optimizers, name), [v for _, v in sparse], [g for g, _ in sparse])
+            pairs[name] = [(g, v) for g, v in pairs[name] if id(v) not in tables]
+    optimizers.wide.apply_gradients(pairs["wide"])
+    optimizers.deep.apply_gradients(pairs["deep"])
 
 
 def optimizer_slots(model: WideAndDeep, optimizers: Optimizers) -> Dict[str, Dict[str, tf.Variable]]:
@@ -248,7 +303,7 @@ def bce_sum_from_logits(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
 
 
 class TrainStep:
-    """One update: forward, BCE, gradients averaged over the ranks, FTRL and RMSprop applied.
+    """One update: forward, BCE, gradients averaged over the ranks, FTRL and RMSprop applied (`apply_gradients`).
 
     The ranks' batches may differ in size (a step holding a split's short last record): each rank's
     loss is its summed BCE x W / the step's global rows (one scalar allreduce), so the averaged
@@ -293,10 +348,8 @@ class TrainStep:
             wide_loss, deep_loss = self._scaled(opts.wide, loss), self._scaled(opts.deep, loss)
         wide_grads = self._unscaled(opts.wide, tape.gradient(wide_loss, wide_vars))
         deep_grads = self._unscaled(opts.deep, tape.gradient(deep_loss, deep_vars))
-        wide_grads = dist.average_gradients(wide_grads, "wd_wide_grad")
-        deep_grads = dist.average_gradients(deep_grads, "wd_deep_grad")
-        opts.wide.apply_gradients(zip(wide_grads, wide_vars))
-        opts.deep.apply_gradients(zip(deep_grads, deep_vars))
+        apply_gradients(model, opts, dist.average_gradients(wide_grads, "wd_wide_grad"),
+                        dist.average_gradients(deep_grads, "wd_deep_grad"))
         reduced = dist.allreduce(tf.concat([loss[None], votes], 0), name="wd_loss_votes")
         return reduced[0], tf.sigmoid(logits[:, 0]), reduced[1:]
 

@@ -1,12 +1,14 @@
-// CPU kernels of EmbeddingSparseSgd, EmbeddingSparseAdam and EmbeddingSparseAdagrad (registered
-// in cc/ops/embedding_update_ops.cc).
+// CPU kernels of EmbeddingSparseSgd, EmbeddingSparseAdam, EmbeddingSparseAdagrad,
+// EmbeddingSparseRmsprop and EmbeddingSparseFtrl (registered in cc/ops/embedding_update_ops.cc).
 //
 // TensorFlow applies a sparse step with one single-threaded scatter per table (plus separate ops
 // for the learning-rate product and, for Adam, the moment gathers and scatters). Here one op
 // takes every table of the step: all variables are locked once (in mutex address order, as
 // TensorFlow's own multi-variable ops do), every index is checked before anything is written,
-// and the work is cut into parts that own disjoint rows (row % parts), so the intra-op threads
-// update tables, and parts of large tables, in parallel without two threads on one row.
+// and the work is cut into parts that own disjoint rows (row % parts, parts a power of two), so the intra-op threads
+// update tables, and parts of large tables, in parallel without two threads on one row. A rule
+// that also touches every row first (Keras legacy RMSprop's decay of the whole rms slot) does that
+// pass in blocks over the same threads before the sparse step.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,6 +31,7 @@ using tensorflow::OpKernelContext;
 using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::Var;
+using Workers = tensorflow::DeviceBase::CpuWorkerThreads;
 namespace errors = tensorflow::errors;
 
 // A part should hold at least this many gradient elements to be worth a thread of its own.
@@ -135,7 +138,9 @@ Status DescribeTable(OpKernelContext* context, const LockedVariables& variables,
                                      " is outside [0, ", work->rows, ")");
     }
   }
-  work->parts = std::max<int64_t>(1, std::min<int64_t>(2 * num_threads, work->count * work->dim / kMinElementsPerPart));
+  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(2 * num_threads, work->count * work->dim / kMinElementsPerPart));
+  work->parts = 1;
+  while (2 * work->parts <= wanted) work->parts *= 2;  // a power of two: a part's rows are a mask away
   return tensorflow::OkStatus();
 }
 
@@ -155,13 +160,15 @@ void PrefetchRow(const TableWork& work, int num_slots, int64_t row) {
 
 // Applies `rule` to the rows of one part of a table: gradients one by one in index order, or,
 // when the rule needs each row once (Rule::kSumsRepeatedRows), to the sum of a row's gradients
-// (summed in index order).
+// (summed in index order). Repeated rows are found with a hash table of each row's first entry,
+// every entry linking to the next entry of its row (no sort).
 template <class Rule>
 void UpdatePart(const TableWork& work, int64_t part, const Rule& rule) {
   std::vector<std::pair<int64_t, int64_t>> mine;  // (row, position)
   mine.reserve(work.count / work.parts + 16);
+  const int64_t mask = work.parts - 1;
   for (int64_t j = 0; j < work.count; ++j) {
-    if (work.parts == 1 || work.indices[j] % work.parts == part) mine.emplace_back(work.indices[j], j);
+    if ((work.indices[j] & mask) == part) mine.emplace_back(work.indices[j], j);
   }
   const int64_t dim = work.dim;
   if (!Rule::kSumsRepeatedRows) {
@@ -171,19 +178,35 @@ void UpdatePart(const TableWork& work, int64_t part, const Rule& rule) {
     }
     return;
   }
-  std::sort(mine.begin(), mine.end());
+  int shift = 64 - 4;  // capacity 2^(64 - shift) >= 2 entries per slot
+  while ((uint64_t{1} << (64 - shift)) < 2 * mine.size()) --shift;
+  const uint64_t capacity_mask = (uint64_t{1} << (64 - shift)) - 1;
+  std::vector<int64_t> first_entry(capacity_mask + 1, -1);  // hash slot -> the entry where its row first appears
+  std::vector<int64_t> next(mine.size(), -1), last(mine.size());  // next entry of the row; the row's latest entry
+  std::vector<int64_t> firsts;  // entries where a row first appears, in index order
+  firsts.reserve(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    // The rows of a part share their low bits: Fibonacci hashing takes the product's high bits.
+    uint64_t slot = (static_cast<uint64_t>(mine[k].first) * 0x9E3779B97F4A7C15ull) >> shift;
+    while (first_entry[slot] >= 0 && mine[first_entry[slot]].first != mine[k].first) slot = (slot + 1) & capacity_mask;
+    if (first_entry[slot] < 0) {
+      first_entry[slot] = last[k] = k;
+      firsts.push_back(k);
+    } else {
+      next[last[first_entry[slot]]] = k;
+      last[first_entry[slot]] = k;
+    }
+  }
   std::vector<float> sum(dim);
-  for (size_t first = 0; first < mine.size();) {
-    const int64_t row = mine[first].first;
-    if (first + kPrefetchDistance < mine.size()) PrefetchRow(work, Rule::kSlots, mine[first + kPrefetchDistance].first);
-    std::memcpy(sum.data(), work.gradients + mine[first].second * dim, dim * sizeof(float));
-    size_t next = first + 1;
-    for (; next < mine.size() && mine[next].first == row; ++next) {
-      const float* gradient = work.gradients + mine[next].second * dim;
+  for (size_t i = 0; i < firsts.size(); ++i) {
+    if (i + kPrefetchDistance < firsts.size()) PrefetchRow(work, Rule::kSlots, mine[firsts[i + kPrefetchDistance]].first);
+    int64_t k = firsts[i];
+    std::memcpy(sum.data(), work.gradients + mine[k].second * dim, dim * sizeof(float));
+    for (k = next[k]; k >= 0; k = next[k]) {
+      const float* gradient = work.gradients + mine[k].second * dim;
       for (int64_t d = 0; d < dim; ++d) sum[d] += gradient[d];
     }
-    rule.Apply(work, row, sum.data());
-    first = next;
+    rule.Apply(work, mine[firsts[i]].first, sum.data());
   }
 }
 
@@ -257,6 +280,95 @@ struct AdagradRule {
   }
 };
 
+// Keras legacy RMSprop without momentum, not centered (TF 2.4's, which the W&D reference ran):
+// after the whole rms slot has decayed (DecayBeforeUpdate), rms += g^2 (1 - rho) and
+// table -= lr g / (sqrt(rms) + epsilon) on each distinct touched row, g the sum of its gradients.
+struct RmspropRule {
+  static constexpr int kSlots = 1;
+  static constexpr const char* kSlotLists[] = {"rms"};
+  static constexpr bool kSumsRepeatedRows = true;
+  float learning_rate = 0, rho = 0, one_minus_rho = 0, epsilon = 0;
+
+  Status Read(OpKernelContext* context) {
+    TF_RETURN_IF_ERROR(ReadScalar(context, "learning_rate", &learning_rate));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "rho", &rho));
+    one_minus_rho = 1.0f - rho;  // in float32, as Keras computes it
+    return ReadScalar(context, "epsilon", &epsilon);
+  }
+
+  void Apply(const TableWork& work, int64_t row, const float* gradient) const {
+    float* values = work.table + row * work.dim;
+    float* rms = work.slots[0] + row * work.dim;
+    for (int64_t d = 0; d < work.dim; ++d) {
+      rms[d] += gradient[d] * gradient[d] * one_minus_rho;
+      values[d] -= learning_rate * gradient[d] / (std::sqrt(rms[d]) + epsilon);
+    }
+  }
+};
+
+// FTRL-proximal as TensorFlow's ApplyFtrl computes it, on each distinct touched row.
+struct FtrlRule {
+  static constexpr int kSlots = 2;
+  static constexpr const char* kSlotLists[] = {"accumulators", "linears"};
+  static constexpr bool kSumsRepeatedRows = true;
+  float learning_rate = 0, l1 = 0, l2 = 0, power = 0;  // power: -learning_rate_power
+
+  Status Read(OpKernelContext* context) {
+    float learning_rate_power = 0;
+    TF_RETURN_IF_ERROR(ReadScalar(context, "learning_rate", &learning_rate));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "l1", &l1));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "l2", &l2));
+    TF_RETURN_IF_ERROR(ReadScalar(context, "learning_rate_power", &learning_rate_power));
+    if (!(learning_rate > 0) || !(l1 >= 0) || !(l2 >= 0) || !(learning_rate_power <= 0)) {
+      return errors::InvalidArgument("FTRL needs learning_rate > 0, l1 >= 0, l2 >= 0 and learning_rate_power <= 0, "
+                                     "got ", learning_rate, ", ", l1, ", ", l2, ", ", learning_rate_power);
+    }
+    power = -learning_rate_power;
+    return tensorflow::OkStatus();
+  }
+
+  float Power(float x) const { return power == 0.5f ? std::sqrt(x) : std::pow(x, power); }
+
+  void Apply(const TableWork& work, int64_t row, const float* gradient) const {
+    float* values = work.table + row * work.dim;
+    float* accumulator = work.slots[0] + row * work.dim;
+    float* linear = work.slots[1] + row * work.dim;
+    for (int64_t d = 0; d < work.dim; ++d) {
+      const float updated = accumulator[d] + gradient[d] * gradient[d];
+      const float updated_power = Power(updated);
+      linear[d] += gradient[d] - (updated_power - Power(accumulator[d])) / learning_rate * values[d];
+      const float clipped = std::min(std::max(linear[d], -l1), l1);
+      values[d] = (clipped - linear[d]) / (updated_power / learning_rate + 2.0f * l2);
+      accumulator[d] = updated;
+    }
+  }
+};
+
+// Work on every row of the slots before the sparse step: none, except for RMSprop.
+template <class Rule>
+void DecayBeforeUpdate(const Rule&, const std::vector<TableWork>&, const Workers&) {}
+
+// Elements of an rms slot decayed by one unit of work.
+constexpr int64_t kDecayBlock = 1 << 16;
+
+// RMSprop: rms = rho * rms on every row of every table, blocks of the slots spread over the threads.
+void DecayBeforeUpdate(const RmspropRule& rule, const std::vector<TableWork>& work, const Workers& workers) {
+  std::vector<std::pair<float*, int64_t>> blocks;  // (first element, length)
+  for (const TableWork& table : work) {
+    const int64_t size = table.rows * table.dim;
+    for (int64_t start = 0; start < size; start += kDecayBlock) {
+      blocks.emplace_back(table.slots[0] + start, std::min(kDecayBlock, size - start));
+    }
+  }
+  tensorflow::Shard(workers.num_threads, workers.workers, blocks.size(), 2 * kDecayBlock,
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t block = begin; block < end; ++block) {
+                        float* rms = blocks[block].first;
+                        for (int64_t i = 0; i < blocks[block].second; ++i) rms[i] *= rule.rho;
+                      }
+                    });
+}
+
 template <class Rule>
 class EmbeddingSparseUpdateOp : public OpKernel {
  public:
@@ -290,6 +402,7 @@ class EmbeddingSparseUpdateOp : public OpKernel {
         OP_REQUIRES_OK(context, WritableBuffer(context, variables.at(slot + 1, table, tables), &work[table].slots[slot]));
       }
     }
+    DecayBeforeUpdate(rule, work, workers);
     const int64_t cost_per_unit = units.empty() ? 0 : 4 * (1 + Rule::kSlots) * elements / units.size();
     tensorflow::Shard(workers.num_threads, workers.workers, units.size(), cost_per_unit,
                       [&](int64_t begin, int64_t end) {
@@ -304,6 +417,9 @@ REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseSgd").Device(tensorflow::DEVICE_CPU
 REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseAdam").Device(tensorflow::DEVICE_CPU), EmbeddingSparseUpdateOp<AdamRule>);
 REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseAdagrad").Device(tensorflow::DEVICE_CPU),
                         EmbeddingSparseUpdateOp<AdagradRule>);
+REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseRmsprop").Device(tensorflow::DEVICE_CPU),
+                        EmbeddingSparseUpdateOp<RmspropRule>);
+REGISTER_KERNEL_BUILDER(Name("EmbeddingSparseFtrl").Device(tensorflow::DEVICE_CPU), EmbeddingSparseUpdateOp<FtrlRule>);
 
 }  // namespace
 }  // namespace embedding_update
