@@ -18,12 +18,13 @@ feature's buckets and records whose lists differ in length fail the batch with a
 """
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Sequence
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -44,10 +45,12 @@ class Metadata:
     train_rows: int
     eval_rows: int
     prebatch_size: int
+    buckets: Dict[str, int]  # each categorical's hash buckets: its ids lie in [0, buckets), its tables' rows
 
 
 def read_metadata(folder: str) -> Metadata:
-    """`<folder>/metadata.json`, checked: format, version, non-negative row counts, prebatch size 4096."""
+    """`<folder>/metadata.json`, checked: format, version, non-negative row counts, prebatch size 4096, and
+    the optional `buckets` (every categorical's hash buckets, positive; absent: the reference's)."""
     path = os.path.join(folder, METADATA)
     try:
         with open(path) as f:
@@ -61,7 +64,12 @@ def read_metadata(folder: str) -> Metadata:
             raise DataError(f"{path}: '{key}' must be a non-negative integer, got {raw.get(key)!r}")
     if raw["prebatch_size"] != F.PREBATCH_SIZE:
         raise DataError(f"{path}: prebatch_size {raw['prebatch_size']}, the reader expects {F.PREBATCH_SIZE}")
-    return Metadata(raw["train_rows"], raw["eval_rows"], raw["prebatch_size"])
+    buckets = raw.get("buckets", F.BUCKETS)
+    if not isinstance(buckets, dict) or sorted(buckets) != sorted(F.CATEGORICAL_NAMES) or not all(
+            isinstance(v, int) and v > 0 for v in buckets.values()):
+        raise DataError(f"{path}: 'buckets' must map each of the {len(F.CATEGORICAL_NAMES)} categorical features "
+                        f"({', '.join(F.CATEGORICAL_NAMES)}) to a positive integer, got {buckets!r}")
+    return Metadata(raw["train_rows"], raw["eval_rows"], raw["prebatch_size"], dict(buckets))
 
 
 def expand_patterns(patterns: Sequence[str], flag: str) -> List[str]:
@@ -174,9 +182,18 @@ def _parse(serialized: tf.Tensor, buckets: Dict[str, int]) -> Dict[str, tf.Tenso
                 "display_id": tf.identity(parsed[F.DISPLAY_ID_KEY].flat_values)}
 
 
+@functools.lru_cache(maxsize=None)
+def _parser(buckets: Tuple[Tuple[str, int], ...]):
+    """_parse for these buckets as one function, traced once: each epoch's and evaluation's dataset reuses it
+    (tracing it anew took about a second a dataset)."""
+    return tf.function(lambda serialized: _parse(serialized, dict(buckets)),
+                       input_signature=[tf.TensorSpec([None], tf.string)])
+
+
 def dataset(index: RecordIndex, groups: Iterator[np.ndarray], buckets: Dict[str, int]) -> tf.data.Dataset:
     """The batches of the record groups `groups` yields (one group per batch), parsed and prefetched."""
     source = _RecordSource(index)
     records = tf.data.Dataset.from_generator(lambda: (source.read(g) for g in groups),
                                              output_signature=tf.TensorSpec([None], tf.string))
-    return records.map(lambda s: _parse(s, buckets), num_parallel_calls=2, deterministic=True).prefetch(2)
+    return records.map(_parser(tuple(sorted(buckets.items()))), num_parallel_calls=2,
+                       deterministic=True).prefetch(2)
