@@ -10,7 +10,10 @@ records; an epoch is exactly `train rows // global batch` updates (the reference
 update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
 in bfloat16 where the CPU has bf16 units (the reference refused `--cpu --amp`); `--evaluate` needs
 trained weights (`--use_checkpoint`) unless it only measures speed (`--benchmark`); evaluation also
-logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row.
+logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row;
+`--xla` compiles the step's forward and backward pass (the reference: auto-clustering); `--affinity`
+shares out the CPUs the process may use by local rank (cpu_affinity.py; the reference: the cores near
+each GPU); the TensorBoard events go to `--results_dir/event_files` (the reference: `--model_dir`'s).
 """
 from __future__ import annotations
 
@@ -24,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
 from cli import bad_input
+from cpu_affinity import MODES as AFFINITIES
 
 PRINT_FREQ = 100
-AFFINITIES = ("socket", "single", "single_unique", "socket_unique_interleaved", "socket_unique_continuous",
-              "disabled")
+EVENT_FILES = "event_files"  # the TensorBoard folder inside --results_dir (the reference's name, in --model_dir)
 
 
 class UsageError(ValueError):
@@ -60,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_epochs", type=int, default=20)
     p.add_argument("--amp", action="store_true",
                    help="float16 compute with dynamic loss scaling on a GPU; bfloat16 on a CPU with bf16 units")
-    p.add_argument("--xla", action="store_true", help="XLA auto-clustering (tf.config.optimizer.set_jit)")
+    p.add_argument("--xla", action="store_true",
+                   help="XLA compiles each step's forward and backward pass, and the evaluation forward pass")
     p.add_argument("--linear_learning_rate", type=float, default=0.02, help="FTRL rate of the wide part")
     p.add_argument("--deep_learning_rate", type=float, default=0.00012, help="RMSprop peak rate of the deep part")
     p.add_argument("--deep_warmup_epochs", type=float, default=6, help="Linear warmup of the deep rate")
@@ -71,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark_warmup_steps", type=int, default=500)
     p.add_argument("--benchmark_steps", type=int, default=1000)
     p.add_argument("--affinity", choices=AFFINITIES, default="socket_unique_interleaved",
-                   help="Accepted for the reference's scripts; CPU binding is left to the launcher")
+                   help="Which of the CPUs it may use each rank runs on, by its local rank (cpu_affinity.py)")
     p.add_argument("--cpu", action="store_true", help="Run on the CPU even where a GPU is visible")
     p.add_argument("--seed", type=int, default=0,
                    help="Seed of the weights, the record order and the dropout masks (this project's)")
@@ -129,6 +133,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     if saves_checkpoints(args):
         refuse_overlap(args.model_dir, "--model_dir", inputs)
         check_output_dir(args.model_dir, "--model_dir")
+        check_output_dir(os.path.join(args.results_dir, EVENT_FILES), "--results_dir's TensorBoard folder")
 
 
 def saves_checkpoints(args: argparse.Namespace) -> bool:
@@ -146,6 +151,7 @@ class Data:
     train_records_per_step: int
     eval_records_per_rank: int
     full_train_records: int
+    buckets: Dict[str, int]
 
 
 def open_data(args: argparse.Namespace, world_size: int) -> Data:
@@ -168,11 +174,11 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
         raise UsageError(f"--global_batch_size {args.global_batch_size} exceeds the {full_records * PREBATCH_SIZE} "
                          f"training rows in full {PREBATCH_SIZE}-row records")
     return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE,
-                full_records)
+                full_records, meta.buckets)
 
 
 def configure_tensorflow(args: argparse.Namespace, local_rank: int):
-    """Devices, XLA, precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
+    """Devices and precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
     import tensorflow as tf
 
     from precision import choose_precision, host_cpu_bf16_support
@@ -183,8 +189,6 @@ def configure_tensorflow(args: argparse.Namespace, local_rank: int):
     elif gpus:
         tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
         tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
-    if args.xla:
-        tf.config.optimizer.set_jit(True)
     precision = choose_precision(args.amp, False, bool(gpus), 0, host_cpu_bf16_support())
     dtype, message = precision.compute_dtype, precision.message
     if dtype == tf.float16:  # the reference's AMP: dynamic scaling, one scale per optimizer
@@ -227,7 +231,8 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
 
     data = open_data(args, world_size)
     config = wd_model.WideDeepConfig(tuple(args.deep_hidden_units), args.deep_dropout, args.linear_learning_rate,
-                                     args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs, args.seed)
+                                     args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs, args.seed,
+                                     data.buckets)
     resumed = None
     if args.use_checkpoint:
         if checkpoint.list_checkpoints(args.model_dir):
@@ -253,7 +258,7 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
         checkpoint.restore(resumed, state)
         print_rank0(f"restored {resumed.path} (step {resumed.step})", rank=rank)
     run = Run(args, rank, world_size, logger, data, config, model, optimizers, state, step, lineage,
-              wd_model.predict_fn(model))
+              wd_model.predict_fn(model, args.xla))
     if saves_checkpoints(args) and int(step.numpy()) >= run.total_steps:
         raise UsageError(f"--model_dir {args.model_dir}: its checkpoint is at step {int(step.numpy())}, the end of "
                          f"--num_epochs {args.num_epochs} x {data.steps_per_epoch} steps; nothing is left to train")
@@ -330,6 +335,21 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
 
 
 def train(run: Run) -> int:
+    """Training (`_train`) with its scalars also written as TensorBoard events in --results_dir/event_files
+    (rank 0; not under --benchmark)."""
+    from tensorboard_log import TensorBoardScalars
+
+    tensorboard = None
+    if run.rank == 0 and not run.args.benchmark:
+        tensorboard = TensorBoardScalars(os.path.join(run.args.results_dir, EVENT_FILES))
+    try:
+        return _train(run, tensorboard)
+    finally:
+        if tensorboard is not None:
+            tensorboard.close()
+
+
+def _train(run: Run, tensorboard) -> int:
     """The epochs from the restored step: steps with the schedule's deep rate, a progress record every
     100 steps, evaluation and a checkpoint after each epoch; a stop signal saves and exits 128+N."""
     import tensorflow as tf
@@ -343,7 +363,12 @@ def train(run: Run) -> int:
     from wide_and_deep import wd_data, wd_metrics, wd_model
 
     args, data = run.args, run.data
-    trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed)
+
+    def record(step: int, group: str, scalars: Dict[str, float]) -> None:
+        run.logger.log(step=(step, run.total_steps), data=scalars)
+        if tensorboard is not None:
+            tensorboard.write(step, group, scalars)
+    trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed, args.xla)
     bench = Throughput(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
         if args.benchmark else None
 
@@ -375,7 +400,7 @@ def train(run: Run) -> int:
                     return 0
             elif step % PRINT_FREQ == 0:
                 labels, predicted = batch["label"].numpy(), probabilities.numpy()
-                run.logger.log(step=(step, run.total_steps), data={
+                record(step, "train", {
                     "binary_accuracy": wd_metrics.binary_accuracy(labels, predicted),
                     "auc": exact_auc(labels, predicted), "loss": float(loss.numpy())})
             stopped = agreed_signal(votes.numpy())
@@ -388,7 +413,7 @@ def train(run: Run) -> int:
         epoch += 1
         if bench is None:
             result = evaluate(run)
-            run.logger.log(step=(step, run.total_steps), data=result)
+            record(step, "eval", result)
             save()
     run.logger.log(step=(), data=result)
     return 0
@@ -442,6 +467,7 @@ def _main(args: argparse.Namespace) -> int:
     import distributed as dist
     import folder_lock
     from checkpoint import CheckpointError
+    from cpu_affinity import apply_affinity
     from safe_io import OutputPathError
     from utils import DllLogger, print_rank0
     from wide_and_deep.wd_data import DataError
@@ -452,6 +478,7 @@ def _main(args: argparse.Namespace) -> int:
     lock = None
     try:
         validate(args, world_size)
+        print(apply_affinity(args.affinity, dist.local_rank(), dist.local_size()), flush=True)
         message = None
         if rank == 0:
             try:

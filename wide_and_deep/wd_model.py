@@ -235,10 +235,13 @@ class TrainStep:
 
     The stop votes of stop_signals ride on the loss's allreduce so that every rank learns the same
     decision in the same step. Returns (mean loss over ranks, this rank's probabilities, votes).
+    `jit_compile` (`--xla`): XLA compiles the forward and backward pass into one program; the
+    allreduces and the sparse optimizer updates, which XLA has no kernels for, run around it.
     """
 
-    def __init__(self, model: WideAndDeep, optimizers: Optimizers, seed: int) -> None:
+    def __init__(self, model: WideAndDeep, optimizers: Optimizers, seed: int, jit_compile: bool = False) -> None:
         self.model, self.optimizers, self.seed = model, optimizers, seed
+        self.gradients = tf.function(self._gradients, jit_compile=jit_compile, reduce_retracing=True)
         self.step = tf.function(self._step, reduce_retracing=True)
 
     def _scaled(self, optimizer, loss):
@@ -251,30 +254,38 @@ class TrainStep:
             return optimizer.get_unscaled_gradients(gradients)
         return gradients
 
-    def _step(self, batch: Dict[str, tf.Tensor], step: tf.Tensor, votes: tf.Tensor):
+    def _gradients(self, categorical: tf.Tensor, numeric: tf.Tensor, label: tf.Tensor, seed: tf.Tensor):
+        """(loss, logits, wide gradients, deep gradients) of this rank's batch, unscaled."""
         model, opts = self.model, self.optimizers
-        seed = tf.stack([tf.constant(self.seed, tf.int64) * 1_000_003 + step, tf.cast(dist.rank(), tf.int64) * 97])
         wide_vars, deep_vars = model.wide_variables(), model.deep_variables()
         with tf.GradientTape(persistent=True) as tape:
-            logits = model(batch["categorical"], batch["numeric"], dropout_seed=seed)
-            loss = bce_from_logits(batch["label"], logits)
+            logits = model(categorical, numeric, dropout_seed=seed)
+            loss = bce_from_logits(label, logits)
             wide_loss, deep_loss = self._scaled(opts.wide, loss), self._scaled(opts.deep, loss)
         wide_grads = self._unscaled(opts.wide, tape.gradient(wide_loss, wide_vars))
         deep_grads = self._unscaled(opts.deep, tape.gradient(deep_loss, deep_vars))
+        return loss, logits, wide_grads, deep_grads
+
+    def _step(self, batch: Dict[str, tf.Tensor], step: tf.Tensor, votes: tf.Tensor):
+        model, opts = self.model, self.optimizers
+        seed = tf.stack([tf.constant(self.seed, tf.int64) * 1_000_003 + step, tf.cast(dist.rank(), tf.int64) * 97])
+        loss, logits, wide_grads, deep_grads = self.gradients(batch["categorical"], batch["numeric"], batch["label"],
+                                                              seed)
         wide_grads = dist.average_gradients(wide_grads, "wd_wide_grad")
         deep_grads = dist.average_gradients(deep_grads, "wd_deep_grad")
-        opts.wide.apply_gradients(zip(wide_grads, wide_vars))
-        opts.deep.apply_gradients(zip(deep_grads, deep_vars))
+        opts.wide.apply_gradients(zip(wide_grads, model.wide_variables()))
+        opts.deep.apply_gradients(zip(deep_grads, model.deep_variables()))
         reduced = dist.allreduce(tf.concat([loss[None], votes], 0), name="wd_loss_votes")
         return reduced[0], tf.sigmoid(logits[:, 0]), reduced[1:]
 
 
-def predict_fn(model: WideAndDeep):
-    """A compiled evaluation forward pass: click probabilities of a batch (no dropout)."""
+def predict_fn(model: WideAndDeep, jit_compile: bool = False):
+    """A compiled evaluation forward pass: click probabilities of a batch (no dropout); `jit_compile`
+    (`--xla`): one XLA program."""
     signature = [tf.TensorSpec([None, len(F.CATEGORICAL_NAMES)], tf.int64),
                  tf.TensorSpec([None, len(F.NUMERIC_FEATURES)], tf.float32)]
 
-    @tf.function(input_signature=signature)
+    @tf.function(input_signature=signature, jit_compile=jit_compile)
     def predict(categorical: tf.Tensor, numeric: tf.Tensor) -> tf.Tensor:
         return tf.sigmoid(model(categorical, numeric)[:, 0])
     return predict
