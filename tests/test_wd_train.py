@@ -178,9 +178,9 @@ def weights(model_dir):
 
 
 def affinity_lines(output):
-    """Each rank's start-up line of --affinity (horovodrun prefixes `[rank]<stdout>:`): {local rank: its CPUs}."""
-    found = re.findall(r"^(?:\[\d+\]<stdout>:)?--affinity \S+: local rank (\d+) of \d+ runs on CPUs (\S+)$",
-                       output, re.M)
+    """Each rank's start-up line of --affinity: {local rank: its CPUs} (wherever it stands in a line: launchers
+    prefix ranks' lines, and may join two ranks' output)."""
+    found = re.findall(r"--affinity \S+: local rank (\d+) of \d+ runs on CPUs ([\d,-]+)", output)
     return {int(rank): cpus for rank, cpus in found}
 
 
@@ -223,6 +223,7 @@ def wd_main_module():
     (["--global_batch_size", "5000"], "--global_batch_size 5000 must divide"),
     (["--eval_batch_size", "4097"], "--eval_batch_size 4097"),
     (["--benchmark", "--benchmark_warmup_steps", "10", "--benchmark_steps", "10"], "--benchmark_warmup_steps 10"),
+    (["--benchmark", "--benchmark_warmup_steps", "0", "--benchmark_steps", "1"], "--benchmark_steps 1 leaves no step"),
     (["--deep_warmup_epochs", "30"], "--deep_warmup_epochs 30 exceeds --num_epochs 20"),
     (["--evaluate"], "--evaluate needs trained weights"),
     (["--deep_dropout", "1"], "--deep_dropout"),

@@ -104,6 +104,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.benchmark and args.benchmark_warmup_steps >= args.benchmark_steps:
         raise UsageError(f"--benchmark_warmup_steps {args.benchmark_warmup_steps} must be below --benchmark_steps "
                          f"{args.benchmark_steps}")
+    if args.benchmark and args.benchmark_steps < 2:  # the clock starts after step max(warmup, 1)
+        raise UsageError(f"--benchmark_steps {args.benchmark_steps} leaves no step to time: the clock starts after "
+                         f"the first step, so it must be at least 2")
     if args.deep_warmup_epochs > args.num_epochs:
         raise UsageError(f"--deep_warmup_epochs {args.deep_warmup_epochs:g} exceeds --num_epochs {args.num_epochs}")
     if args.evaluate and not args.use_checkpoint and not args.benchmark:
