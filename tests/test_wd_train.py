@@ -180,7 +180,7 @@ def weights(model_dir):
 def affinity_lines(output):
     """Each rank's start-up line of --affinity: {local rank: its CPUs} (wherever it stands in a line: launchers
     prefix ranks' lines, and may join two ranks' output)."""
-    found = re.findall(r"--affinity \S+: local rank (\d+) of \d+ runs on CPUs ([\d,-]+)", output)
+    found = re.findall(r"--affinity \S+: local rank (\d+) of \d+ runs on CPUs (\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)", output)
     return {int(rank): cpus for rank, cpus in found}
 
 

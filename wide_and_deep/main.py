@@ -481,7 +481,10 @@ def _main(args: argparse.Namespace) -> int:
     lock = None
     try:
         validate(args, world_size)
-        print(apply_affinity(args.affinity, dist.local_rank(), dist.local_size()), flush=True)
+        # every rank says its CPUs, each line in one write (unbuffered, print() writes the newline apart, and
+        # the launcher can put another rank's line between the two)
+        sys.stdout.write(apply_affinity(args.affinity, dist.local_rank(), dist.local_size()) + "\n")
+        sys.stdout.flush()
         message = None
         if rank == 0:
             try:
