@@ -14,7 +14,7 @@ import yaml
 import data_formats
 import data_errors
 from multiproc import REPO_ROOT, assert_ok, launch_env, snapshot
-from test_wd_train import SMALL, _rows, _teacher, _write_split, final, log_records, wd, weights, write_dataset
+from test_wd_train import SMALL, SMALL_BUCKETS, _rows, _teacher, _write_split, final, log_records, wd, weights, write_dataset
 from wide_and_deep import features as F
 from wide_and_deep import wd_data
 
@@ -61,14 +61,15 @@ def test_split_binary_files_are_described_by_a_feature_spec(datasets):
     _, binary = datasets
     spec = yaml.safe_load(open(os.path.join(binary, "feature_spec.yaml")))
     assert spec["channel_spec"]["categorical"] == list(F.CATEGORICAL_NAMES)
-    assert spec["feature_spec"]["event_platform"] == {"cardinality": 4, "dtype": "int8"}
-    assert spec["feature_spec"]["doc_event_id"] == {"cardinality": 300000, "dtype": "int32"}
+    # the cardinalities are the source's buckets (the test data's metadata.json: SMALL_BUCKETS each)
+    assert spec["feature_spec"]["event_platform"] == {"cardinality": SMALL_BUCKETS, "dtype": "int8"}
+    assert spec["feature_spec"]["doc_event_id"] == {"cardinality": SMALL_BUCKETS, "dtype": "int8"}
     assert spec["metadata"] == {"wide_and_deep_display_id": {"train": "train/display_id.bin",
                                                              "test": "test/display_id.bin"}}
     rows = 8 * 4096 + 1000
     sizes = {name: os.path.getsize(os.path.join(binary, "train", name)) for name in os.listdir(os.path.join(binary, "train"))}
     assert sizes["label.bin"] == rows and sizes["numerical.bin"] == rows * 13 * 4 and sizes["display_id.bin"] == rows * 8
-    assert sizes["cat_12.bin"] == rows and sizes["cat_0.bin"] == rows * 4 and len(sizes) == 16
+    assert sizes["cat_12.bin"] == rows and sizes["cat_0.bin"] == rows and len(sizes) == 16  # int8 ids
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -136,14 +137,14 @@ def _bad_copy(datasets, tmp_path, edit):
 
 
 def _set_id(copy):
-    with open(copy / "train" / "cat_11.bin", "r+b") as f:  # event_country: int16, 300 buckets
-        f.seek(2 * 16389)  # in record 4, the first the seed's epoch order reads (record 1 waits for epoch 2)
-        f.write(np.int16(300).tobytes())
+    with open(copy / "train" / "cat_11.bin", "r+b") as f:  # event_country: int8, SMALL_BUCKETS buckets
+        f.seek(16389)  # in record 4, the first the seed's epoch order reads (record 1 waits for epoch 2)
+        f.write(np.int8(SMALL_BUCKETS).tobytes())
 
 
 def _set_cardinality(copy):
     spec = yaml.safe_load(open(copy / "feature_spec.yaml"))
-    spec["feature_spec"]["event_country"]["cardinality"] = 301
+    spec["feature_spec"]["event_country"]["cardinality"] = 70000  # int32 ids; its file holds int8
     yaml.safe_dump(spec, open(copy / "feature_spec.yaml", "w"))
 
 
@@ -152,8 +153,8 @@ def _cut_display_ids(copy):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (_set_id, "train/cat_11.bin: feature 'event_country' (mapping 'train') has id 300 at sample 16389, outside [0, 300)"),
-    (_set_cardinality, "feature_spec.yaml: feature 'event_country' has cardinality 301; Wide & Deep hashes it into 300"),
+    (_set_id, "train/cat_11.bin: feature 'event_country' (mapping 'train') has id 64 at sample 16389, outside [0, 64)"),
+    (_set_cardinality, "feature_spec.yaml: cardinality 70000 of feature 'event_country' does not fit its dtype int8"),
     (_cut_display_ids, "test/display_id.bin: the display_id file of mapping 'test' must hold 11288 int64 values"),
 ])
 def test_bad_split_binary_data_is_one_error_naming_the_file(datasets, tmp_path, edit, words):

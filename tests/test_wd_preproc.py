@@ -106,7 +106,7 @@ def test_record_framing_equals_tensorflows(tmp_path, size):
 def test_records_readable_by_tf_data(data):
     meta = json.loads((data / "duckdb" / "metadata.json").read_text())
     assert meta == {"train_rows": meta["train_rows"], "eval_rows": meta["eval_rows"], "prebatch_size": 4096,
-                    "format": "wide_and_deep-tfrecords", "version": 1}
+                    "buckets": features.BUCKETS, "format": "wide_and_deep-tfrecords", "version": 1}
     for split in ("train", "eval"):
         columns, sizes, files = read_split(data / "duckdb" / split)
         assert [os.path.basename(f) for f in files] == ["part-r-00000", "part-r-00001"][:len(files)]

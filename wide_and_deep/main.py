@@ -10,7 +10,10 @@ records; an epoch is exactly `train records // records per step` updates, the sh
 trained on like the others (the reference made one uncounted update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
 in bfloat16 where the CPU has bf16 units (the reference refused `--cpu --amp`); `--evaluate` needs
 trained weights (`--use_checkpoint`) unless it only measures speed (`--benchmark`); evaluation also
-logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row.
+logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row;
+`--xla` compiles the step's forward and backward pass (the reference: auto-clustering); `--affinity`
+shares out the CPUs the process may use by local rank (cpu_affinity.py; the reference: the cores near
+each GPU); the TensorBoard events go to `--results_dir/event_files` (the reference: `--model_dir`'s).
 """
 from __future__ import annotations
 
@@ -25,10 +28,10 @@ from typing import Any, Dict, Optional, Sequence
 
 import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
 from cli import bad_input
+from cpu_affinity import MODES as AFFINITIES
 
 PRINT_FREQ = 100
-AFFINITIES = ("socket", "single", "single_unique", "socket_unique_interleaved", "socket_unique_continuous",
-              "disabled")
+EVENT_FILES = "event_files"  # the TensorBoard folder inside --results_dir (the reference's name, in --model_dir)
 
 
 class UsageError(ValueError):
@@ -65,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_epochs", type=int, default=20)
     p.add_argument("--amp", action="store_true",
                    help="float16 compute with dynamic loss scaling on a GPU; bfloat16 on a CPU with bf16 units")
-    p.add_argument("--xla", action="store_true", help="XLA auto-clustering (tf.config.optimizer.set_jit)")
+    p.add_argument("--xla", action="store_true",
+                   help="XLA compiles each step's forward and backward pass, and the evaluation forward pass")
     p.add_argument("--linear_learning_rate", type=float, default=0.02, help="FTRL rate of the wide part")
     p.add_argument("--deep_learning_rate", type=float, default=0.00012, help="RMSprop peak rate of the deep part")
     p.add_argument("--deep_warmup_epochs", type=float, default=6, help="Linear warmup of the deep rate")
@@ -76,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark_warmup_steps", type=int, default=500)
     p.add_argument("--benchmark_steps", type=int, default=1000)
     p.add_argument("--affinity", choices=AFFINITIES, default="socket_unique_interleaved",
-                   help="Accepted for the reference's scripts; CPU binding is left to the launcher")
+                   help="Which of the CPUs it may use each rank runs on, by its local rank (cpu_affinity.py)")
     p.add_argument("--cpu", action="store_true", help="Run on the CPU even where a GPU is visible")
     p.add_argument("--seed", type=int, default=0,
                    help="Seed of the weights, the record order and the dropout masks (this project's)")
@@ -105,6 +109,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
     if args.benchmark and args.benchmark_warmup_steps >= args.benchmark_steps:
         raise UsageError(f"--benchmark_warmup_steps {args.benchmark_warmup_steps} must be below --benchmark_steps "
                          f"{args.benchmark_steps}")
+    if args.benchmark and args.benchmark_steps < 2:  # the clock starts after step max(warmup, 1)
+        raise UsageError(f"--benchmark_steps {args.benchmark_steps} leaves no step to time: the clock starts after "
+                         f"the first step, so it must be at least 2")
     if args.deep_warmup_epochs > args.num_epochs:
         raise UsageError(f"--deep_warmup_epochs {args.deep_warmup_epochs:g} exceeds --num_epochs {args.num_epochs}")
     if args.evaluate and not args.use_checkpoint and not args.benchmark:
@@ -134,6 +141,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     if saves_checkpoints(args):
         refuse_overlap(args.model_dir, "--model_dir", inputs)
         check_output_dir(args.model_dir, "--model_dir")
+        check_output_dir(os.path.join(args.results_dir, EVENT_FILES), "--results_dir's TensorBoard folder")
 
 
 def saves_checkpoints(args: argparse.Namespace) -> bool:
@@ -149,6 +157,7 @@ class Data:
     steps_per_epoch: int
     train_records_per_step: int
     eval_records_per_rank: int
+    buckets: Dict[str, int]
 
 
 def _given(flag: str) -> bool:
@@ -175,11 +184,15 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
     if steps == 0 and not args.evaluate:
         raise UsageError(f"--global_batch_size {args.global_batch_size} needs {records_per_step} records of "
                          f"{PREBATCH_SIZE} rows per step; the training data holds {len(train)} ({train.rows} rows)")
-    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
+    if evaluation.buckets != train.buckets:
+        raise UsageError(f"the --dataset_type {args.dataset_type} data in {args.transformed_metadata_path} gives its "
+                         f"train and eval splits different buckets: {train.buckets} and {evaluation.buckets}")
+    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE,
+                dict(train.buckets))
 
 
 def configure_tensorflow(args: argparse.Namespace, local_rank: int):
-    """Devices, XLA, precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
+    """Devices and precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
     import tensorflow as tf
 
     from precision import choose_precision, host_cpu_bf16_support
@@ -190,8 +203,6 @@ def configure_tensorflow(args: argparse.Namespace, local_rank: int):
     elif gpus:
         tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
         tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
-    if args.xla:
-        tf.config.optimizer.set_jit(True)
     precision = choose_precision(args.amp, False, bool(gpus), 0, host_cpu_bf16_support())
     dtype, message = precision.compute_dtype, precision.message
     if dtype == tf.float16:  # the reference's AMP: dynamic scaling, one scale per optimizer
@@ -234,7 +245,8 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
 
     data = open_data(args, world_size)
     config = wd_model.WideDeepConfig(tuple(args.deep_hidden_units), args.deep_dropout, args.linear_learning_rate,
-                                     args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs, args.seed)
+                                     args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs, args.seed,
+                                     data.buckets)
     resumed = None
     if args.use_checkpoint:
         if checkpoint.list_checkpoints(args.model_dir):
@@ -248,7 +260,9 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
     if saves_checkpoints(args):
         checkpoint.check_save_folder(args.model_dir, config.describe(), F.deep_input_order(), lineage, resumed,
                                      "--model_dir", resume_hint="--use_checkpoint")
-    model = wd_model.WideAndDeep(config)
+    # XLA cannot compile the op package's kernels: under --xla the hidden layers run in TensorFlow ops
+    # (the same values) and the tables' steps are Keras's.
+    model = wd_model.WideAndDeep(config, use_kernel=False if args.xla else None)
     model.build_all()
     optimizers = wd_model.build_optimizers(model, config, loss_scaling)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -260,7 +274,7 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
         checkpoint.restore(resumed, state)
         print_rank0(f"restored {resumed.path} (step {resumed.step})", rank=rank)
     run = Run(args, rank, world_size, logger, data, config, model, optimizers, state, step, lineage,
-              wd_model.predict_fn(model))
+              wd_model.predict_fn(model, args.xla))
     if saves_checkpoints(args) and int(step.numpy()) >= run.total_steps:
         raise UsageError(f"--model_dir {args.model_dir}: its checkpoint is at step {int(step.numpy())}, the end of "
                          f"--num_epochs {args.num_epochs} x {data.steps_per_epoch} steps; nothing is left to train")
@@ -337,6 +351,21 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
 
 
 def train(run: Run) -> int:
+    """Training (`_train`) with its scalars also written as TensorBoard events in --results_dir/event_files
+    (rank 0; not under --benchmark)."""
+    from tensorboard_log import TensorBoardScalars
+
+    tensorboard = None
+    if run.rank == 0 and not run.args.benchmark:
+        tensorboard = TensorBoardScalars(os.path.join(run.args.results_dir, EVENT_FILES))
+    try:
+        return _train(run, tensorboard)
+    finally:
+        if tensorboard is not None:
+            tensorboard.close()
+
+
+def _train(run: Run, tensorboard) -> int:
     """The epochs from the restored step: steps with the schedule's deep rate, a progress record every
     100 steps, evaluation and a checkpoint after each epoch; a stop signal saves and exits 128+N."""
     import tensorflow as tf
@@ -350,7 +379,12 @@ def train(run: Run) -> int:
     from wide_and_deep import wd_data, wd_metrics, wd_model
 
     args, data = run.args, run.data
-    trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed)
+
+    def record(step: int, group: str, scalars: Dict[str, float]) -> None:
+        run.logger.log(step=(step, run.total_steps), data=scalars)
+        if tensorboard is not None:
+            tensorboard.write(step, group, scalars)
+    trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed, args.xla)
     bench = Throughput(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
         if args.benchmark else None
 
@@ -382,7 +416,7 @@ def train(run: Run) -> int:
                     return 0
             elif step % PRINT_FREQ == 0:
                 labels, predicted = batch["label"].numpy(), probabilities.numpy()
-                run.logger.log(step=(step, run.total_steps), data={
+                record(step, "train", {
                     "binary_accuracy": wd_metrics.binary_accuracy(labels, predicted),
                     "auc": exact_auc(labels, predicted), "loss": float(loss.numpy())})
             stopped = agreed_signal(votes.numpy())
@@ -395,7 +429,7 @@ def train(run: Run) -> int:
         epoch += 1
         if bench is None:
             result = evaluate(run)
-            run.logger.log(step=(step, run.total_steps), data=result)
+            record(step, "eval", result)
             save()
     run.logger.log(step=(), data=result)
     return 0
@@ -449,6 +483,7 @@ def _main(args: argparse.Namespace) -> int:
     from checkpoint import CheckpointError
     from data_errors import DataError
     from feature_spec import FeatureSpecError
+    from cpu_affinity import apply_affinity
     from safe_io import OutputPathError
     from utils import DllLogger, print_rank0
     from wide_and_deep.wd_data import surface_record_errors
@@ -459,6 +494,10 @@ def _main(args: argparse.Namespace) -> int:
     lock = None
     try:
         validate(args, world_size)
+        # every rank says its CPUs, each line in one write (unbuffered, print() writes the newline apart, and
+        # the launcher can put another rank's line between the two)
+        sys.stdout.write(apply_affinity(args.affinity, dist.local_rank(), dist.local_size()) + "\n")
+        sys.stdout.flush()
         message = None
         if rank == 0:
             try:

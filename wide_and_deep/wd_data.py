@@ -34,6 +34,7 @@ A batch is a dict: `categorical` int64 [B, 13] (features.CATEGORICAL_NAMES order
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -61,6 +62,7 @@ _HEADER = 12  # uint64 length + uint32 masked crc; the data is followed by a uin
 class Split(Protocol):
     """One split of a W&D dataset as its format's `reader` serves it (see the module docstring)."""
     rows: int
+    buckets: Dict[str, int]  # each categorical's hash buckets: its ids lie in [0, buckets), its tables' rows
 
     def __len__(self) -> int:
         """Records of up to PREBATCH_SIZE rows (only the last may be short)."""
@@ -82,6 +84,7 @@ class Metadata:
     train_rows: int
     eval_rows: int
     prebatch_size: int
+    buckets: Dict[str, int]  # each categorical's hash buckets: its ids lie in [0, buckets), its tables' rows
 
 
 @contextlib.contextmanager
@@ -99,7 +102,8 @@ def surface_record_errors() -> Generator[None, None, None]:
 
 
 def read_metadata(folder: str) -> Metadata:
-    """`<folder>/metadata.json`, checked: format, version, non-negative row counts, prebatch size 4096."""
+    """`<folder>/metadata.json`, checked: format, version, non-negative row counts, prebatch size 4096, and
+    the optional `buckets` (every categorical's hash buckets, positive; absent: the reference's)."""
     path = os.path.join(folder, METADATA)
     try:
         with open(path) as f:
@@ -113,7 +117,12 @@ def read_metadata(folder: str) -> Metadata:
             raise DataError(f"{path}: '{key}' must be a non-negative integer, got {raw.get(key)!r}")
     if raw["prebatch_size"] != F.PREBATCH_SIZE:
         raise DataError(f"{path}: prebatch_size {raw['prebatch_size']}, the reader expects {F.PREBATCH_SIZE}")
-    return Metadata(raw["train_rows"], raw["eval_rows"], raw["prebatch_size"])
+    buckets = raw.get("buckets", F.BUCKETS)
+    if not isinstance(buckets, dict) or sorted(buckets) != sorted(F.CATEGORICAL_NAMES) or not all(
+            isinstance(v, int) and v > 0 for v in buckets.values()):
+        raise DataError(f"{path}: 'buckets' must map each of the {len(F.CATEGORICAL_NAMES)} categorical features "
+                        f"({', '.join(F.CATEGORICAL_NAMES)}) to a positive integer, got {buckets!r}")
+    return Metadata(raw["train_rows"], raw["eval_rows"], raw["prebatch_size"], dict(buckets))
 
 
 def expand_patterns(patterns: Sequence[str], flag: str) -> List[str]:
@@ -133,6 +142,7 @@ class RecordIndex:
     offsets: np.ndarray
     lengths: np.ndarray
     rows: int
+    buckets: Dict[str, int]
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -144,12 +154,13 @@ class RecordIndex:
                                                  output_signature=(tf.TensorSpec([None], tf.string),
                                                                    tf.TensorSpec([], tf.string),
                                                                    tf.TensorSpec([None], tf.int64)))
-        return records.map(lambda s, where, numbers: _parse(s, where, numbers, buckets), num_parallel_calls=2,
+        return records.map(_parser(tuple(sorted(buckets.items()))), num_parallel_calls=2,
                            deterministic=True).prefetch(2)
 
 
-def index_records(files: Sequence[str], rows: int, split: str) -> RecordIndex:
-    """Scan the record headers of `files`; their count must be ceil(rows / 4096) (metadata.json)."""
+def index_records(files: Sequence[str], rows: int, split: str, buckets: Dict[str, int]) -> RecordIndex:
+    """Scan the record headers of `files`; their count must be ceil(rows / 4096) (metadata.json);
+    `buckets`: metadata.json's."""
     file_ids, offsets, lengths = [], [], []
     for number, path in enumerate(files):
         size = os.path.getsize(path)
@@ -172,7 +183,7 @@ def index_records(files: Sequence[str], rows: int, split: str) -> RecordIndex:
         raise DataError(f"{split} files ({files[0]} ...) hold {len(offsets)} records; metadata.json's {split}_rows "
                         f"{rows} need {expected} of {F.PREBATCH_SIZE} rows")
     return RecordIndex(list(files), np.array(file_ids, np.int64), np.array(offsets, np.int64),
-                       np.array(lengths, np.int64), rows)
+                       np.array(lengths, np.int64), rows, dict(buckets))
 
 
 class _RecordSource:
@@ -259,9 +270,19 @@ def load_metadata(folder: str, spec_file_name: str, options: Mapping[str, Any]) 
 def open_tfrecords(metadata: Metadata, split: str, options: Mapping[str, Any]) -> RecordIndex:
     """The `tfrecords` format's reader: the files of `options["<split>_data_pattern"]`, indexed."""
     flag = f"{split}_data_pattern"
-    return index_records(expand_patterns(options[flag], f"--{flag}"), getattr(metadata, f"{split}_rows"), split)
+    return index_records(expand_patterns(options[flag], f"--{flag}"), getattr(metadata, f"{split}_rows"), split,
+                         metadata.buckets)
 
 
 data_formats.register_format("tfrecords", training=True, model="wide_and_deep",
                              own_options=("train_data_pattern", "eval_data_pattern"),
                              load_spec=load_metadata, reader=open_tfrecords)
+
+
+@functools.lru_cache(maxsize=None)
+def _parser(buckets: Tuple[Tuple[str, int], ...]):
+    """_parse for these buckets as one function, traced once: each epoch's and evaluation's dataset reuses it
+    (tracing it anew took about a second a dataset)."""
+    return tf.function(lambda serialized, where, numbers: _parse(serialized, where, numbers, dict(buckets)),
+                       input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.string),
+                                        tf.TensorSpec([None], tf.int64)])

@@ -315,14 +315,21 @@ class TrainStep:
     the retracing rank then submitted `wd_deep_grad_8`, which the other never did, and both hung.
     The stop votes of stop_signals ride on the loss's allreduce so that every rank learns the same
     decision in the same step. Returns (mean loss of the global batch, this rank's probabilities, votes).
+    `jit_compile` (`--xla`): XLA compiles the forward and backward pass into one program (the model
+    must then run its hidden layers in TensorFlow ops: `WideAndDeep(use_kernel=False)`); the
+    allreduces and the optimizer updates, which XLA has no kernels for, run around it.
     """
 
-    def __init__(self, model: WideAndDeep, optimizers: Optimizers, seed: int) -> None:
+    def __init__(self, model: WideAndDeep, optimizers: Optimizers, seed: int, jit_compile: bool = False) -> None:
+        if jit_compile and model.use_kernel:
+            raise ValueError("TrainStep(jit_compile=True) needs WideAndDeep(use_kernel=False): XLA cannot "
+                             "compile the op package's kernels")
         self.model, self.optimizers, self.seed = model, optimizers, seed
         batch = {"categorical": tf.TensorSpec([None, len(F.CATEGORICAL_NAMES)], tf.int64),
                  "numeric": tf.TensorSpec([None, len(F.NUMERIC_FEATURES)], tf.float32),
                  "label": tf.TensorSpec([None], tf.float32), "display_id": tf.TensorSpec([None], tf.int64),
                  "row": tf.TensorSpec([None], tf.int64)}
+        self.gradients = tf.function(self._gradients, jit_compile=jit_compile, reduce_retracing=True)
         self.step = tf.function(self._step, input_signature=[batch, tf.TensorSpec([], tf.int64),
                                                              tf.TensorSpec([None], tf.float32)])
 
@@ -336,30 +343,37 @@ class TrainStep:
             return optimizer.get_unscaled_gradients(gradients)
         return gradients
 
-    def _step(self, batch: Dict[str, tf.Tensor], step: tf.Tensor, votes: tf.Tensor):
+    def _gradients(self, batch: Dict[str, tf.Tensor], key: tf.Tensor, loss_weight: tf.Tensor):
+        """(weighted summed loss, logits, wide gradients, deep gradients) of this rank's batch, unscaled;
+        dropout masks from the step's `key` and the rows' identities."""
         model, opts = self.model, self.optimizers
-        key = tf.constant(self.seed, tf.int64) * 1_000_003 + step
         wide_vars, deep_vars = model.wide_variables(), model.deep_variables()
-        rows = tf.cast(tf.shape(batch["label"])[0], tf.float32)
-        global_rows = dist.allreduce(rows, average=False, name="wd_global_rows")
         with tf.GradientTape(persistent=True) as tape:
             logits = model(batch["categorical"], batch["numeric"], dropout_key=key, row_ids=batch["row"])
-            loss = bce_sum_from_logits(batch["label"], logits) * (dist.size() / global_rows)
+            loss = bce_sum_from_logits(batch["label"], logits) * loss_weight
             wide_loss, deep_loss = self._scaled(opts.wide, loss), self._scaled(opts.deep, loss)
         wide_grads = self._unscaled(opts.wide, tape.gradient(wide_loss, wide_vars))
         deep_grads = self._unscaled(opts.deep, tape.gradient(deep_loss, deep_vars))
-        apply_gradients(model, opts, dist.average_gradients(wide_grads, "wd_wide_grad"),
+        return loss, logits, wide_grads, deep_grads
+
+    def _step(self, batch: Dict[str, tf.Tensor], step: tf.Tensor, votes: tf.Tensor):
+        rows = tf.cast(tf.shape(batch["label"])[0], tf.float32)
+        global_rows = dist.allreduce(rows, average=False, name="wd_global_rows")
+        key = tf.constant(self.seed, tf.int64) * 1_000_003 + step
+        loss, logits, wide_grads, deep_grads = self.gradients(batch, key, dist.size() / global_rows)
+        apply_gradients(self.model, self.optimizers, dist.average_gradients(wide_grads, "wd_wide_grad"),
                         dist.average_gradients(deep_grads, "wd_deep_grad"))
         reduced = dist.allreduce(tf.concat([loss[None], votes], 0), name="wd_loss_votes")
         return reduced[0], tf.sigmoid(logits[:, 0]), reduced[1:]
 
 
-def predict_fn(model: WideAndDeep):
-    """A compiled evaluation forward pass: click probabilities of a batch (no dropout)."""
+def predict_fn(model: WideAndDeep, jit_compile: bool = False):
+    """A compiled evaluation forward pass: click probabilities of a batch (no dropout); `jit_compile`
+    (`--xla`): one XLA program."""
     signature = [tf.TensorSpec([None, len(F.CATEGORICAL_NAMES)], tf.int64),
                  tf.TensorSpec([None, len(F.NUMERIC_FEATURES)], tf.float32)]
 
-    @tf.function(input_signature=signature)
+    @tf.function(input_signature=signature, jit_compile=jit_compile)
     def predict(categorical: tf.Tensor, numeric: tf.Tensor) -> tf.Tensor:
         return tf.sigmoid(model(categorical, numeric)[:, 0])
     return predict

@@ -43,11 +43,12 @@ NUMERICAL_DTYPE = "float32"
 MAPPINGS = {"train": fs.TRAIN_MAPPING, "eval": fs.TEST_MAPPING}  # W&D split -> spec mapping
 
 
-def layout_spec(folder: str) -> fs.FeatureSpec:
-    """The spec of a W&D split-binary dataset in `folder` (the files' names and dtypes above)."""
+def layout_spec(folder: str, buckets: Dict[str, int]) -> fs.FeatureSpec:
+    """The spec of a W&D split-binary dataset in `folder` (the files' names and dtypes above) whose
+    categoricals have `buckets` (their cardinalities)."""
     features: Dict[str, Dict[str, Any]] = {
-        name: {fs.DTYPE_SELECTOR: fs.get_categorical_feature_type(buckets), fs.CARDINALITY_SELECTOR: buckets}
-        for name, buckets, _ in F.CATEGORICAL_FEATURES}
+        name: {fs.DTYPE_SELECTOR: fs.get_categorical_feature_type(buckets[name]), fs.CARDINALITY_SELECTOR: buckets[name]}
+        for name in F.CATEGORICAL_NAMES}
     features.update({name: {fs.DTYPE_SELECTOR: NUMERICAL_DTYPE} for name in F.NUMERIC_FEATURES})
     features[F.LABEL_KEY] = {fs.DTYPE_SELECTOR: fs.LABEL_DTYPE}
     sources = {}
@@ -67,19 +68,16 @@ def layout_spec(folder: str) -> fs.FeatureSpec:
 
 def load_spec(folder: str, spec_file_name: str, options: Mapping[str, Any]) -> fs.FeatureSpec:
     """The format's load_spec: `<folder>/<spec_file_name>`, checked as split-binary with float32
-    numericals, holding W&D's features and buckets and a display-id file per mapping inside the folder."""
+    numericals, holding W&D's features (their cardinalities size the tables) and a display-id file per
+    mapping inside the folder."""
     spec = fs.FeatureSpec.from_yaml(os.path.join(folder, spec_file_name))
     spec.check_feature_spec(allowed_by=None, numerical_dtype=NUMERICAL_DTYPE)
     where = spec.path
-    expected = layout_spec(folder)
+    expected = layout_spec(folder, dict(zip(spec.categorical_names, spec.cardinalities)))  # the tables' buckets
     for channel in fs.CHANNELS:
         if spec.channel_spec[channel] != expected.channel_spec[channel]:
             raise fs.FeatureSpecError(f"{where}: channel '{channel}' must list Wide & Deep's features "
                                       f"{expected.channel_spec[channel]}, got {spec.channel_spec[channel]}")
-    for name, cardinality in zip(spec.categorical_names, spec.cardinalities):
-        if cardinality != F.BUCKETS[name]:
-            raise fs.FeatureSpecError(f"{where}: feature '{name}' has cardinality {cardinality}; Wide & Deep "
-                                      f"hashes it into {F.BUCKETS[name]} buckets")
     files = spec.metadata.get(DISPLAY_ID_ENTRY)
     if not isinstance(files, dict) or set(files) != set(fs.MAPPINGS) or not all(
             isinstance(path, str) and not fs.is_external_path(path) for path in files.values()):
@@ -94,6 +92,7 @@ class BinarySplit:
 
     def __init__(self, spec: fs.FeatureSpec, split: str) -> None:
         self.mapping = MAPPINGS[split]
+        self.buckets = dict(zip(spec.categorical_names, spec.cardinalities))
         self.rows = spec.check_files([self.mapping])[self.mapping]
         self.paths = {name: spec.file_of(self.mapping, name) for name in
                       (F.LABEL_KEY, F.NUMERIC_FEATURES[0], *F.CATEGORICAL_NAMES)}
@@ -185,7 +184,7 @@ def convert(source: str, destination: str, train_pattern: Sequence[str], eval_pa
     splits = wd_data.open_splits("tfrecords", source, options)
     rows = {}
     with atomic_directory(destination) as staged:
-        spec = layout_spec(staged)
+        spec = layout_spec(staged, splits[0].buckets)
         for split, records in zip(wd_data.SPLITS, splits):
             rows[split] = _write_split(spec, MAPPINGS[split], records)
         spec.base_directory = destination
@@ -202,7 +201,7 @@ def _write_split(spec: fs.FeatureSpec, mapping: str, records: wd_data.Split) -> 
     written = 0
     try:
         for batch in records.dataset(iter(np.array_split(np.arange(len(records)), max(1, len(records) // 16))),
-                                     F.BUCKETS):
+                                     records.buckets):
             files[F.LABEL_KEY].write(batch["label"].numpy().astype(np.bool_).tobytes())
             files[F.NUMERIC_FEATURES[0]].write(batch["numeric"].numpy().astype(np.float32).tobytes())
             for i, name in enumerate(F.CATEGORICAL_NAMES):

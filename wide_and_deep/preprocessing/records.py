@@ -185,7 +185,7 @@ def write_json(path: str, content: Dict[str, object]) -> None:
 
 
 def metadata(train_rows: int, eval_rows: int) -> Dict[str, object]:
-    """The dataset's metadata.json (the reader's row counts)."""
+    """The dataset's metadata.json (the reader's row counts, the hash buckets its ids lie in)."""
     return {"train_rows": train_rows, "eval_rows": eval_rows, "prebatch_size": features.PREBATCH_SIZE,
-            "format": FORMAT, "version": VERSION}
+            "buckets": dict(features.BUCKETS), "format": FORMAT, "version": VERSION}
 
