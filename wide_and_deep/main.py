@@ -478,12 +478,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    # oneDNN on every CPU, as DLRM's main.py sets it (TensorFlow 2.15 turns it on by itself only on
+    # AVX-512 CPUs); a value the user set wins. Before the first TensorFlow import.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     import distributed as dist
     import folder_lock
     from checkpoint import CheckpointError
+    from cpu_affinity import apply_affinity
     from data_errors import DataError
     from feature_spec import FeatureSpecError
-    from cpu_affinity import apply_affinity
     from safe_io import OutputPathError
     from utils import DllLogger, print_rank0
     from wide_and_deep.wd_data import surface_record_errors
