@@ -80,9 +80,11 @@ flags.DEFINE_bool("save_input_signature", False,
 flags.DEFINE_string("saved_model_input_path", None, "Load a SavedModel for eval or inference instead of building")
 flags.DEFINE_bool("cpu", False, "Run on the CPU: every table and layer placed on /CPU:0")
 flags.DEFINE_enum("gpu_embedding_type", MODEL.embedding_type, ["multitable", "fused"],
-                  "Implementation of the tables that fit the device memory budget")
+                  "Implementation of the tables that fit the device memory budget (one process; on several "
+                  "ranks each rank's table slices are one variable each)")
 flags.DEFINE_enum("cpu_embedding_type", MODEL.cpu_embedding_type, ["multitable", "fused"],
-                  "Implementation of the tables offloaded to CPU memory")
+                  "Implementation of the tables offloaded to CPU memory (one process; on several ranks each "
+                  "rank's table slices are one variable each)")
 flags.DEFINE_bool("amp", False, "Mixed precision with float32 weights: float16 compute with static loss scaling "
                                 "on a GPU, bfloat16 compute on a CPU with bf16 units (float32 on other CPUs)")
 flags.DEFINE_bool("fp16", False, "Pure float16 policy, for inference and export only")
@@ -774,13 +776,19 @@ def chosen_interaction(rank: int) -> str:
     return name
 
 
-def announce_accepted_flags(rank: int) -> None:
-    """One line for each flag of another version given on the command line: what it means here."""
+def announce_accepted_flags(rank: int, world_size: int) -> None:
+    """One line for each flag of another version given on the command line: what it means here; and
+    for a table layout flag given on several ranks, where the hybrid-parallel layer's slices decide."""
     from utils import print_rank0
 
     for name, (_, version, meaning) in ACCEPTED_FLAGS.items():
         if FLAGS[name].present:
             print_rank0(f"--{name} ({version}): {meaning}", rank=rank)
+    for name in ("gpu_embedding_type", "cpu_embedding_type"):
+        if FLAGS[name].present and world_size > 1:
+            print_rank0(f"--{name} {FLAGS[name].value}: on {world_size} ranks each rank keeps its slices of the "
+                        "tables (the sharding plan) as one variable each; the layout flags apply to one process",
+                        rank=rank)
 
 
 def announce_sok_aliases(rank: int) -> None:
@@ -940,7 +948,7 @@ MODES: Dict[str, Callable[[Job], Optional[int]]] = {"train": run_train, "eval": 
 
 def run_mode(rank: int, world_size: int, logger, precision: Precision) -> int:
     """Prepare the job, log the run's parameters, then run --mode; returns the exit code."""
-    announce_accepted_flags(rank)
+    announce_accepted_flags(rank, world_size)
     job = prepare_job(rank, world_size, logger, precision)
     log_parameters(logger, world_size)
     return MODES[FLAGS.mode](job) or 0

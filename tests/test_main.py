@@ -237,8 +237,12 @@ def test_two_process_training_matches_one_process_and_checkpoints_move_between_w
     start = ["--restore_checkpoint_path", str(tmp_path / "init"), "--max_steps", "6"]
     assert_ok(main_py(args + start + ["--save_checkpoint_path", str(tmp_path / "one"),
                                       "--log_path", str(tmp_path / "1.json")]))
-    assert_ok(run_horovod(["main.py", *args, *start, "--save_checkpoint_path", str(tmp_path / "two"),
-                           "--log_path", str(tmp_path / "2.json")], np=2, transport=transport))
+    two_ranks = run_horovod(["main.py", *args, *start, "--save_checkpoint_path", str(tmp_path / "two"),
+                             "--log_path", str(tmp_path / "2.json"), "--cpu_embedding_type", "fused"],
+                            np=2, transport=transport)
+    assert_ok(two_ranks)
+    # a one-process layout flag on several ranks is said, not silently dropped
+    assert "--cpu_embedding_type fused: on 2 ranks each rank keeps its slices" in two_ranks.stdout + two_ranks.stderr
     one, two = checkpoint_arrays(tmp_path / "one"), checkpoint_arrays(tmp_path / "two")
     assert one.keys() == two.keys()
     for name in one:
