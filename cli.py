@@ -9,8 +9,9 @@
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 FAILURE = 1
 BAD_INPUT = 2
@@ -32,3 +33,10 @@ def failure(error: Any) -> int:
     """Print a failure during the run as one `error: ...` line; returns FAILURE."""
     print(f"error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
     return FAILURE
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are the one `error: ...` line and BAD_INPUT, not the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.exit(bad_input(message))

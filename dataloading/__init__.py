@@ -12,11 +12,10 @@ thin command over `dataloading.transcribe` (the `csv` source, `transcribe.FlagNa
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Callable, NoReturn, TypeVar
 
-from cli import bad_input
+from cli import ArgumentParser, bad_input  # noqa: F401 (ArgumentParser: for the package's commands)
 
 T = TypeVar("T")
 
@@ -34,9 +33,3 @@ def run_or_fail(action: Callable[[], T]) -> T:
     except (ValueError, OSError) as error:
         fail(str(error))
 
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (`fail`) instead of the usage text and the error."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(message)

@@ -5,15 +5,16 @@ Run from this folder as the reference's users do: `python main.py [--amp] [--xla
 --use_checkpoint`, `python main.py --benchmark [--evaluate]`. Every flag of the reference keeps its
 name and default; `--seed` is added. Bad input is one `error: ...` line on stderr and exit 2.
 
-Differences from the reference (README "Wide & Deep"): each rank reads a disjoint share of the
-records; an epoch is exactly `train records // records per step` updates, the short last record
-trained on like the others (the reference made one uncounted update more); a resume continues the schedule and the epoch where it stopped; `--amp` on a CPU computes
-in bfloat16 where the CPU has bf16 units (the reference refused `--cpu --amp`); `--evaluate` needs
-trained weights (`--use_checkpoint`) unless it only measures speed (`--benchmark`); evaluation also
-logs MAP@12 over whole displays (`exact_map_val`) and AUC, accuracy and loss over every eval row;
-`--xla` compiles the step's forward and backward pass (the reference: auto-clustering); `--affinity`
-shares out the CPUs the process may use by local rank (cpu_affinity.py; the reference: the cores near
-each GPU); the TensorBoard events go to `--results_dir/event_files` (the reference: `--model_dir`'s).
+Differences from the reference (README "Wide & Deep"): each rank reads a disjoint share of the records;
+an epoch is exactly `train records // records per step` updates, the short last record trained on like
+the others (the reference made one uncounted update more); a resume continues the schedule and the epoch
+where it stopped; `--amp` on a CPU computes in bfloat16 where the CPU has bf16 units (the reference
+refused `--cpu --amp`); `--evaluate` needs trained weights (`--use_checkpoint`) unless it only measures
+speed (`--benchmark`); evaluation also logs MAP@12 over whole displays (`exact_map_val`) and AUC,
+accuracy and loss over every eval row; `--xla` compiles the step's forward and backward pass (the
+reference: auto-clustering); `--affinity` shares out the CPUs the process may use by local rank
+(cpu_affinity.py; the reference: the cores near each GPU); the TensorBoard events go to
+`--results_dir/event_files` (the reference: `--model_dir`'s).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
 import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
-from cli import bad_input
+from cli import ArgumentParser, bad_input
 from cpu_affinity import MODES as AFFINITIES
 
 PRINT_FREQ = 100
@@ -38,14 +39,9 @@ class UsageError(ValueError):
     """A flag value or combination is invalid; the message names the flag."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, the project's form (cli.py)
-        sys.exit(bad_input(message))
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The reference's flags (V1 trainer/utils/arguments.py) with their defaults, plus --seed."""
-    p = _Parser(description="Wide & Deep on the Outbrain TFRecords")
+    p = ArgumentParser(description="Wide & Deep on the Outbrain TFRecords")
     p.add_argument("--train_data_pattern", nargs="+", default=["/outbrain/tfrecords/train/part*"],
                    help="Glob(s) of the training TFRecords")
     p.add_argument("--eval_data_pattern", nargs="+", default=["/outbrain/tfrecords/eval/part*"],
