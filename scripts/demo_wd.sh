@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Wide & Deep demo `make demo-wd` runs after setup: the reference's workflow, small. Outbrain-format
 # CSVs whose clicks a teacher decides, the preprocessing (wide_and_deep/scripts/preproc.sh, its default
-# engine), 2-process Horovod training on the CPU, an evaluation from the checkpoint, and MAP@12 next to
-# the teacher's.
+# engine), 2-process Horovod training on the CPU, an evaluation from the checkpoint, a plot of the
+# training log, and MAP@12 next to the teacher's.
 set -euo pipefail
 
 usage() {
@@ -16,7 +16,8 @@ Steps (outputs under $DEMO_DIR, default ./demo_output_wd):
   3. horovodrun -np 2 --gloo main.py (from wide_and_deep/, --cpu): the reference's model with a
      smaller deep part, every 100 steps and per epoch the reference's log keys, a checkpoint per epoch;
   4. main.py --evaluate --use_checkpoint from that checkpoint;
-  5. prints MAP@12 (the reference's and the exact one) and AUC next to the teacher's.
+  5. scripts/plot_log.py draws the training log (loss; evaluation AUC and MAP@12) as train_log.png;
+  6. prints MAP@12 (the reference's and the exact one) and AUC next to the teacher's.
 Environment: DEMO_DIR, DEMO_DISPLAYS (default 120000, at least 20000), DEMO_EPOCHS (default 3), DEMO_NP
 (default 2).
 USAGE
@@ -67,7 +68,10 @@ echo "== 3. training on ${NP} processes"
 echo "== 4. evaluation from the checkpoint"
 (cd wide_and_deep && python main.py "${TRAIN[@]}" --evaluate --use_checkpoint --results_dir "${DEMO_DIR}/eval_results")
 
-echo "== 5. summary"
+echo "== 5. plot of the training log"
+python scripts/plot_log.py "${DEMO_DIR}/train_results/log.json" --output "${DEMO_DIR}/train_log.png"
+
+echo "== 6. summary"
 python - "${CSV}/teacher.json" "${DEMO_DIR}/eval_results/log.json" "${RECORDS}/preproc_summary.json" <<'PY'
 import json
 import sys

@@ -2,7 +2,10 @@
 
 For users without TensorBoard. Training writes a record at every progress line (`loss`) and after
 every evaluation (`auc`), each with the global step; this draws the loss in the upper panel and the
-AUC in the lower one. The PNG is written to a temporary sibling and renamed into place.
+AUC in the lower one. A Wide & Deep log (wide_and_deep/main.py's `--results_dir/log.json`: steps as
+[step, steps in all], evaluations as `auc_val` and `exact_map_val`, the training records' `auc` being
+one batch's) gets its evaluation AUC and MAP@12 in the lower panel. The PNG is written to a temporary
+sibling and renamed into place.
 
 Usage: python scripts/plot_log.py LOG.json [--output PLOT.png] [--width 1200] [--height 800]
 """
@@ -24,23 +27,37 @@ class LogError(ValueError):
     """The log cannot be plotted; the message names the file."""
 
 
+EVALUATION_KEYS = {"auc_val": "auc", "exact_map_val": "map12"}  # Wide & Deep's keys -> the series
+
+
+def _step(record: dict) -> int | None:
+    """A training record's global step: an integer (DLRM), or the first of [step, steps in all] (W&D)."""
+    step = record.get("step")
+    if isinstance(step, list) and len(step) == 2 and all(isinstance(s, int) for s in step):
+        return step[0]
+    return step if isinstance(step, int) else None
+
+
 def training_series(log_path: str) -> Dict[str, Series]:
-    """Steps and values of `loss` and `auc` from the per-step LOG records (those with an integer step)."""
-    series: Dict[str, Series] = {"loss": ([], []), "auc": ([], [])}
+    """Steps and values of `loss`, `auc` and `map12` from the per-step LOG records (those with a step):
+    `auc` from DLRM's evaluations, or from W&D's `auc_val` when the log has those (its `auc` is one
+    training batch's); `map12` from W&D's `exact_map_val`."""
+    series: Dict[str, Series] = {"loss": ([], []), "auc": ([], []), "map12": ([], [])}
     try:
         records = list(read_dllogger_file(log_path))
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise LogError(f"{log_path}: cannot read a dllogger log ({error})") from None
     if not records:
         raise LogError(f"{log_path}: no DLLL records; is it the --log_path of a main.py run?")
-    for record in records:
-        step = record.get("step")
-        if record.get("type") != "LOG" or not isinstance(step, int):
-            continue
-        for name, (steps, values) in series.items():
-            if name in record["data"]:
-                steps.append(step)
-                values.append(float(record["data"][name]))
+    training = [(step, record["data"]) for record in records
+                if record.get("type") == "LOG" and (step := _step(record)) is not None]
+    wide_and_deep = any("auc_val" in data for _, data in training)
+    keys = {"loss": "loss", **(EVALUATION_KEYS if wide_and_deep else {"auc": "auc"})}
+    for step, data in training:
+        for key, name in keys.items():
+            if key in data:
+                series[name][0].append(step)
+                series[name][1].append(float(data[key]))
     if not any(steps for steps, _ in series.values()):
         raise LogError(f"{log_path}: no training record with a loss or an AUC (the run ended before its first "
                        f"progress line and evaluation, or the log is not a training log)")
@@ -54,13 +71,17 @@ def plot(series: Dict[str, Series], title: str, output: str, width: int, height:
     from matplotlib import pyplot
 
     figure, (loss_axes, auc_axes) = pyplot.subplots(2, 1, sharex=True, figsize=(width / DPI, height / DPI), dpi=DPI)
-    for axes, name, label in ((loss_axes, "loss", "training loss"), (auc_axes, "auc", "test AUC")):
-        steps, values = series[name]
-        if steps:
-            axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3)
-        else:
+    for axes, names, label in ((loss_axes, ("loss",), "training loss"), (auc_axes, ("auc", "map12"), "test AUC")):
+        drawn = [name for name in names if series[name][0]]
+        for name in drawn:
+            steps, values = series[name]
+            axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3,
+                      label={"map12": "test MAP@12"}.get(name, label))
+        if not drawn:
             axes.text(0.5, 0.5, f"no {label} records", ha="center", va="center", transform=axes.transAxes)
-        axes.set_ylabel(label)
+        if len(drawn) > 1:
+            axes.legend()
+        axes.set_ylabel(label if len(drawn) < 2 else "test AUC, MAP@12")
         axes.grid(True, alpha=0.3)
     auc_axes.set_xlabel("step")
     loss_axes.set_title(title)
@@ -90,7 +111,8 @@ def main() -> int:
     except (LogError, OutputPathError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"plot written to {output} ({len(series['loss'][0])} loss points, {len(series['auc'][0])} AUC points)")
+    maps = f", {len(series['map12'][0])} MAP@12 points" if series["map12"][0] else ""
+    print(f"plot written to {output} ({len(series['loss'][0])} loss points, {len(series['auc'][0])} AUC points{maps})")
     return 0
 
 

@@ -259,6 +259,28 @@ def test_demo_runs_the_pipeline_from_raw_criteo_days(tmp_path):
     assert (demo / "saved_model" / "saved_model.pb").is_file()
 
 
+def test_wide_and_deep_demo_runs_from_csvs_to_the_plot(tmp_path):
+    """scripts/demo_wd.sh (make demo-wd) at its smallest: Outbrain-format CSVs -> preproc.sh -> 2-rank
+    training -> evaluation from the checkpoint -> the log's plot -> MAP@12 and AUC beside the teacher's."""
+    import re
+    import subprocess
+
+    from test_progress import png_size
+
+    demo = tmp_path / "demo"
+    result = subprocess.run(["bash", "scripts/demo_wd.sh"], cwd=os.path.dirname(os.path.dirname(__file__)),
+                            env=dict(os.environ, DEMO_DIR=str(demo), DEMO_DISPLAYS="20000", DEMO_EPOCHS="1"),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    out = result.stdout
+    model_map, teacher_map = map(float, re.search(r"^MAP@12: reference's [\d.]+, exact ([\d.]+); teacher ([\d.]+)$",
+                                                  out, re.M).groups())
+    auc, teacher_auc = map(float, re.search(r"^AUC ([\d.]+) \(teacher ([\d.]+)\)", out, re.M).groups())
+    assert 0.5 < model_map < teacher_map + 0.01 and 0.5 < auc < teacher_auc + 0.01  # learned; the teacher bounds it
+    assert png_size(demo / "train_log.png") == (1200, 800)
+    assert re.search(r"^plot written to .*train_log.png \(\d+ loss points, 1 AUC points, 1 MAP@12 points\)$", out, re.M)
+
+
 def test_a_full_disk_during_deploy_is_one_line_and_leaves_nothing(tmp_path):
     import resource
     import signal
