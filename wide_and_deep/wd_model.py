@@ -10,8 +10,9 @@ its offset, so a batch costs four gathers and four sparse updates instead of 26.
 initialised on their own (Glorot-normal deep, uniform +-0.05 wide, as Keras does for one table) from
 (seed, feature), so the model depends on the seed only. Each hidden layer's bias, ReLU and dropout are
 one pass (the op package's `BiasReluDropout`, a CPU kernel; the same values from TensorFlow ops on a
-GPU), and its dropout mask is a hash of (seed, step, layer, the row's position in the global batch):
-a resumed run draws the same masks as an uninterrupted one, and any number of ranks the same as one.
+GPU and under XLA), and its dropout mask is a hash of (seed, step, layer, the row's identity, the
+batch key "row" of wd_data.row_ids): a resumed run draws the same masks as an uninterrupted one, and any
+number of ranks the same as one.
 The optimizers are Keras's legacy (TF 2.4) FTRL and RMSprop, the reference's, which update only the
 rows a batch touched. Where the hidden layers use the CPU kernel and there is no fp16 loss scaling, the
 four tables' sparse steps are the op package's fused multi-threaded `EmbeddingSparseFtrl` and
@@ -174,7 +175,7 @@ class WideAndDeep(tf.keras.Model):
 
     def call(self, categorical: tf.Tensor, numeric: tf.Tensor, dropout_key: Optional[tf.Tensor] = None,
              row_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
-        """`dropout_key` (the step's int64 key) and `row_ids` (each row's position in the global batch)
+        """`dropout_key` (the step's int64 key) and `row_ids` (each row's identity, the batch key "row")
         turn dropout on; without them the deep part runs without dropout (evaluation)."""
         x = self.embeddings(categorical, numeric)
         for i, layer in enumerate(self.hidden):
