@@ -41,11 +41,8 @@ BATCH=1024
 RAW="${DEMO_DIR}/raw"
 DATA="${DEMO_DIR}/data"
 MARKER="${DEMO_DIR}/.dlrm_demo_output"
-if [[ ! "${LINES_PER_DAY}" =~ ^[0-9]+$ ]] || (( LINES_PER_DAY < 21000 )); then
-  # inference times 20 batches of 512 from the test split, the first half of the last day
-  echo "error: DEMO_LINES_PER_DAY must be an integer >= 21000, got '${LINES_PER_DAY}'" >&2
-  exit 2
-fi
+# inference times 20 batches of 512 from the test split, the first half of the last day
+demo_require_integer DEMO_LINES_PER_DAY "${LINES_PER_DAY}" 21000
 demo_fresh_dir "${DEMO_DIR}" "${MARKER}"
 
 # shellcheck disable=SC2054  # the commas are inside flag values (64,16), not array separators

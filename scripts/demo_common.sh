@@ -24,3 +24,12 @@ demo_fresh_dir() {
   mkdir -p "${dir}"
   touch "${marker}"
 }
+
+# NAME's VALUE as the demo uses it: an integer of at least MINIMUM, else one error line (exit 2).
+demo_require_integer() {
+  local name="$1" value="$2" minimum="$3"
+  if [[ ! "${value}" =~ ^[0-9]+$ ]] || (( value < minimum )); then
+    echo "error: ${name} must be an integer >= ${minimum}, got '${value}'" >&2
+    exit 2
+  fi
+}

@@ -34,14 +34,9 @@ DISPLAYS="${DEMO_DISPLAYS:-120000}"
 EPOCHS="${DEMO_EPOCHS:-3}"
 NP="${DEMO_NP:-2}"
 MARKER="${DEMO_DIR}/.wd_demo_output"
-if [[ ! "${DISPLAYS}" =~ ^[0-9]+$ ]] || (( DISPLAYS < 20000 )); then
-  echo "error: DEMO_DISPLAYS must be an integer >= 20000, got '${DISPLAYS}'" >&2
-  exit 2
-fi
-if [[ ! "${EPOCHS}" =~ ^[1-9][0-9]*$ || ! "${NP}" =~ ^[1-9][0-9]*$ ]]; then
-  echo "error: DEMO_EPOCHS and DEMO_NP must be positive integers, got '${EPOCHS}' and '${NP}'" >&2
-  exit 2
-fi
+demo_require_integer DEMO_DISPLAYS "${DISPLAYS}" 20000
+demo_require_integer DEMO_EPOCHS "${EPOCHS}" 1
+demo_require_integer DEMO_NP "${NP}" 1
 demo_fresh_dir "${DEMO_DIR}" "${MARKER}"
 CSV="${DEMO_DIR}/outbrain"
 RECORDS="${DEMO_DIR}/tfrecords"

@@ -153,7 +153,6 @@ class Data:
     steps_per_epoch: int
     train_records_per_step: int
     eval_records_per_rank: int
-    buckets: Dict[str, int]
 
 
 def _given(flag: str) -> bool:
@@ -183,8 +182,7 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
     if evaluation.buckets != train.buckets:
         raise UsageError(f"the --dataset_type {args.dataset_type} data in {args.transformed_metadata_path} gives its "
                          f"train and eval splits different buckets: {train.buckets} and {evaluation.buckets}")
-    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE,
-                dict(train.buckets))
+    return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
 
 
 def configure_tensorflow(args: argparse.Namespace, local_rank: int):
@@ -242,7 +240,7 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
     data = open_data(args, world_size)
     config = wd_model.WideDeepConfig(tuple(args.deep_hidden_units), args.deep_dropout, args.linear_learning_rate,
                                      args.deep_learning_rate, args.deep_warmup_epochs, args.num_epochs, args.seed,
-                                     data.buckets)
+                                     dict(data.train.buckets))
     resumed = None
     if args.use_checkpoint:
         if checkpoint.list_checkpoints(args.model_dir):
