@@ -5,7 +5,7 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 Usage: scripts/gpu_interaction_check.sh [--output DIR] [--batch N] [--repeats N] [--reference DLE]
-                                      [--no-sanitizer]
+                                      [--no-sanitizer] [--profile]
 
 On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
   1. builds the standalone harness (tensorflow-dot-based-interact/harness) for this GPU's
@@ -21,7 +21,10 @@ On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
      shape, bytes, warm-up and repeats; the JSON then holds both, the speed-up per mode and
      direction and each one's fraction of the HBM peak;
   3. runs the correctness cases at batch <= 8 under compute-sanitizer memcheck, racecheck and synccheck
-     (skipped with --no-sanitizer or when compute-sanitizer is absent), logs in DIR.
+     (skipped with --no-sanitizer or when compute-sanitizer is absent), logs in DIR;
+  4. with --profile, Nsight Compute (ncu) profiles the timed launches at (N, 27, 128), once each,
+     ours and (with --reference) the reference's, and writes their speed-of-light, occupancy,
+     launch, warp-state and memory sections as DIR/ncu_ours.csv and DIR/ncu_reference.csv.
 Exit status: 0 when everything passed; 1 when a check failed; 3 when NumPy is missing (the JSON
 then holds the bandwidth only); 2 for bad arguments or a missing tool.
 Environment: NVCC (default nvcc), PYTHON (default python3).
@@ -40,6 +43,7 @@ BATCH=65536
 REPEATS=50
 SANITIZER=1
 REFERENCE=""
+PROFILE=0
 ARGUMENTS="$*"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -49,6 +53,7 @@ while [[ $# -gt 0 ]]; do
     --repeats) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || die "--repeats needs a positive integer"; REPEATS="$2"; shift 2 ;;
     --reference) [[ -n "${2:-}" ]] || die "--reference needs a DeepLearningExamples folder"; REFERENCE="$2"; shift 2 ;;
     --no-sanitizer) SANITIZER=0; shift ;;
+    --profile) PROFILE=1; shift ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
 done
@@ -57,6 +62,9 @@ NVCC="${NVCC:-nvcc}"
 PYTHON="${PYTHON:-python3}"
 command -v "${NVCC}" >/dev/null || die "${NVCC} not found (the CUDA toolkit's compiler; set NVCC=)"
 command -v "${PYTHON}" >/dev/null || die "${PYTHON} not found (set PYTHON=)"
+if [[ "${PROFILE}" == 1 ]]; then
+  command -v ncu >/dev/null || die "--profile: ncu (Nsight Compute) not found"
+fi
 if [[ -n "${REFERENCE}" ]]; then
   [[ -d "${REFERENCE}" ]] || die "--reference ${REFERENCE}: no such folder"
   REFERENCE="$(cd "${REFERENCE}" && pwd)"
@@ -120,5 +128,27 @@ if [[ "${SANITIZER}" == 1 ]]; then
   else
     echo "compute-sanitizer not found: sanitizer runs skipped"
   fi
+fi
+
+# Each timed launch once (--repeats 1) under Nsight Compute, at the device's own clocks. The
+# harness writes into a folder, the reference's peer a JSON file.
+profile() {
+  local name="$1" output="$2"
+  shift 2
+  local report="${BUILD_DIR}/ncu_${name}"
+  if ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --export "${report}" \
+    "$@" --repeats 1 --batch "${BATCH}" --output "${output}" >"${BUILD_DIR}/ncu_${name}.log" 2>&1 &&
+    ncu --import "${report}.ncu-rep" --csv --page details >"${OUTPUT_DIR}/ncu_${name}.csv"; then
+    echo "ncu ${name}: ${OUTPUT_DIR}/ncu_${name}.csv"
+  else
+    echo "ncu ${name}: FAILED" >&2
+    tail -n 20 "${BUILD_DIR}/ncu_${name}.log" >&2
+    if [[ "${status}" == 0 ]]; then status=1; fi
+  fi
+}
+if [[ "${PROFILE}" == 1 ]]; then
+  profile ours "$(mktemp -d -p "${BUILD_DIR}")" "${HARNESS}" --timing-only
+  if [[ -n "${REFERENCE}" ]]; then profile reference "${BUILD_DIR}/peer_profiled.json" "${BUILD_DIR}/reference_peer"; fi
 fi
 exit "${status}"

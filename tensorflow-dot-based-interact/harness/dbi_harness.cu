@@ -273,11 +273,12 @@ const ExtraCase kExtraCases[] = {
 
 void Usage(FILE* stream) {
   std::fprintf(stream,
-               "usage: dbi_harness --output DIR [--repeats N] [--batch B] [--quick] [--max-batch M]\n"
+               "usage: dbi_harness --output DIR [--repeats N] [--batch B] [--quick] [--max-batch M] [--timing-only]\n"
                "Runs the dot-interaction CUDA kernels: writes correctness cases (.npy) and\n"
                "DIR/manifest.json with bandwidth measurements at (B, 27, 128), B = 65536 by\n"
                "default; check_harness.py verifies them. --quick: correctness only, batches\n"
-               "capped at 64 (for compute-sanitizer). --max-batch: cap at M instead.\n");
+               "capped at 64 (for compute-sanitizer). --max-batch: cap at M instead.\n"
+               "--timing-only: the bandwidth measurements alone (for a profiler).\n");
 }
 
 }  // namespace
@@ -285,10 +286,15 @@ void Usage(FILE* stream) {
 int main(int argc, char** argv) {
   bandwidth::Options options;
   bool quick = false;
+  bool timing_only = false;
   int64_t max_batch = 0;  // 0: no cap
   const int status = bandwidth::ParseOptions(argc, argv, &options, Usage, {{"--max-batch", &max_batch}},
-                                             {{"--quick", &quick}});
+                                             {{"--quick", &quick}, {"--timing-only", &timing_only}});
   if (status >= 0) return status;
+  if (quick && timing_only) {
+    Usage(stderr);
+    return 2;
+  }
   const std::string& directory = options.output;
   const int repeats = options.repeats;
   const int64_t batch = options.batch;
@@ -307,14 +313,18 @@ int main(int argc, char** argv) {
   if (quick && max_batch == 0) max_batch = 64;
   const auto case_batch = [&](int64_t wanted) { return max_batch > 0 ? std::min(wanted, max_batch) : wanted; };
   std::vector<std::string> cases;
-  for (const Shape3& s : kCorrectnessShapes) {
-    const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
-    for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, true, 0));
-  }
-  for (const ExtraCase& extra : kExtraCases) {
-    const Shape3& s = extra.shape;
-    const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
-    for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, extra.fold, extra.offset));
+  if (!timing_only) {
+    for (const Shape3& s : kCorrectnessShapes) {
+      const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
+      for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, true, 0));
+    }
+    for (const ExtraCase& extra : kExtraCases) {
+      const Shape3& s = extra.shape;
+      const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
+      for (const Mode& mode : kModes) {
+        cases.push_back(CorrectnessCase(directory, shape, mode, extra.fold, extra.offset));
+      }
+    }
   }
   std::vector<std::string> timings;
   double copy_gbs = 0.0;
