@@ -52,6 +52,12 @@ struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
 
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
 namespace emulation {
 
 [[noreturn]] inline void Fail(const char* what) {
@@ -265,6 +271,13 @@ inline __half __float2half_rn(float value) {
   std::memcpy(&result.bits, &half, sizeof(half));
   return result;
 }
+
+struct __half2 {
+  __half x, y;
+};
+
+// Two values rounded to nearest even, the first in the low half (as CUDA packs them).
+inline __half2 __floats2half2_rn(float low, float high) { return {__float2half_rn(low), __float2half_rn(high)}; }
 
 // ---- WMMA -------------------------------------------------------------------------------------
 

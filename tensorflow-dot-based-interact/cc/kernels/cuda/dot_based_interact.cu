@@ -261,15 +261,37 @@ __device__ __forceinline__ unsigned char* WarpSharedRegion(int64_t bytes) {
   return shared + WarpInBlock() * bytes;
 }
 
+// Zeroes `bytes` (a multiple of 16) of shared memory from `target` with 16-byte stores.
+__device__ __forceinline__ void ZeroVectors(void* target, int64_t bytes, int lane) {
+  const int vectors = static_cast<int>(bytes / kVectorBytes);
+  for (int v = lane; v < vectors; v += kWarpSize) static_cast<uint4*>(target)[v] = make_uint4(0, 0, 0, 0);
+}
+
+// A step of a warp: the sample, which of its chunks, and the stage that holds it. Kept as
+// counters and advanced one step at a time, so no step divides (a 64-bit division costs
+// about a hundred instructions, as much as a chunk's copies).
+struct StepPosition {
+  int64_t sample;
+  int chunk;
+  int stage;
+};
+
 // The steps of this warp in the persistent grid: its samples are first, first + stride, ...
-// (stride: the warps of the grid), each in `chunks` steps of one staged chunk.
+// (stride: the warps of the grid), each in `chunks` steps of one staged chunk. With two stages
+// and at most two chunks per sample, a stage always holds the same chunk of its samples.
 struct WarpSteps {
   int64_t first;
   int64_t stride;
   int chunks;
   int64_t count;
-  __device__ int64_t Sample(int64_t step) const { return first + step / chunks * stride; }
-  __device__ int Chunk(int64_t step) const { return static_cast<int>(step % chunks); }
+  __device__ StepPosition Start() const { return {first, 0, 0}; }
+  __device__ void Advance(StepPosition& position) const {
+    if (++position.chunk == chunks) {
+      position.chunk = 0;
+      position.sample += stride;
+    }
+    position.stage = position.stage + 1 == kStages ? 0 : position.stage + 1;
+  }
 };
 
 __device__ __forceinline__ WarpSteps StepsOfThisWarp(int64_t batch, int chunks) {
@@ -279,33 +301,67 @@ __device__ __forceinline__ WarpSteps StepsOfThisWarp(int64_t batch, int chunks) 
   return {first, stride, chunks, samples * chunks};
 }
 
-// Starts copying columns [first_column, first_column + width) of a sample's F rows into `chunk`
-// with cp.async (16 bytes per copy; they land once the warp waits for their group), and zeroes
-// what the copies do not cover: columns past D, rows past F. No column or row is left as it was,
-// so a stage can hold anything (the last sample's Gram tiles) before it is filled again.
+// The 16-byte vectors of a [rows, per_row] block in row-major order as the lanes take them
+// (vector lane, lane + 32, ...): one division per walk, none per vector.
+struct LaneWalk {
+  int row, column, row_step, column_step, per_row;
+  __device__ LaneWalk(int vectors_per_row, int lane)
+      : row(lane / vectors_per_row),
+        column(lane % vectors_per_row),
+        row_step(kWarpSize / vectors_per_row),
+        column_step(kWarpSize % vectors_per_row),
+        per_row(vectors_per_row) {}
+  __device__ void Next() {
+    row += row_step;
+    column += column_step;
+    if (column >= per_row) {
+      column -= per_row;
+      ++row;
+    }
+  }
+};
+
+// The pairs (i, j), j < i, in output order p = i(i-1)/2 + j as the lanes take them (pair lane,
+// lane + 32, ...), with no division or square root.
+struct PairWalk {
+  int p, i, j;
+  __device__ explicit PairWalk(int lane) : p(lane), i(1), j(lane) { Settle(); }
+  __device__ void Next() {
+    p += kWarpSize;
+    j += kWarpSize;
+    Settle();
+  }
+  __device__ void Settle() {
+    while (j >= i) {
+      j -= i;
+      ++i;
+    }
+  }
+};
+
+// The columns of a sample a chunk holds: where they start, how many the MMAs read (whole tiles)
+// and how many are data (the rest of the tiles are zero padding).
+struct ChunkColumns {
+  int first, width, valid;
+};
+
+__device__ __forceinline__ ChunkColumns ColumnsOfChunk(const TensorCoreLayout& layout, int dim, int chunk) {
+  const int first = chunk * layout.chunk_columns;
+  const int width = min(layout.chunk_columns, layout.padded_dim - first);
+  return {first, width, min(width, dim - first)};
+}
+
+// Starts copying the chunk's data columns of a sample's F rows into `chunk` with cp.async (16
+// bytes per copy; they land once the warp waits for their group). Padding is not touched: it
+// was zeroed once, and the kernels keep it zero.
 template <typename T>
-__device__ void IssueChunk(const T* sample, const InteractShape& shape, const TensorCoreLayout& layout,
-                           int first_column, T* chunk, int lane) {
+__device__ __forceinline__ void IssueChunk(const T* sample, int num_vectors, int dim, const ChunkColumns& columns,
+                                           T* chunk, int chunk_stride, int lane) {
   constexpr int kPerVector = kVectorBytes / sizeof(T);
-  const int num_vectors = static_cast<int>(shape.num_vectors);
-  const int dim = static_cast<int>(shape.dim);
-  const int width = min(layout.chunk_columns, layout.padded_dim - first_column);
-  const int valid = min(width, dim - first_column);
-  const int vectors_per_row = valid / kPerVector;
-  const int total = num_vectors * vectors_per_row;
-  for (int v = lane; v < total; v += kWarpSize) {
-    const int row = v / vectors_per_row;
-    const int column = (v - row * vectors_per_row) * kPerVector;
-    __pipeline_memcpy_async(chunk + row * layout.chunk_stride + column, sample + row * dim + first_column + column,
-                            kVectorBytes);
-  }
-  const T zero = FromFloat<T>(0.0f);
-  const int pad_columns = width - valid;
-  for (int e = lane; e < num_vectors * pad_columns; e += kWarpSize) {
-    chunk[(e / pad_columns) * layout.chunk_stride + valid + e % pad_columns] = zero;
-  }
-  for (int e = lane; e < (layout.rows - num_vectors) * width; e += kWarpSize) {
-    chunk[(num_vectors + e / width) * layout.chunk_stride + e % width] = zero;
+  for (LaneWalk walk(columns.valid / kPerVector, lane); walk.row < num_vectors; walk.Next()) {
+    const int column = walk.column * kPerVector;
+    __pipeline_memcpy_async(chunk + walk.row * chunk_stride + column,
+                            sample + walk.row * dim + columns.first + column, kVectorBytes);
   }
 }
 
@@ -323,44 +379,44 @@ __device__ __forceinline__ void StoreVectors(const void* source, void* target, i
   }
 }
 
-// Writes the chunk's F rows, columns [first_column, min(first_column + chunk_columns, D)), to `sample`.
+// Writes the chunk's data columns of the F rows to `sample`.
 template <typename T>
-__device__ void StoreChunk(const T* chunk, const InteractShape& shape, const TensorCoreLayout& layout,
-                           int first_column, T* sample, int lane) {
+__device__ __forceinline__ void StoreChunk(const T* chunk, int num_vectors, int dim, const ChunkColumns& columns,
+                                           int chunk_stride, T* sample, int lane) {
   constexpr int kPerVector = kVectorBytes / sizeof(T);
-  const int dim = static_cast<int>(shape.dim);
-  const int valid = min(layout.chunk_columns, dim - first_column);
-  const int vectors_per_row = valid / kPerVector;
-  const int total = static_cast<int>(shape.num_vectors) * vectors_per_row;
-  for (int v = lane; v < total; v += kWarpSize) {
-    const int row = v / vectors_per_row;
-    const int column = (v - row * vectors_per_row) * kPerVector;
-    __stcs(reinterpret_cast<uint4*>(sample + row * dim + first_column + column),
-           *reinterpret_cast<const uint4*>(chunk + row * layout.chunk_stride + column));
+  for (LaneWalk walk(columns.valid / kPerVector, lane); walk.row < num_vectors; walk.Next()) {
+    const int column = walk.column * kPerVector;
+    __stcs(reinterpret_cast<uint4*>(sample + walk.row * dim + columns.first + column),
+           *reinterpret_cast<const uint4*>(chunk + walk.row * chunk_stride + column));
   }
 }
 
-// The pipeline of a warp: step `step`'s copies are issued (and committed as one group) one step
-// ahead, so step s + 1 arrives while step s is computed. `issue(step)` starts a step's copies,
-// `compute(step)` runs it once they have landed; the stage computed is refilled only after the
-// whole warp is done with it.
+// The pipeline of a warp: a step's copies are issued (and committed as one group) one step
+// ahead, so step s + 1 arrives while step s is computed. `issue(position)` starts a step's
+// copies, `compute(position)` runs it once they have landed; the stage computed is refilled
+// only after the whole warp is done with it.
 template <typename Issue, typename Compute>
 __device__ __forceinline__ void RunPipeline(const WarpSteps& steps, Issue issue, Compute compute) {
-  issue(int64_t{0});
+  StepPosition current = steps.Start();
+  StepPosition next = current;
+  issue(next);
   __pipeline_commit();
   for (int64_t step = 0; step < steps.count; ++step) {
-    if (step + 1 < steps.count) issue(step + 1);
+    steps.Advance(next);
+    if (step + 1 < steps.count) issue(next);
     __pipeline_commit();  // possibly empty: the wait below always leaves exactly the next step pending
     __pipeline_wait_prior(1);
-    __syncwarp();  // every lane's copies and zeroes of this step are visible to all
-    compute(step);
+    __syncwarp();  // every lane's copies of this step are visible to all
+    compute(current);
     __syncwarp();  // the stage is free for the copies of step + kStages
+    steps.Advance(current);
   }
 }
 
 // Forward: per sample, the lower Gram tiles (0,0), (1,0), (1,1) of the 16-padded rows accumulate
 // over its chunks (row 0's columns go to the output on the way); after the last chunk they go to
 // the chunk's stage, the pair values to the output stage after them, and that to the output row.
+// Where those overwrite the stage's padding (layout.forward_rezero_bytes), it is zeroed again.
 template <typename Operands, typename T = typename Operands::Element>
 __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerSm)
     ForwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, const T* __restrict__ input,
@@ -371,31 +427,31 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerS
   const int lane = Lane();
   const int num_vectors = static_cast<int>(shape.num_vectors);
   const int dim = static_cast<int>(shape.dim);
+  const int pair_columns = static_cast<int>(shape.output_width - shape.dim);
   const bool two_tiles = layout.rows > kTile;  // warp-uniform, as WMMA needs
-  const auto stage = [&](int64_t step) {
-    return reinterpret_cast<T*>(region + step % kStages * layout.forward_stage_bytes);
+  const auto stage = [&](const StepPosition& position) {
+    return reinterpret_cast<T*>(region + position.stage * layout.forward_stage_bytes);
   };
+  ZeroVectors(region, layout.forward_bytes, lane);
+  __syncwarp();
   typename Operands::Sum gram00, gram10, gram11;
   RunPipeline(
       steps,
-      [&](int64_t step) {
-        IssueChunk(input + steps.Sample(step) * num_vectors * dim, shape, layout,
-                   steps.Chunk(step) * layout.chunk_columns, stage(step), lane);
+      [&](const StepPosition& position) {
+        IssueChunk(input + position.sample * num_vectors * dim, num_vectors, dim,
+                   ColumnsOfChunk(layout, dim, position.chunk), stage(position), layout.chunk_stride, lane);
       },
-      [&](int64_t step) {
-        const int chunk_index = steps.Chunk(step);
-        const int first_column = chunk_index * layout.chunk_columns;
-        T* chunk = stage(step);
-        T* row = output + steps.Sample(step) * shape.output_width;
-        if (chunk_index == 0) {
+      [&](const StepPosition& position) {
+        const ChunkColumns columns = ColumnsOfChunk(layout, dim, position.chunk);
+        T* chunk = stage(position);
+        T* row = output + position.sample * shape.output_width;
+        if (position.chunk == 0) {
           wmma::fill_fragment(gram00, 0.0f);
           wmma::fill_fragment(gram10, 0.0f);
           wmma::fill_fragment(gram11, 0.0f);
         }
-        const int width = min(layout.chunk_columns, layout.padded_dim - first_column);
-        StoreVectors(chunk, row + first_column, min(width, dim - first_column) * static_cast<int>(sizeof(T)) / kVectorBytes,
-                     lane);
-        for (int k = 0; k < width; k += Operands::kK) {
+        StoreVectors(chunk, row + columns.first, columns.valid * static_cast<int>(sizeof(T)) / kVectorBytes, lane);
+        for (int k = 0; k < columns.width; k += Operands::kK) {
           typename Operands::template Operand<wmma::matrix_a, wmma::row_major> upper_a, lower_a;
           typename Operands::template Operand<wmma::matrix_b, wmma::col_major> upper_b, lower_b;
           Operands::Load(upper_a, chunk + k, layout.chunk_stride);
@@ -409,7 +465,7 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerS
             Operands::Multiply(gram11, lower_a, lower_b);
           }
         }
-        if (chunk_index + 1 < layout.chunks) return;
+        if (position.chunk + 1 < layout.chunks) return;
         __syncwarp();  // every lane has read the chunk before the Gram tiles overwrite it
         float* gram = reinterpret_cast<float*>(chunk);
         wmma::store_matrix_sync(gram, gram00, layout.gram_stride, wmma::mem_row_major);
@@ -420,28 +476,65 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerS
         }
         __syncwarp();
         T* pairs = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(chunk) + layout.forward_pairs_offset);
-        for (int i = 1; i < num_vectors; ++i) {
-          if (lane < i) pairs[i * (i - 1) / 2 + lane] = FromFloat<T>(gram[i * layout.gram_stride + lane]);
-        }
-        const int pair_columns = static_cast<int>(shape.output_width - shape.dim);
-        for (int p = static_cast<int>(NumPairs(num_vectors)) + lane; p < pair_columns; p += kWarpSize) {
-          pairs[p] = FromFloat<T>(0.0f);
+        for (PairWalk walk(lane); walk.p < pair_columns; walk.Next()) {
+          // Past the last pair (i = F), the output's alignment padding: zero.
+          pairs[walk.p] = FromFloat<T>(walk.i < num_vectors ? gram[walk.i * layout.gram_stride + walk.j] : 0.0f);
         }
         __syncwarp();
         StoreVectors(pairs, row + dim, pair_columns * static_cast<int>(sizeof(T)) / kVectorBytes, lane);
+        if (layout.forward_rezero_bytes > 0) {
+          __syncwarp();  // the pairs are stored before they are zeroed
+          ZeroVectors(chunk, layout.forward_rezero_bytes, lane);
+        }
       });
+}
+
+// fp16 backward: one 16-column tile of a sample's gradient (the accumulator tiles of rows 0-15
+// and 16-31) through the fp32 scratch to `sample_grad`, row 0 plus the pass-through (when given)
+// before its single rounding; two lanes per row, eight columns (16 bytes) each, rows past F and
+// columns past D left out.
+template <typename Sum>
+__device__ __forceinline__ void StoreHalfTileColumn(const Sum& upper, const Sum& lower, bool two_tiles, float* scratch,
+                                                    const __half* pass_through, int num_vectors, int dim,
+                                                    const ChunkColumns& columns, int tile_column, __half* sample_grad,
+                                                    int lane) {
+  constexpr int kHalvesPerVector = kVectorBytes / sizeof(__half);
+  __syncwarp();  // every lane has read the previous tile column from the scratch
+  wmma::store_matrix_sync(scratch, upper, kScratchStride, wmma::mem_row_major);
+  if (two_tiles) wmma::store_matrix_sync(scratch + kTile * kScratchStride, lower, kScratchStride, wmma::mem_row_major);
+  __syncwarp();
+  const int half_tile = lane % 2 * kHalvesPerVector;
+  const int column = columns.first + tile_column + half_tile;  // of the sample
+  if (tile_column + half_tile >= columns.valid) return;
+  for (int row = lane / 2; row < num_vectors; row += kWarpSize / 2) {
+    const float4* source = reinterpret_cast<const float4*>(scratch + row * kScratchStride + half_tile);
+    const float4 low = source[0];
+    const float4 high = source[1];
+    float values[kHalvesPerVector] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+    if (row == 0 && pass_through != nullptr) {
+#pragma unroll
+      for (int c = 0; c < kHalvesPerVector; ++c) values[c] += __half2float(pass_through[column + c]);
+    }
+    uint4 packed;
+    __half2* halves = reinterpret_cast<__half2*>(&packed);
+#pragma unroll
+    for (int c = 0; c < kHalvesPerVector / 2; ++c) halves[c] = __floats2half2_rn(values[2 * c], values[2 * c + 1]);
+    __stcs(reinterpret_cast<uint4*>(sample_grad + row * dim + column), packed);
+  }
 }
 
 // Backward: grad = S X per sample with S the symmetric [rows, rows] matrix of upstream pair
 // gradients (zero diagonal and padding), built from the upstream row that arrives with the
-// sample's first chunk, one 16-column tile of X at a time. A tile column's result replaces that
-// column of the chunk (no other tile reads it): in place for fp32, through an fp32 scratch for
-// fp16, where row 0 gets the pass-through before its single rounding.
+// sample's first chunk, one 16-column tile of X at a time. fp32: a tile column's result replaces
+// that column of the chunk (no other tile reads it), and the chunk goes to `grad`; fp16: the
+// result goes through an fp32 scratch tile column, where row 0 gets the pass-through before its
+// single rounding, straight to `grad`.
 template <typename Operands, typename T = typename Operands::Element>
 __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPerSm)
     BackwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, bool fold_bottom_mlp_grad,
                              const T* __restrict__ input, const T* __restrict__ upstream_grad, T* __restrict__ grad,
                              T* __restrict__ bottom_mlp_grad) {
+  constexpr bool kHalf = !std::is_same<T, float>::value;
   const WarpSteps steps = StepsOfThisWarp(shape.batch, layout.chunks);
   if (steps.count == 0) return;  // warp-uniform
   unsigned char* region = WarpSharedRegion(layout.backward_bytes);
@@ -454,39 +547,36 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
   const int upstream_vectors = static_cast<int>(shape.output_width) * static_cast<int>(sizeof(T)) / kVectorBytes;
   const int bottom_vectors = dim * static_cast<int>(sizeof(T)) / kVectorBytes;
   const bool two_tiles = layout.rows > kTile;
-  const auto stage = [&](int64_t step) { return region + step % kStages * layout.backward_stage_bytes; };
-  // The diagonal and the padding of S stay zero; each sample writes the rest.
-  for (int e = lane; e < layout.rows * layout.coefficient_stride; e += kWarpSize) {
-    coefficients[e] = FromFloat<T>(0.0f);
-  }
+  const auto stage = [&](const StepPosition& position) {
+    return region + position.stage * layout.backward_stage_bytes;
+  };
+  // Padding (rows past F, columns past D, S's diagonal and padding) stays zero from here on.
+  ZeroVectors(region, layout.backward_bytes, lane);
+  __syncwarp();
   RunPipeline(
       steps,
-      [&](int64_t step) {
-        const int64_t sample = steps.Sample(step);
-        const int chunk_index = steps.Chunk(step);
-        IssueChunk(input + sample * num_vectors * dim, shape, layout, chunk_index * layout.chunk_columns,
-                   reinterpret_cast<T*>(stage(step)), lane);
-        if (chunk_index == 0) {
-          IssueVectors(upstream_grad + sample * shape.output_width, stage(step) + layout.backward_upstream_offset,
-                       upstream_vectors, lane);
+      [&](const StepPosition& position) {
+        IssueChunk(input + position.sample * num_vectors * dim, num_vectors, dim,
+                   ColumnsOfChunk(layout, dim, position.chunk), reinterpret_cast<T*>(stage(position)),
+                   layout.chunk_stride, lane);
+        if (position.chunk == 0) {
+          IssueVectors(upstream_grad + position.sample * shape.output_width,
+                       stage(position) + layout.backward_upstream_offset, upstream_vectors, lane);
         }
       },
-      [&](int64_t step) {
-        const int64_t sample = steps.Sample(step);
-        const int chunk_index = steps.Chunk(step);
-        const int first_column = chunk_index * layout.chunk_columns;
-        T* chunk = reinterpret_cast<T*>(stage(step));
-        if (chunk_index == 0) {
+      [&](const StepPosition& position) {
+        const ChunkColumns columns = ColumnsOfChunk(layout, dim, position.chunk);
+        T* chunk = reinterpret_cast<T*>(stage(position));
+        T* sample_grad = grad + position.sample * num_vectors * dim;
+        if (position.chunk == 0) {
           // S from the pair gradients; the first D values are bottom_mlp_grad and the pass-through.
-          const T* upstream = reinterpret_cast<const T*>(stage(step) + layout.backward_upstream_offset);
-          for (int i = 1; i < num_vectors; ++i) {
-            if (lane < i) {
-              const T pair_grad = upstream[dim + i * (i - 1) / 2 + lane];
-              coefficients[i * layout.coefficient_stride + lane] = pair_grad;
-              coefficients[lane * layout.coefficient_stride + i] = pair_grad;
-            }
+          const T* upstream = reinterpret_cast<const T*>(stage(position) + layout.backward_upstream_offset);
+          for (PairWalk walk(lane); walk.i < num_vectors; walk.Next()) {
+            const T pair_grad = upstream[dim + walk.p];
+            coefficients[walk.i * layout.coefficient_stride + walk.j] = pair_grad;
+            coefficients[walk.j * layout.coefficient_stride + walk.i] = pair_grad;
           }
-          StoreVectors(upstream, bottom_mlp_grad + sample * dim, bottom_vectors, lane);
+          StoreVectors(upstream, bottom_mlp_grad + position.sample * dim, bottom_vectors, lane);
           if (fold_bottom_mlp_grad) {
             for (int v = lane; v < bottom_vectors; v += kWarpSize) {
               reinterpret_cast<uint4*>(pass_through)[v] = reinterpret_cast<const uint4*>(upstream)[v];
@@ -494,9 +584,7 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
           }
           __syncwarp();
         }
-        const int width = min(layout.chunk_columns, layout.padded_dim - first_column);
-        const int valid = min(width, dim - first_column);
-        for (int tile_column = 0; tile_column < width; tile_column += kTile) {
+        for (int tile_column = 0; tile_column < columns.width; tile_column += kTile) {
           typename Operands::Sum upper, lower;
           wmma::fill_fragment(upper, 0.0f);
           wmma::fill_fragment(lower, 0.0f);
@@ -511,33 +599,31 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
               Operands::Multiply(lower, a, b);
             }
           }
-          __syncwarp();  // every row of this tile column is read before it is overwritten
-          float* result;
-          int result_stride;
-          if constexpr (std::is_same<T, float>::value) {
-            result = chunk + tile_column;
-            result_stride = layout.chunk_stride;
+          if constexpr (kHalf) {
+            StoreHalfTileColumn(upper, lower, two_tiles, scratch, fold_bottom_mlp_grad ? pass_through : nullptr,
+                                num_vectors, dim, columns, tile_column, sample_grad, lane);
           } else {
-            result = scratch;
-            result_stride = kScratchStride;
-          }
-          wmma::store_matrix_sync(result, upper, result_stride, wmma::mem_row_major);
-          if (two_tiles) wmma::store_matrix_sync(result + kTile * result_stride, lower, result_stride, wmma::mem_row_major);
-          __syncwarp();
-          if (fold_bottom_mlp_grad && lane < kTile && tile_column + lane < valid) {
-            result[lane] += ToFloat(pass_through[first_column + tile_column + lane]);
-          }
-          __syncwarp();
-          if constexpr (!std::is_same<T, float>::value) {
-            for (int e = lane; e < num_vectors * kTile; e += kWarpSize) {
-              const int row = e / kTile;
-              const int column = e % kTile;
-              chunk[row * layout.chunk_stride + tile_column + column] = FromFloat<T>(scratch[row * kScratchStride + column]);
+            __syncwarp();  // every row of this tile column is read before it is overwritten
+            float* result = chunk + tile_column;
+            wmma::store_matrix_sync(result, upper, layout.chunk_stride, wmma::mem_row_major);
+            if (two_tiles) {
+              wmma::store_matrix_sync(result + kTile * layout.chunk_stride, lower, layout.chunk_stride,
+                                      wmma::mem_row_major);
             }
             __syncwarp();
+            if (fold_bottom_mlp_grad && lane < kTile && tile_column + lane < columns.valid) {
+              result[lane] += pass_through[columns.first + tile_column + lane];
+            }
+            // Rows past F came out as 0 * X, NaN where X holds one: back to zero for the next sample.
+            for (int e = num_vectors * kTile + lane; e < layout.rows * kTile; e += kWarpSize) {
+              result[e / kTile * layout.chunk_stride + e % kTile] = 0.0f;
+            }
           }
         }
-        StoreChunk(chunk, shape, layout, first_column, grad + sample * num_vectors * dim, lane);
+        if constexpr (!kHalf) {
+          __syncwarp();
+          StoreChunk(chunk, num_vectors, dim, columns, layout.chunk_stride, sample_grad, lane);
+        }
       });
 }
 

@@ -69,6 +69,10 @@ struct TensorCoreLayout {
   // stage (the pair values) after them
   int64_t forward_pairs_offset;
   int64_t forward_stage_bytes;
+  // bytes from a stage's start that the Gram tiles and pair values overwrite where the chunks
+  // keep zero padding (columns past D, rows past F): zeroed again after each sample; 0 when they
+  // reach no padding (Criteo's F = 27, D = 128: the padding rows lie beyond them)
+  int64_t forward_rezero_bytes;
   int64_t forward_bytes;  // per warp
   // backward stage: the chunk, then (filled with a sample's first chunk) its upstream row; per
   // warp after the stages: the coefficients, the upstream row's first D values (the
@@ -99,6 +103,13 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   layout.forward_pairs_offset = gram_bytes;
   layout.forward_stage_bytes = Max(chunk_bytes, gram_bytes + pairs_bytes);
   layout.forward_bytes = kStages * layout.forward_stage_bytes;
+  const int64_t last_valid = dim - int64_t{layout.chunks - 1} * layout.chunk_columns;
+  const bool padding_columns = layout.padded_dim != dim;
+  const int64_t first_padding_byte = padding_columns ? last_valid * element_bytes
+                                     : layout.rows != num_vectors ? num_vectors * layout.chunk_stride * element_bytes
+                                                                  : chunk_bytes;
+  const int64_t overwritten = layout.forward_pairs_offset + pairs_bytes;
+  layout.forward_rezero_bytes = overwritten > first_padding_byte ? overwritten : 0;
   layout.backward_upstream_offset = chunk_bytes;
   layout.backward_stage_bytes = chunk_bytes + RoundUp(output_width * element_bytes, kRegionAlignment);
   layout.coefficient_offset = kStages * layout.backward_stage_bytes;
