@@ -236,7 +236,8 @@ def test_peer_comparison_of_the_h100_baseline() -> None:
 # Shared memory per SM (bytes) and blocks per SM a GPU allows (A100: 164 KB, H100: 228 KB).
 SM_LIMITS = {"A100": (164 * 1024, 32), "H100": (228 * 1024, 32)}
 LAYOUT_FIELDS = ("rows", "padded_dim", "k_step", "chunk_columns", "chunks", "chunk_stride", "gram_stride",
-                 "coefficient_stride", "forward_pairs_offset", "forward_stage_bytes", "forward_bytes",
+                 "coefficient_stride", "forward_pairs_offset", "forward_stage_bytes", "forward_rezero_from",
+                 "forward_rezero_to", "forward_bytes",
                  "backward_upstream_offset", "backward_stage_bytes", "coefficient_offset", "pass_through_offset",
                  "scratch_offset", "backward_bytes")
 LAYOUT_PROBE = r"""
@@ -249,23 +250,31 @@ long long Blocks(long long warp_bytes, long long shared) {
   return ResidentBlocks(kTensorCoreWarpsPerBlock * warp_bytes, shared, %BLOCKS%);
 }
 int main() {
-  std::printf("{\"warps_per_block\": %d, \"threads_per_block\": %d, \"stages\": %d, \"forward_blocks_claim\": %d, "
-              "\"backward_blocks_claim\": %d, \"reserved\": %d, \"max_warp_bytes\": {\"2\": %lld, \"4\": %lld}, "
-              "\"layouts\": [", kTensorCoreWarpsPerBlock, kTensorCoreThreadsPerBlock, kStages, kForwardBlocksPerSm,
-              kBackwardBlocksPerSm, kBlockReservedSharedBytes, (long long)MaxTensorCoreWarpBytes(2),
-              (long long)MaxTensorCoreWarpBytes(4));
+  std::printf("{\"warps_per_block\": %d, \"threads_per_block\": %d, \"stages\": %d, "
+              "\"forward_blocks_claim\": {\"2\": %d, \"4\": %d}, \"backward_blocks_claim\": {\"2\": %d, \"4\": %d}, "
+              "\"reserved\": %d, \"max_warp_bytes\": {\"2\": %lld, \"4\": %lld}, \"layouts\": [",
+              kTensorCoreWarpsPerBlock, kTensorCoreThreadsPerBlock, kStages, ForwardBlocksPerSm(2),
+              ForwardBlocksPerSm(4), kBackwardBlocksPerSm, kBackwardBlocksPerSm, kBlockReservedSharedBytes,
+              (long long)MaxTensorCoreWarpBytes(2), (long long)MaxTensorCoreWarpBytes(4));
   const char* separator = "";
   for (int bytes : {2, 4}) {
     for (int f = 1; f <= 40; ++f) {
       for (int d = 1; d <= 136; ++d) {
         if (!FitsTensorCores(f, d, bytes)) continue;
-        const TensorCoreLayout l = MakeTensorCoreLayout(f, d, bytes);
         std::printf("%s{\"size\": %d, \"f\": %d, \"d\": %d, \"width\": %lld", separator, bytes, f, d,
                     (long long)OutputWidth(f, d));
+        for (const char* direction : {"forward", "backward"}) {
+          const bool forward = direction[0] == 'f';
+          const TensorCoreLayout l = forward ? ForwardLayout(f, d, bytes) : BackwardLayout(f, d, bytes);
+          std::printf(", \"%s\": {\"chunk_limit\": %d", direction, forward ? kForwardChunkColumns : kBackwardChunkRowBytes / bytes);
 %FIELDS%
+          std::printf("}");
+        }
+        const TensorCoreLayout forward = ForwardLayout(f, d, bytes);
+        const TensorCoreLayout backward = BackwardLayout(f, d, bytes);
         std::printf(", \"blocks\": {\"A100\": [%lld, %lld], \"H100\": [%lld, %lld]}}",
-                    Blocks(l.forward_bytes, %A100%), Blocks(l.backward_bytes, %A100%),
-                    Blocks(l.forward_bytes, %H100%), Blocks(l.backward_bytes, %H100%));
+                    Blocks(forward.forward_bytes, %A100%), Blocks(backward.backward_bytes, %A100%),
+                    Blocks(forward.forward_bytes, %H100%), Blocks(backward.backward_bytes, %H100%));
         separator = ", ";
       }
     }
@@ -281,7 +290,7 @@ def tensor_core_layouts(tmp_path: Path) -> dict:
     compiler, which also builds the GPU glue that includes these headers)."""
     require(shutil.which("g++-11") is not None, "g++-11 not installed (Debian g++-11; `make setup`)")
     probe = tmp_path / "layout_probe.cc"
-    fields = "\n".join(f'        std::printf(", \\"{name}\\": %lld", (long long)l.{name});' for name in LAYOUT_FIELDS)
+    fields = "\n".join(f'          std::printf(", \\"{name}\\": %lld", (long long)l.{name});' for name in LAYOUT_FIELDS)
     probe.write_text(LAYOUT_PROBE.replace("%FIELDS%", fields).replace("%BLOCKS%", str(SM_LIMITS["H100"][1]))
                      .replace("%A100%", str(SM_LIMITS["A100"][0])).replace("%H100%", str(SM_LIMITS["H100"][0])))
     build = run(["g++-11", "-std=c++17", "-Wall", "-Werror", f"-I{OP_DIR / 'cc' / 'kernels'}", str(probe),
@@ -291,44 +300,62 @@ def tensor_core_layouts(tmp_path: Path) -> dict:
 
 
 def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(tmp_path: Path) -> None:
-    """Each tensor-core shape's per-warp regions hold what the kernels put there, none
-    overlapping: kStages chunk stages (forward: the Gram tiles and the pair values fit in one;
-    backward: each with room for the upstream row), then the coefficients, the pass-through row
-    and the fp16 scratch; chunks cover the padded D in whole tiles; every region is 128-byte
-    aligned. Shared memory keeps at least 4 warps (each with its next chunk in flight) resident per
-    SM on an A100 and 8 on an H100 in both directions, with the runtime's 1 KB per block."""
+    """Each tensor-core shape's per-warp regions, in the layout of each direction, hold what the
+    kernels put there, none overlapping: kStages chunk stages (forward: the Gram tiles and the pair
+    values fit in one; backward: each with room for the upstream row), then the coefficients, the
+    pass-through row and the fp16 scratch; chunks cover the padded D in whole tiles (forward: at
+    most two, so a stage always holds the same chunk of its samples); where the Gram tiles and
+    pairs overwrite a forward stage's padding, the kernel zeroes exactly them again; every region is
+    128-byte aligned. Shared memory keeps at least 4 warps (each with its next chunk in flight)
+    resident per SM on an A100 and 8 on an H100 in both directions, with the runtime's 1 KB per
+    block."""
     probe = tensor_core_layouts(tmp_path)
     assert probe["stages"] == 2 and probe["threads_per_block"] == 32 * probe["warps_per_block"]
     fitting = {2: 0, 4: 0}
-    for layout in probe["layouts"]:
-        size, f, d, rows = layout["size"], layout["f"], layout["d"], layout["rows"]
+    for entry in probe["layouts"]:
+        size, f, d = entry["size"], entry["f"], entry["d"]
         fitting[size] += 1
         assert f <= 32 and d <= 128 and d * size % 16 == 0
-        assert rows in (16, 32) and rows >= f and layout["padded_dim"] % 16 == 0 and layout["padded_dim"] >= d
-        assert layout["chunk_columns"] % 16 == 0 and layout["chunk_columns"] * size <= 256
-        assert layout["chunks"] * layout["chunk_columns"] >= layout["padded_dim"] > (layout["chunks"] - 1) * \
-            layout["chunk_columns"]
-        stride_bytes = layout["chunk_stride"] * size
-        assert stride_bytes % 16 == 0 and layout["chunk_stride"] >= layout["chunk_columns"]
-        chunk_bytes = rows * stride_bytes
-        gram_bytes = rows * layout["gram_stride"] * 4
-        assert layout["gram_stride"] >= rows and layout["coefficient_stride"] >= rows
-        assert layout["forward_stage_bytes"] >= chunk_bytes
-        assert layout["forward_pairs_offset"] >= gram_bytes
-        assert layout["forward_pairs_offset"] + (layout["width"] - d) * size <= layout["forward_stage_bytes"]
-        assert layout["forward_bytes"] == probe["stages"] * layout["forward_stage_bytes"]
-        assert layout["backward_upstream_offset"] >= chunk_bytes
-        assert layout["backward_upstream_offset"] + layout["width"] * size <= layout["backward_stage_bytes"]
-        assert layout["coefficient_offset"] >= probe["stages"] * layout["backward_stage_bytes"]
-        assert layout["pass_through_offset"] >= layout["coefficient_offset"] + rows * layout["coefficient_stride"] * size
-        assert layout["scratch_offset"] >= layout["pass_through_offset"] + d * size
-        assert layout["backward_bytes"] >= layout["scratch_offset"] + (rows * 20 * 4 if size == 2 else 0)
-        for name in LAYOUT_FIELDS:
-            if name.endswith(("_offset", "_bytes")):
-                assert layout[name] % 128 == 0, (name, layout)
-        assert max(layout["forward_bytes"], layout["backward_bytes"]) <= probe["max_warp_bytes"][str(size)]
+        forward, backward = entry["forward"], entry["backward"]
+        for layout in (forward, backward):
+            rows = layout["rows"]
+            assert rows in (16, 32) and rows >= f and layout["padded_dim"] % 16 == 0 and layout["padded_dim"] >= d
+            assert layout["chunk_columns"] % 16 == 0 and layout["chunk_columns"] <= layout["chunk_limit"]
+            assert layout["chunks"] * layout["chunk_columns"] >= layout["padded_dim"] > (layout["chunks"] - 1) * \
+                layout["chunk_columns"]
+            assert layout["chunk_stride"] * size % 16 == 0 and layout["chunk_stride"] >= layout["chunk_columns"]
+            assert layout["gram_stride"] >= rows and layout["coefficient_stride"] >= rows
+            for name in LAYOUT_FIELDS:
+                if name.endswith(("_offset", "_bytes")):
+                    assert layout[name] % 128 == 0, (name, layout)
+        assert forward["chunk_limit"] == 64 and forward["chunks"] <= probe["stages"]
+        assert backward["chunk_limit"] * size == 128
+        rows, stride_bytes = forward["rows"], forward["chunk_stride"] * size
+        assert forward["forward_stage_bytes"] >= rows * stride_bytes
+        assert forward["forward_pairs_offset"] >= rows * forward["gram_stride"] * 4
+        pairs_end = forward["forward_pairs_offset"] + (entry["width"] - d) * size
+        assert pairs_end <= forward["forward_stage_bytes"]
+        assert forward["forward_bytes"] == probe["stages"] * forward["forward_stage_bytes"]
+        last_valid = d - (forward["chunks"] - 1) * forward["chunk_columns"]
+        first_padding = last_valid * size if forward["padded_dim"] != d else \
+            f * stride_bytes if rows != f else rows * stride_bytes
+        rezero = (forward["forward_rezero_from"], forward["forward_rezero_to"])
+        if rezero == (0, 0):
+            assert pairs_end <= first_padding, entry
+        else:
+            assert pairs_end > first_padding and rezero[0] <= first_padding and pairs_end <= rezero[1] <= \
+                forward["forward_stage_bytes"] and rezero[0] % 16 == rezero[1] % 16 == 0, entry
+        rows, stride_bytes = backward["rows"], backward["chunk_stride"] * size
+        assert backward["backward_upstream_offset"] >= rows * stride_bytes
+        assert backward["backward_upstream_offset"] + entry["width"] * size <= backward["backward_stage_bytes"]
+        assert backward["coefficient_offset"] >= probe["stages"] * backward["backward_stage_bytes"]
+        assert backward["pass_through_offset"] >= backward["coefficient_offset"] + \
+            rows * backward["coefficient_stride"] * size
+        assert backward["scratch_offset"] >= backward["pass_through_offset"] + d * size
+        assert backward["backward_bytes"] >= backward["scratch_offset"] + (rows * 20 * 4 if size == 2 else 0)
+        assert max(forward["forward_bytes"], backward["backward_bytes"]) <= probe["max_warp_bytes"][str(size)]
         for gpu, least in (("A100", 4), ("H100", 8)):
-            warps = [blocks * probe["warps_per_block"] for blocks in layout["blocks"][gpu]]
+            warps = [blocks * probe["warps_per_block"] for blocks in entry["blocks"][gpu]]
             assert min(warps) >= least, f"{gpu}: only {warps} warps of {f}x{d} ({size}-byte) resident per SM"
     assert fitting == {2: 16 * 32, 4: 32 * 32}  # D a multiple of 8 (fp16) or 4 (fp32) up to 128, F <= 32
 
@@ -354,8 +381,8 @@ def test_tensor_core_kernels_hold_the_residency_they_claim_on_an_h100(tmp_path: 
     """From the sm_90 build (cuobjdump --dump-resource-usage: registers, static shared memory)
     and the launch configuration of kernel_layout.h (threads per block, dynamic shared memory at
     Criteo's 27 x 128), each tensor-core kernel is resident on an H100 exactly as its layout
-    header claims (kForwardBlocksPerSm, kBackwardBlocksPerSm), shared memory being the limit and
-    registers no tighter. The first kernels (102 registers, 4 warps and 34,816 + 1,024 bytes per
+    header claims (ForwardBlocksPerSm, kBackwardBlocksPerSm: the persistent grid's blocks per SM),
+    neither shared memory nor registers allowing fewer. The first kernels (102 registers, 4 warps and 34,816 + 1,024 bytes per
     block forward; 96 registers and 60,928 + 1,024 bytes backward) would fail it."""
     require(shutil.which("nvcc") is not None, "nvcc not installed (CUDA toolkit)")
     cuobjdump = cuobjdump_path()
@@ -369,7 +396,7 @@ def test_tensor_core_kernels_hold_the_residency_they_claim_on_an_h100(tmp_path: 
     found = re.findall(r"Function (\S*(Forward|Backward)TensorCoreKernel\S*):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+)",
                        usage)
     criteo = {entry["size"]: entry for entry in probe["layouts"] if (entry["f"], entry["d"]) == (27, 128)}
-    claims = {"Forward": probe["forward_blocks_claim"], "Backward": probe["backward_blocks_claim"]}
+    claims = {"Forward": probe["forward_blocks_claim"], "Backward": probe["backward_blocks_claim"]}  # by size
     seen = set()
     for name, direction, registers, stack, static_shared in found:
         kind = "fp16" if "__half" in name else "3xtf32" if "SplitTf32" in name else "tf32"
@@ -377,16 +404,17 @@ def test_tensor_core_kernels_hold_the_residency_they_claim_on_an_h100(tmp_path: 
         assert int(stack) == 0, f"{direction} {kind} spills to the stack"
         # The runtime's reserve per block is in the cubin's static shared memory; the kernels have none of their own.
         assert int(static_shared) == probe["reserved"], (name, static_shared)
-        layout = criteo[2 if kind == "fp16" else 4]
-        dynamic = probe["warps_per_block"] * layout[f"{direction.lower()}_bytes"]
+        size = 2 if kind == "fp16" else 4
+        entry = criteo[size]
+        dynamic = probe["warps_per_block"] * entry[direction.lower()][f"{direction.lower()}_bytes"]
         limits = h100_resident_blocks(int(registers), probe["threads_per_block"], dynamic + int(static_shared))
-        resident = min(limits.values())
-        assert resident == claims[direction] == limits["shared"], (direction, kind, registers, limits)
-        assert layout["blocks"]["H100"][0 if direction == "Forward" else 1] == resident
+        claim = claims[direction][str(size)]
+        assert min(limits.values()) >= claim, (direction, kind, registers, limits)
+        assert entry["blocks"]["H100"][0 if direction == "Forward" else 1] >= claim
     assert seen == {(direction, kind) for direction in claims for kind in ("fp16", "tf32", "3xtf32")}, usage
     old = {"Forward": h100_resident_blocks(102, 128, 34816 + 1024), "Backward": h100_resident_blocks(96, 128, 60928 + 1024)}
     assert {direction: min(limits.values()) for direction, limits in old.items()} == {"Forward": 4, "Backward": 3}
-    assert all(min(old[direction].values()) != claims[direction] for direction in claims)
+    assert all(min(old[direction].values()) < claims[direction][size] for direction in claims for size in ("2", "4"))
 
 
 def test_op_readme_states_the_kernel_layout(tmp_path: Path) -> None:
@@ -395,8 +423,10 @@ def test_op_readme_states_the_kernel_layout(tmp_path: Path) -> None:
     readme = (OP_DIR / "README.md").read_text()
     for size, name in ((4, "TF32"), (4, "3xTF32"), (2, "fp16")):
         layout = next(entry for entry in probe["layouts"] if [entry["size"], entry["f"], entry["d"]] == [size, 27, 128])
-        warps = {gpu: [blocks * probe["warps_per_block"] for blocks in layout["blocks"][gpu]] for gpu in SM_LIMITS}
-        row = (f"| {name} | {layout['forward_bytes']:,} | {layout['backward_bytes']:,} | "
+        claims = (probe["forward_blocks_claim"][str(size)], probe["backward_blocks_claim"][str(size)])
+        warps = {gpu: [min(blocks, claim) * probe["warps_per_block"] for blocks, claim in zip(layout["blocks"][gpu], claims)]
+                 for gpu in SM_LIMITS}
+        row = (f"| {name} | {layout['forward']['forward_bytes']:,} | {layout['backward']['backward_bytes']:,} | "
                f"{warps['A100'][0]} / {warps['A100'][1]} | {warps['H100'][0]} / {warps['H100'][1]} |")
         assert row in readme, f"README lacks the row {row!r}"
     assert f"{probe['warps_per_block']} warps per block" in readme

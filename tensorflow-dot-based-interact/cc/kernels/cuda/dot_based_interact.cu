@@ -277,8 +277,7 @@ struct StepPosition {
 };
 
 // The steps of this warp in the persistent grid: its samples are first, first + stride, ...
-// (stride: the warps of the grid), each in `chunks` steps of one staged chunk. With two stages
-// and at most two chunks per sample, a stage always holds the same chunk of its samples.
+// (stride: the warps of the grid), each in `chunks` steps of one staged chunk.
 struct WarpSteps {
   int64_t first;
   int64_t stride;
@@ -352,8 +351,10 @@ __device__ __forceinline__ ChunkColumns ColumnsOfChunk(const TensorCoreLayout& l
 }
 
 // Starts copying the chunk's data columns of a sample's F rows into `chunk` with cp.async (16
-// bytes per copy; they land once the warp waits for their group). Padding is not touched: it
-// was zeroed once, and the kernels keep it zero.
+// bytes per copy; they land once the warp waits for their group). Padding is not touched: the
+// kernels zero it once and keep the rows past F zero; the forward's padding columns stay zero
+// too (kForwardChunkColumns), while the backward's may hold another chunk's columns, which only
+// ever reach result columns that are never stored (column c of S X reads column c of X alone).
 template <typename T>
 __device__ __forceinline__ void IssueChunk(const T* sample, int num_vectors, int dim, const ChunkColumns& columns,
                                            T* chunk, int chunk_stride, int lane) {
@@ -416,9 +417,9 @@ __device__ __forceinline__ void RunPipeline(const WarpSteps& steps, Issue issue,
 // Forward: per sample, the lower Gram tiles (0,0), (1,0), (1,1) of the 16-padded rows accumulate
 // over its chunks (row 0's columns go to the output on the way); after the last chunk they go to
 // the chunk's stage, the pair values to the output stage after them, and that to the output row.
-// Where those overwrite the stage's padding (layout.forward_rezero_bytes), it is zeroed again.
+// Where those overwrite the stage's padding (layout.forward_rezero_*), it is zeroed again.
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerSm)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm(sizeof(T)))
     ForwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, const T* __restrict__ input,
                             T* __restrict__ output) {
   const WarpSteps steps = StepsOfThisWarp(shape.batch, layout.chunks);
@@ -482,9 +483,10 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerS
         }
         __syncwarp();
         StoreVectors(pairs, row + dim, pair_columns * static_cast<int>(sizeof(T)) / kVectorBytes, lane);
-        if (layout.forward_rezero_bytes > 0) {
+        if (layout.forward_rezero_to > layout.forward_rezero_from) {
           __syncwarp();  // the pairs are stored before they are zeroed
-          ZeroVectors(chunk, layout.forward_rezero_bytes, lane);
+          ZeroVectors(reinterpret_cast<unsigned char*>(chunk) + layout.forward_rezero_from,
+                      layout.forward_rezero_to - layout.forward_rezero_from, lane);
         }
       });
 }
@@ -640,7 +642,7 @@ struct SplitTf32Operands {
 };
 
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kForwardBlocksPerSm)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm(sizeof(T)))
     ForwardTensorCoreKernel(InteractShape, TensorCoreLayout, const T* __restrict__, T* __restrict__) {
   __trap();
 }
@@ -763,11 +765,14 @@ unsigned Blocks(const InteractShape& shape) {
 }
 
 // Tensor-core kernels: the persistent grid, as many blocks of `warp_bytes` per warp as the device
-// holds at once (ResidentBlocks), no more than the batch has samples for.
-unsigned TensorCoreBlocks(const InteractShape& shape, const DeviceInfo& device, int64_t warp_bytes) {
+// holds at once by shared memory (ResidentBlocks), by its own limit and by the registers the
+// kernel is built for (`blocks_per_sm`, its __launch_bounds__), no more than the batch has
+// samples for: one wave, no block waiting for another to finish.
+unsigned TensorCoreBlocks(const InteractShape& shape, const DeviceInfo& device, int64_t warp_bytes,
+                          int blocks_per_sm) {
   const int64_t resident = int64_t{device.multiprocessors} *
                            ResidentBlocks(kTensorCoreWarpsPerBlock * warp_bytes, device.shared_bytes_per_sm,
-                                          device.max_blocks_per_sm);
+                                          Min(device.max_blocks_per_sm, blocks_per_sm));
   const int64_t needed = (shape.batch + kTensorCoreWarpsPerBlock - 1) / kTensorCoreWarpsPerBlock;
   return static_cast<unsigned>(Min(resident, needed));
 }
@@ -786,10 +791,10 @@ LaunchResult Forward(const InteractShape& shape, const T* input, T* output, bool
     ForwardSimtKernel<T><<<Blocks(shape), kThreadsPerBlock, 0, stream>>>(shape, SimtVectors<T>(shape, {input, output}),
                                                                          input, output);
   } else {
-    const TensorCoreLayout layout = MakeTensorCoreLayout(shape.num_vectors, shape.dim, sizeof(T));
+    const TensorCoreLayout layout = ForwardLayout(shape.num_vectors, shape.dim, sizeof(T));
     WithOperands<T>(kernel, [&](auto operands) {
       using Operands = decltype(operands);
-      ForwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.forward_bytes), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.forward_bytes, stream>>>(
+      ForwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.forward_bytes, ForwardBlocksPerSm(sizeof(T))), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.forward_bytes, stream>>>(
           shape, layout, input, output);
     });
   }
@@ -807,10 +812,10 @@ LaunchResult Backward(const InteractShape& shape, bool fold_bottom_mlp_grad, con
     BackwardSimtKernel<T><<<Blocks(shape), kThreadsPerBlock, 0, stream>>>(
         shape, SimtVectors<T>(shape, buffers), fold_bottom_mlp_grad, input, upstream_grad, grad, bottom_mlp_grad);
   } else {
-    const TensorCoreLayout layout = MakeTensorCoreLayout(shape.num_vectors, shape.dim, sizeof(T));
+    const TensorCoreLayout layout = BackwardLayout(shape.num_vectors, shape.dim, sizeof(T));
     WithOperands<T>(kernel, [&](auto operands) {
       using Operands = decltype(operands);
-      BackwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.backward_bytes), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.backward_bytes, stream>>>(
+      BackwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.backward_bytes, kBackwardBlocksPerSm), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.backward_bytes, stream>>>(
           shape, layout, fold_bottom_mlp_grad, input, upstream_grad, grad, bottom_mlp_grad);
     });
   }

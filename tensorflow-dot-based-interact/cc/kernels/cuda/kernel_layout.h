@@ -4,10 +4,13 @@
 //
 // The SIMT kernels run one warp per sample, kSamplesPerBlock warps per block. The tensor-core
 // kernels run a persistent grid (as many blocks as the GPU holds at once, capped by the batch):
-// each warp walks its samples (one every `warps in the grid`) in steps of one chunk of
-// kChunkRowBytes per row (a whole sample for fp16 up to D = 128, half a sample for fp32), and
-// while it computes one step, the next step's chunk is already on its way into the other of its
-// kStages shared-memory stages (cp.async), so every resident warp keeps a sample in flight.
+// each warp walks its samples (one every `warps in the grid`) in steps of one chunk of a
+// sample's columns (forward: 64 columns, half of Criteo's D = 128; backward: 128 bytes per row,
+// 64 fp16 or 32 fp32 columns), and while it computes one step, the next step's chunk is already
+// on its way into the other of its kStages shared-memory stages (cp.async), so every resident
+// warp keeps a chunk in flight. Small chunks keep many warps resident: with few warps per
+// scheduler the kernels wait on their own latencies (an H200 profile of whole-sample chunks:
+// 4-5 cycles per issued instruction at 8-12 warps per SM).
 #ifndef DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 #define DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 
@@ -30,18 +33,22 @@ constexpr int kTile = 16;
 constexpr int kTensorCoreWarpsPerBlock = 2;
 constexpr int kTensorCoreThreadsPerBlock = kTensorCoreWarpsPerBlock * kWarpSize;
 constexpr int kStages = 2;             // chunks a warp holds: the one it computes, the one arriving
-constexpr int kChunkRowBytes = 256;    // bytes of a sample row staged per step (128 fp16, 64 fp32)
+// Forward chunks: at most two per sample (D <= 128), so with two stages a stage always holds the
+// same chunk of its samples, and the padding columns of the last chunk are never copied over.
+constexpr int kForwardChunkColumns = 64;
+constexpr int kBackwardChunkRowBytes = 128;  // 64 fp16 or 32 fp32 columns per step
 constexpr int kScratchStride = kTile + 4;  // fp32 tile-column scratch of the fp16 backward
 constexpr int kRegionAlignment = 128;
 constexpr int kBlockReservedSharedBytes = 1024;  // the runtime's shared memory per block (8.0+)
 
 // Residency each tensor-core kernel is designed for, in blocks of kTensorCoreWarpsPerBlock warps
-// per SM, on an H100 (65,536 registers and 228 KB of shared memory per SM) at Criteo's shape
-// (F = 27, D = 128) in every precision: shared memory (the layout below) allows exactly that
-// many, and the kernels' __launch_bounds__ hold their registers to what that many blocks allow.
-// tests/test_static.py checks both from the sm_90 build (cuobjdump).
-constexpr int kForwardBlocksPerSm = 6;   // 12 warps, 24 samples' chunks staged per SM
-constexpr int kBackwardBlocksPerSm = 4;  // 8 warps, 16 chunks (with their upstream rows)
+// per SM, on an H100 or H200 (65,536 registers and 228 KB of shared memory per SM) at Criteo's
+// shape (F = 27, D = 128): shared memory (the layouts below) allows at least that many, the
+// kernels' __launch_bounds__ hold their registers to what that many blocks allow, and the
+// launchers' persistent grid is that many blocks per SM. tests/test_static.py checks all three
+// from the sm_90 build (cuobjdump).
+constexpr int ForwardBlocksPerSm(int element_bytes) { return element_bytes == 2 ? 8 : 6; }  // 16 / 12 warps
+constexpr int kBackwardBlocksPerSm = 6;  // 12 warps, each chunk with its upstream row
 
 constexpr int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 constexpr int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -69,10 +76,11 @@ struct TensorCoreLayout {
   // stage (the pair values) after them
   int64_t forward_pairs_offset;
   int64_t forward_stage_bytes;
-  // bytes from a stage's start that the Gram tiles and pair values overwrite where the chunks
-  // keep zero padding (columns past D, rows past F): zeroed again after each sample; 0 when they
-  // reach no padding (Criteo's F = 27, D = 128: the padding rows lie beyond them)
-  int64_t forward_rezero_bytes;
+  // bytes [from, to) of a stage (multiples of 16) that the Gram tiles and pair values overwrite
+  // where the chunks keep zero padding (columns past D, rows past F), zeroed again after each
+  // sample; from == to == 0 when they reach no padding
+  int64_t forward_rezero_from;
+  int64_t forward_rezero_to;
   int64_t forward_bytes;  // per warp
   // backward stage: the chunk, then (filled with a sample's first chunk) its upstream row; per
   // warp after the stages: the coefficients, the upstream row's first D values (the
@@ -85,13 +93,15 @@ struct TensorCoreLayout {
   int64_t backward_bytes;  // per warp
 };
 
-constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim, int element_bytes) {
+// The layout of one direction: its chunks have at most `max_chunk_columns` columns.
+constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim, int element_bytes,
+                                                int max_chunk_columns) {
   const int skew = kVectorBytes / element_bytes;
   TensorCoreLayout layout{};
   layout.rows = static_cast<int>(RoundUp(num_vectors, kTile));
   layout.padded_dim = static_cast<int>(RoundUp(dim, kTile));
   layout.k_step = 32 / element_bytes;
-  layout.chunk_columns = static_cast<int>(Min(kChunkRowBytes / element_bytes, layout.padded_dim));
+  layout.chunk_columns = static_cast<int>(Min(max_chunk_columns, layout.padded_dim));
   layout.chunks = (layout.padded_dim + layout.chunk_columns - 1) / layout.chunk_columns;
   layout.chunk_stride = layout.chunk_columns + skew;
   layout.gram_stride = layout.rows + 4;
@@ -108,8 +118,11 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   const int64_t first_padding_byte = padding_columns ? last_valid * element_bytes
                                      : layout.rows != num_vectors ? num_vectors * layout.chunk_stride * element_bytes
                                                                   : chunk_bytes;
-  const int64_t overwritten = layout.forward_pairs_offset + pairs_bytes;
-  layout.forward_rezero_bytes = overwritten > first_padding_byte ? overwritten : 0;
+  const int64_t overwritten = layout.forward_pairs_offset + (output_width - dim) * element_bytes;
+  if (overwritten > first_padding_byte) {
+    layout.forward_rezero_from = first_padding_byte / kVectorBytes * kVectorBytes;
+    layout.forward_rezero_to = RoundUp(overwritten, kVectorBytes);
+  }
   layout.backward_upstream_offset = chunk_bytes;
   layout.backward_stage_bytes = chunk_bytes + RoundUp(output_width * element_bytes, kRegionAlignment);
   layout.coefficient_offset = kStages * layout.backward_stage_bytes;
@@ -121,11 +134,20 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   return layout;
 }
 
+// The layouts the forward and the backward kernels run with (each reads its own direction's
+// fields).
+constexpr TensorCoreLayout ForwardLayout(int64_t num_vectors, int64_t dim, int element_bytes) {
+  return MakeTensorCoreLayout(num_vectors, dim, element_bytes, kForwardChunkColumns);
+}
+constexpr TensorCoreLayout BackwardLayout(int64_t num_vectors, int64_t dim, int element_bytes) {
+  return MakeTensorCoreLayout(num_vectors, dim, element_bytes, kBackwardChunkRowBytes / element_bytes);
+}
+
 // The largest per-warp footprint within the tensor-core limits (F = 32, D = 128): what the
 // launchers allow the kernels once per device (times the warps per block).
 constexpr int64_t MaxTensorCoreWarpBytes(int element_bytes) {
-  const TensorCoreLayout layout = MakeTensorCoreLayout(kTensorCoreMaxVectors, kTensorCoreMaxDim, element_bytes);
-  return Max(layout.backward_bytes, layout.forward_bytes);
+  return Max(ForwardLayout(kTensorCoreMaxVectors, kTensorCoreMaxDim, element_bytes).forward_bytes,
+             BackwardLayout(kTensorCoreMaxVectors, kTensorCoreMaxDim, element_bytes).backward_bytes);
 }
 
 // Blocks of `block_bytes` dynamic shared memory that fit in `shared_bytes_per_sm` beside the
