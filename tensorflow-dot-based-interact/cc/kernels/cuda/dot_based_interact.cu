@@ -555,6 +555,10 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
   // Padding (rows past F, columns past D, S's diagonal and padding) stays zero from here on.
   ZeroVectors(region, layout.backward_bytes, lane);
   __syncwarp();
+  // S's tiles as A operands, per k step: loaded once per sample and kept in registers for all its
+  // tile columns (loading them per tile column was half of the kernel's shared-memory traffic).
+  constexpr int kMaxKSteps = kTensorCoreMaxVectors / Operands::kK;
+  typename Operands::template Operand<wmma::matrix_a, wmma::row_major> s_upper[kMaxKSteps], s_lower[kMaxKSteps];
   RunPipeline(
       steps,
       [&](const StepPosition& position) {
@@ -585,21 +589,26 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
             }
           }
           __syncwarp();
+#pragma unroll
+          for (int step = 0; step < kMaxKSteps; ++step) {
+            const int k = step * Operands::kK;
+            if (k >= layout.rows) continue;
+            Operands::Load(s_upper[step], coefficients + k, layout.coefficient_stride);
+            if (two_tiles) Operands::Load(s_lower[step], coefficients + kTile * layout.coefficient_stride + k, layout.coefficient_stride);
+          }
         }
         for (int tile_column = 0; tile_column < columns.width; tile_column += kTile) {
           typename Operands::Sum upper, lower;
           wmma::fill_fragment(upper, 0.0f);
           wmma::fill_fragment(lower, 0.0f);
-          for (int k = 0; k < layout.rows; k += Operands::kK) {
-            typename Operands::template Operand<wmma::matrix_a, wmma::row_major> a;
+#pragma unroll
+          for (int step = 0; step < kMaxKSteps; ++step) {
+            const int k = step * Operands::kK;
+            if (k >= layout.rows) continue;
             typename Operands::template Operand<wmma::matrix_b, wmma::row_major> b;
             Operands::Load(b, chunk + k * layout.chunk_stride + tile_column, layout.chunk_stride);
-            Operands::Load(a, coefficients + k, layout.coefficient_stride);
-            Operands::Multiply(upper, a, b);
-            if (two_tiles) {
-              Operands::Load(a, coefficients + kTile * layout.coefficient_stride + k, layout.coefficient_stride);
-              Operands::Multiply(lower, a, b);
-            }
+            Operands::Multiply(upper, s_upper[step], b);
+            if (two_tiles) Operands::Multiply(lower, s_lower[step], b);
           }
           if constexpr (kHalf) {
             StoreHalfTileColumn(upper, lower, two_tiles, scratch, fold_bottom_mlp_grad ? pass_through : nullptr,
