@@ -351,11 +351,10 @@ void mma_sync(fragment<accumulator, M, N, K, float>& result, const fragment<matr
   std::memcpy(result.x, sum, sizeof(sum));
 }
 
-template <int M, int N, int K>
-void store_matrix_sync(float* target, const fragment<accumulator, M, N, K, float>& tile, unsigned stride,
-                       layout_t layout) {
+template <int M, int N, int K, typename T>
+void store_matrix_sync(T* target, const fragment<accumulator, M, N, K, T>& tile, unsigned stride, layout_t layout) {
   if (layout != mem_row_major) emulation::Fail("only row-major stores are emulated");
-  CheckTilePointer(target, stride, sizeof(float));
+  CheckTilePointer(target, stride, sizeof(T));
   const int lane = static_cast<int>(threadIdx.x) % emulation::kLanes;
   for (int e = 0; e < M * N; ++e) {
     if ((e * 7 + 3) % emulation::kLanes == lane) target[(e / N) * stride + e % N] = tile.x[e];

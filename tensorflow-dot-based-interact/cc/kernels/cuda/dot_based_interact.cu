@@ -491,10 +491,10 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm
       });
 }
 
-// fp16 backward: one 16-column tile of a sample's gradient (the accumulator tiles of rows 0-15
-// and 16-31) through the fp32 scratch to `sample_grad`, row 0 plus the pass-through (when given)
-// before its single rounding; two lanes per row, eight columns (16 bytes) each, rows past F and
-// columns past D left out.
+// fp16 backward where F fills the padded rows (16 or 32) and the pass-through is folded: one
+// 16-column tile of a sample's gradient (the accumulator tiles of rows 0-15 and 16-31) through
+// the fp32 scratch to `sample_grad`, row 0 plus the pass-through before its single rounding; two
+// lanes per row, eight columns (16 bytes) each, columns past D left out.
 template <typename Sum>
 __device__ __forceinline__ void StoreHalfTileColumn(const Sum& upper, const Sum& lower, bool two_tiles, float* scratch,
                                                     const __half* pass_through, int num_vectors, int dim,
@@ -513,7 +513,7 @@ __device__ __forceinline__ void StoreHalfTileColumn(const Sum& upper, const Sum&
     const float4 low = source[0];
     const float4 high = source[1];
     float values[kHalvesPerVector] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-    if (row == 0 && pass_through != nullptr) {
+    if (row == 0) {
 #pragma unroll
       for (int c = 0; c < kHalvesPerVector; ++c) values[c] += __half2float(pass_through[column + c]);
     }
@@ -525,12 +525,25 @@ __device__ __forceinline__ void StoreHalfTileColumn(const Sum& upper, const Sum&
   }
 }
 
+// fp16 accumulator tiles from fp32 ones, each value rounded once. Element t of both fragment
+// types is the same position of the tile (the element-wise use WMMA allows for fragments of one
+// shape; the harness checks every position against NumPy).
+template <typename Sum>
+__device__ __forceinline__ wmma::fragment<wmma::accumulator, kTile, kTile, kTile, __half> RoundToHalf(const Sum& sum) {
+  wmma::fragment<wmma::accumulator, kTile, kTile, kTile, __half> rounded;
+  static_assert(decltype(rounded)::num_elements == Sum::num_elements, "fragments of one tile");
+#pragma unroll
+  for (int t = 0; t < rounded.num_elements; ++t) rounded.x[t] = __float2half_rn(sum.x[t]);
+  return rounded;
+}
+
 // Backward: grad = S X per sample with S the symmetric [rows, rows] matrix of upstream pair
 // gradients (zero diagonal and padding), built from the upstream row that arrives with the
-// sample's first chunk, one 16-column tile of X at a time. fp32: a tile column's result replaces
-// that column of the chunk (no other tile reads it), and the chunk goes to `grad`; fp16: the
-// result goes through an fp32 scratch tile column, where row 0 gets the pass-through before its
-// single rounding, straight to `grad`.
+// sample's first chunk, one 16-column tile of X at a time. A tile column's result replaces that
+// column of the chunk (no other tile reads it; fp16 rounded once), and the chunk goes to `grad`.
+// The pass-through joins row 0 before that rounding: fp16 with F below the padded rows carries
+// it in padding row F of X, with S[0][F] = 1; fp32 adds it after the store; fp16 with F = 16 or
+// 32 sends each tile through an fp32 scratch (StoreHalfTileColumn).
 template <typename Operands, typename T = typename Operands::Element>
 __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPerSm)
     BackwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, bool fold_bottom_mlp_grad,
@@ -552,8 +565,13 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
   const auto stage = [&](const StepPosition& position) {
     return region + position.stage * layout.backward_stage_bytes;
   };
-  // Padding (rows past F, columns past D, S's diagonal and padding) stays zero from here on.
+  // Padding (rows past F, columns past D, S's diagonal and padding) stays zero from here on,
+  // but for S[0][F] and row F of X when they carry the pass-through.
   ZeroVectors(region, layout.backward_bytes, lane);
+  const bool pass_through_row = kHalf && fold_bottom_mlp_grad && num_vectors < layout.rows;
+  const bool in_place = !kHalf || !fold_bottom_mlp_grad || pass_through_row;
+  __syncwarp();  // zeroed before S[0][F] is set
+  if (pass_through_row && lane == 0) coefficients[num_vectors] = FromFloat<T>(1.0f);
   __syncwarp();
   // S's tiles as A operands, per k step: loaded once per sample and kept in registers for all its
   // tile columns (loading them per tile column was half of the kernel's shared-memory traffic).
@@ -597,6 +615,14 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
             if (two_tiles) Operands::Load(s_lower[step], coefficients + kTile * layout.coefficient_stride + k, layout.coefficient_stride);
           }
         }
+        if (pass_through_row) {
+          const int vectors = columns.valid * static_cast<int>(sizeof(T)) / kVectorBytes;
+          for (int v = lane; v < vectors; v += kWarpSize) {
+            reinterpret_cast<uint4*>(chunk + num_vectors * layout.chunk_stride)[v] =
+                reinterpret_cast<const uint4*>(pass_through + columns.first)[v];
+          }
+          __syncwarp();
+        }
         for (int tile_column = 0; tile_column < columns.width; tile_column += kTile) {
           typename Operands::Sum upper, lower;
           wmma::fill_fragment(upper, 0.0f);
@@ -610,12 +636,23 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
             Operands::Multiply(upper, s_upper[step], b);
             if (two_tiles) Operands::Multiply(lower, s_lower[step], b);
           }
+          if (!in_place) {
+            if constexpr (kHalf) {
+              StoreHalfTileColumn(upper, lower, two_tiles, scratch, pass_through, num_vectors, dim, columns,
+                                  tile_column, sample_grad, lane);
+            }
+            continue;
+          }
+          __syncwarp();  // every row of this tile column is read before it is overwritten
+          T* result = chunk + tile_column;
           if constexpr (kHalf) {
-            StoreHalfTileColumn(upper, lower, two_tiles, scratch, fold_bottom_mlp_grad ? pass_through : nullptr,
-                                num_vectors, dim, columns, tile_column, sample_grad, lane);
+            wmma::store_matrix_sync(result, RoundToHalf(upper), layout.chunk_stride, wmma::mem_row_major);
+            if (two_tiles) {
+              wmma::store_matrix_sync(result + kTile * layout.chunk_stride, RoundToHalf(lower), layout.chunk_stride,
+                                      wmma::mem_row_major);
+            }
+            __syncwarp();
           } else {
-            __syncwarp();  // every row of this tile column is read before it is overwritten
-            float* result = chunk + tile_column;
             wmma::store_matrix_sync(result, upper, layout.chunk_stride, wmma::mem_row_major);
             if (two_tiles) {
               wmma::store_matrix_sync(result + kTile * layout.chunk_stride, lower, layout.chunk_stride,
@@ -625,13 +662,14 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPer
             if (fold_bottom_mlp_grad && lane < kTile && tile_column + lane < columns.valid) {
               result[lane] += pass_through[columns.first + tile_column + lane];
             }
-            // Rows past F came out as 0 * X, NaN where X holds one: back to zero for the next sample.
-            for (int e = num_vectors * kTile + lane; e < layout.rows * kTile; e += kWarpSize) {
-              result[e / kTile * layout.chunk_stride + e % kTile] = 0.0f;
-            }
+          }
+          // Rows past F came out as 0 * X, NaN where X holds one (row F: the pass-through's, done
+          // with for this tile): back to zero for the next sample.
+          for (int e = num_vectors * kTile + lane; e < layout.rows * kTile; e += kWarpSize) {
+            result[e / kTile * layout.chunk_stride + e % kTile] = FromFloat<T>(0.0f);
           }
         }
-        if constexpr (!kHalf) {
+        if (in_place) {
           __syncwarp();
           StoreChunk(chunk, num_vectors, dim, columns, layout.chunk_stride, sample_grad, lane);
         }
