@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
 from packaging.requirements import Requirement
@@ -212,42 +212,40 @@ def test_reference_peer_builds_against_a_deeplearningexamples_copy(tmp_path: Pat
     assert not (tmp_path / "refused" / "reference_peer").exists()
 
 
-def test_peer_comparison_of_the_h100_baseline() -> None:
-    """check_harness's comparison with the peer, on the first real run (H100, commit cd465df):
-    the recorded speed-ups are the reference's time over ours, the targets per mode are the
-    issue's, and that run meets them only for fp32 with TF32 off."""
+def recorded_peer_comparison(record_name: str) -> Tuple[dict, Dict[str, dict], Dict[str, float]]:
+    """A GPU run's record under bench/results, its forward + backward rows of the comparison with
+    the peer (checked to be what check_harness computes from the record's two sets of timings,
+    all 9 of them), and check_harness's targets per mode."""
     sys.path.insert(0, str(OP_DIR / "harness"))
     try:
         from check_harness import PEER_TARGET, compare_with_peer
     finally:
         sys.path.pop(0)
-    baseline = json.loads((REPO / "bench" / "results" / "interaction_cuda_baseline_h100.json").read_text())
+    record = json.loads((REPO / "bench" / "results" / record_name).read_text())
+    rows = compare_with_peer(record["bandwidth"], record["peer"]["bandwidth"])
+    assert rows == record["peer"]["comparison"] and len(rows) == 9
+    return record, {row["mode"]: row for row in rows if row["direction"] == "forward+backward"}, PEER_TARGET
+
+
+def test_peer_comparison_of_the_h100_baseline() -> None:
+    """check_harness's comparison with the peer, on the first real run (H100, commit cd465df):
+    the recorded speed-ups are the reference's time over ours, the targets per mode are the
+    issue's, and that run meets them only for fp32 with TF32 off."""
+    baseline, both, targets = recorded_peer_comparison("interaction_cuda_baseline_h100.json")
     assert baseline["device"] == "NVIDIA H100 80GB HBM3" and baseline["commit"] == "cd465df"
-    rows = compare_with_peer(baseline["bandwidth"], baseline["peer"]["bandwidth"])
-    assert rows == baseline["peer"]["comparison"] and len(rows) == 9
-    both = {row["mode"]: row for row in rows if row["direction"] == "forward+backward"}
     assert {mode: round(row["speedup"], 2) for mode, row in both.items()} == {"fp16": 0.82, "tf32": 0.91, "fp32": 2.44}
-    assert {mode: row["target"] for mode, row in both.items()} == PEER_TARGET == {"fp16": 1.25, "tf32": 1.25,
-                                                                                  "fp32": 2.0}
+    assert {mode: row["target"] for mode, row in both.items()} == targets == {"fp16": 1.25, "tf32": 1.25, "fp32": 2.0}
     assert [mode for mode, row in both.items() if row["target_met"]] == ["fp32"]
     assert baseline["peer_target_met"] is False and baseline["bandwidth_target_met"] is False
 
 
 def test_peer_comparison_of_the_h200_run_of_the_reworked_kernels() -> None:
-    """The record of the reworked kernels (H200, commit f027cf6): every correctness case passed, the
-    comparison is what check_harness computes from the two sets of timings, each mode meets its
-    speed-up over the reference's kernels, and the 75%-of-HBM-peak goal is recorded as not met."""
-    sys.path.insert(0, str(OP_DIR / "harness"))
-    try:
-        from check_harness import compare_with_peer
-    finally:
-        sys.path.pop(0)
-    record = json.loads((REPO / "bench" / "results" / "interaction_cuda.json").read_text())
+    """The record of the reworked kernels (H200, commit f027cf6): every correctness case passed,
+    each mode meets its speed-up over the reference's kernels in the same run, and the
+    75%-of-HBM-peak goal is recorded as not met."""
+    record, both, _ = recorded_peer_comparison("interaction_cuda.json")
     assert record["device"] == "NVIDIA H200" and record["commit"] == "f027cf6"
     assert len(record["cases"]) == 102 and all(case["passed"] for case in record["cases"])
-    rows = compare_with_peer(record["bandwidth"], record["peer"]["bandwidth"])
-    assert rows == record["peer"]["comparison"]
-    both = {row["mode"]: row for row in rows if row["direction"] == "forward+backward"}
     assert {mode: round(row["speedup"], 2) for mode, row in both.items()} == {"fp16": 1.33, "tf32": 1.5, "fp32": 3.78}
     assert all(row["target_met"] for row in both.values()) and record["peer_target_met"] is True
     assert record["bandwidth_target_met"] is False
