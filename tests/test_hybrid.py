@@ -195,9 +195,20 @@ def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
         victim[0].send_signal(signal.SIGKILL)
         job.communicate(timeout=60)
         assert job.returncode != 0
-        assert time.time() - killed_at < 60
-        survivors = [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        # mpirun exits once it has sent SIGKILL, without reaping: the kernel may still be tearing a
+        # survivor down, so the survivors get what is left of the minute, not zero seconds.
+        def running(process: psutil.Process) -> bool:
+            try:
+                return process.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        survivors = [p for p in ranks if running(p)]
+        while survivors and time.time() - killed_at < 60:
+            time.sleep(0.1)
+            survivors = [p for p in survivors if running(p)]
         assert not survivors, "a rank kept running after its peer died"
+        assert time.time() - killed_at < 60
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
