@@ -255,7 +255,7 @@ def test_peer_comparison_of_the_h200_run_of_the_reworked_kernels() -> None:
 SM_LIMITS = {"A100": (164 * 1024, 32), "H100": (228 * 1024, 32)}
 LAYOUT_FIELDS = ("rows", "padded_dim", "k_step", "chunk_columns", "chunks", "chunk_stride", "gram_stride",
                  "coefficient_stride", "forward_pairs_offset", "forward_stage_bytes", "forward_rezero_from",
-                 "forward_rezero_to", "forward_bytes",
+                 "forward_rezero_to", "forward_zero_last_chunk_padding", "forward_bytes",
                  "backward_upstream_offset", "backward_stage_bytes", "coefficient_offset", "pass_through_offset",
                  "scratch_offset", "backward_bytes")
 LAYOUT_PROBE = r"""
@@ -272,7 +272,7 @@ int main() {
               "\"forward_blocks_claim\": {\"2\": %d, \"4\": %d}, \"backward_blocks_claim\": {\"2\": %d, \"4\": %d}, "
               "\"reserved\": %d, \"max_warp_bytes\": {\"2\": %lld, \"4\": %lld}, \"layouts\": [",
               kTensorCoreWarpsPerBlock, kTensorCoreThreadsPerBlock, kStages, ForwardBlocksPerSm(2),
-              ForwardBlocksPerSm(4), kBackwardBlocksPerSm, kBackwardBlocksPerSm, kBlockReservedSharedBytes,
+              ForwardBlocksPerSm(4), BackwardBlocksPerSm(2), BackwardBlocksPerSm(4), kBlockReservedSharedBytes,
               (long long)MaxTensorCoreWarpBytes(2), (long long)MaxTensorCoreWarpBytes(4));
   const char* separator = "";
   for (int bytes : {2, 4}) {
@@ -284,7 +284,7 @@ int main() {
         for (const char* direction : {"forward", "backward"}) {
           const bool forward = direction[0] == 'f';
           const TensorCoreLayout l = forward ? ForwardLayout(f, d, bytes) : BackwardLayout(f, d, bytes);
-          std::printf(", \"%s\": {\"chunk_limit\": %d", direction, forward ? kForwardChunkColumns : kBackwardChunkRowBytes / bytes);
+          std::printf(", \"%s\": {\"chunk_limit\": %d", direction, (forward ? ForwardChunkRowBytes(bytes) : BackwardChunkRowBytes(bytes)) / bytes);
 %FIELDS%
           std::printf("}");
         }
@@ -321,9 +321,10 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
     """Each tensor-core shape's per-warp regions, in the layout of each direction, hold what the
     kernels put there, none overlapping: kStages chunk stages (forward: the Gram tiles and the pair
     values fit in one; backward: each with room for the upstream row), then the coefficients, the
-    pass-through row and the fp16 scratch; chunks cover the padded D in whole tiles (forward: at
-    most two, so a stage always holds the same chunk of its samples); where the Gram tiles and
-    pairs overwrite a forward stage's padding, the kernel zeroes exactly them again; every region is
+    pass-through row and the fp16 scratch (only where F fills the padded rows); chunks of the
+    header's bytes per row cover the padded D in whole 16-column tiles; where a forward stage holds different chunks of
+    successive samples, the last one's padding columns are zeroed each time; where the Gram tiles
+    and pairs overwrite a forward stage's padding, the kernel zeroes exactly them again; every region is
     128-byte aligned. Shared memory keeps at least 4 warps (each with its next chunk in flight)
     resident per SM on an A100 and 8 on an H100 in both directions, with the runtime's 1 KB per
     block."""
@@ -338,7 +339,8 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
         for layout in (forward, backward):
             rows = layout["rows"]
             assert rows in (16, 32) and rows >= f and layout["padded_dim"] % 16 == 0 and layout["padded_dim"] >= d
-            assert layout["chunk_columns"] % 16 == 0 and layout["chunk_columns"] <= layout["chunk_limit"]
+            assert layout["chunk_columns"] % 16 == 0 and layout["chunk_columns"] == min(layout["chunk_limit"],
+                                                                                          layout["padded_dim"])
             assert layout["chunks"] * layout["chunk_columns"] >= layout["padded_dim"] > (layout["chunks"] - 1) * \
                 layout["chunk_columns"]
             assert layout["chunk_stride"] * size % 16 == 0 and layout["chunk_stride"] >= layout["chunk_columns"]
@@ -346,8 +348,10 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
             for name in LAYOUT_FIELDS:
                 if name.endswith(("_offset", "_bytes")):
                     assert layout[name] % 128 == 0, (name, layout)
-        assert forward["chunk_limit"] == 64 and forward["chunks"] <= probe["stages"]
-        assert backward["chunk_limit"] * size == 128
+        steps = range(2 * probe["stages"] * forward["chunks"])  # step t: chunk t % chunks into stage t % stages
+        shared_stage = any(len({t % forward["chunks"] for t in steps if t % probe["stages"] == stage}) > 1
+                           for stage in range(probe["stages"]))
+        assert forward["forward_zero_last_chunk_padding"] == (shared_stage and forward["padded_dim"] != d), entry
         rows, stride_bytes = forward["rows"], forward["chunk_stride"] * size
         assert forward["forward_stage_bytes"] >= rows * stride_bytes
         assert forward["forward_pairs_offset"] >= rows * forward["gram_stride"] * 4
@@ -370,7 +374,7 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
         assert backward["pass_through_offset"] >= backward["coefficient_offset"] + \
             rows * backward["coefficient_stride"] * size
         assert backward["scratch_offset"] >= backward["pass_through_offset"] + d * size
-        assert backward["backward_bytes"] >= backward["scratch_offset"] + (rows * 20 * 4 if size == 2 else 0)
+        assert backward["backward_bytes"] >= backward["scratch_offset"] + (rows * 20 * 4 if size == 2 and f == rows else 0)
         assert max(forward["forward_bytes"], backward["backward_bytes"]) <= probe["max_warp_bytes"][str(size)]
         for gpu, least in (("A100", 4), ("H100", 8)):
             warps = [blocks * probe["warps_per_block"] for blocks in entry["blocks"][gpu]]
@@ -399,7 +403,7 @@ def test_tensor_core_kernels_hold_the_residency_they_claim_on_an_h100(tmp_path: 
     """From the sm_90 build (cuobjdump --dump-resource-usage: registers, static shared memory)
     and the launch configuration of kernel_layout.h (threads per block, dynamic shared memory at
     Criteo's 27 x 128), each tensor-core kernel is resident on an H100 exactly as its layout
-    header claims (ForwardBlocksPerSm, kBackwardBlocksPerSm: the persistent grid's blocks per SM),
+    header claims (ForwardBlocksPerSm, BackwardBlocksPerSm: the persistent grid's blocks per SM),
     neither shared memory nor registers allowing fewer. The first kernels (102 registers, 4 warps and 34,816 + 1,024 bytes per
     block forward; 96 registers and 60,928 + 1,024 bytes backward) would fail it."""
     require(shutil.which("nvcc") is not None, "nvcc not installed (CUDA toolkit)")
@@ -448,6 +452,8 @@ def test_op_readme_states_the_kernel_layout(tmp_path: Path) -> None:
                f"{warps['A100'][0]} / {warps['A100'][1]} | {warps['H100'][0]} / {warps['H100'][1]} |")
         assert row in readme, f"README lacks the row {row!r}"
     assert f"{probe['warps_per_block']} warps per block" in readme
+    largest = probe["max_warp_bytes"]
+    assert f"needs {largest['4']:,} (fp32) and {largest['2']:,} (fp16) bytes" in " ".join(readme.split())
 
 
 CUDA_SOURCE = OP_DIR / "cc" / "kernels" / "cuda" / "dot_based_interact.cu"

@@ -353,8 +353,9 @@ __device__ __forceinline__ ChunkColumns ColumnsOfChunk(const TensorCoreLayout& l
 // Starts copying the chunk's data columns of a sample's F rows into `chunk` with cp.async (16
 // bytes per copy; they land once the warp waits for their group). Padding is not touched: the
 // kernels zero it once and keep the rows past F zero; the forward's padding columns stay zero
-// too (kForwardChunkColumns), while the backward's may hold another chunk's columns, which only
-// ever reach result columns that are never stored (column c of S X reads column c of X alone).
+// too (where a stage may hold other chunks, ZeroPaddingColumns clears them with the last chunk),
+// while the backward's may hold another chunk's columns, which only ever reach result columns
+// that are never stored (column c of S X reads column c of X alone).
 template <typename T>
 __device__ __forceinline__ void IssueChunk(const T* sample, int num_vectors, int dim, const ChunkColumns& columns,
                                            T* chunk, int chunk_stride, int lane) {
@@ -363,6 +364,18 @@ __device__ __forceinline__ void IssueChunk(const T* sample, int num_vectors, int
     const int column = walk.column * kPerVector;
     __pipeline_memcpy_async(chunk + walk.row * chunk_stride + column,
                             sample + walk.row * dim + columns.first + column, kVectorBytes);
+  }
+}
+
+// Zeroes the chunk's padding columns (valid to width) of the F rows, which IssueChunk leaves as
+// they were (16-byte stores: D and the chunk's first column are whole vectors).
+template <typename T>
+__device__ __forceinline__ void ZeroPaddingColumns(int num_vectors, const ChunkColumns& columns, T* chunk,
+                                                   int chunk_stride, int lane) {
+  constexpr int kPerVector = kVectorBytes / sizeof(T);
+  for (LaneWalk walk((columns.width - columns.valid) / kPerVector, lane); walk.row < num_vectors; walk.Next()) {
+    *reinterpret_cast<uint4*>(chunk + walk.row * chunk_stride + columns.valid + walk.column * kPerVector) =
+        make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -439,8 +452,12 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm
   RunPipeline(
       steps,
       [&](const StepPosition& position) {
-        IssueChunk(input + position.sample * num_vectors * dim, num_vectors, dim,
-                   ColumnsOfChunk(layout, dim, position.chunk), stage(position), layout.chunk_stride, lane);
+        const ChunkColumns columns = ColumnsOfChunk(layout, dim, position.chunk);
+        IssueChunk(input + position.sample * num_vectors * dim, num_vectors, dim, columns, stage(position),
+                   layout.chunk_stride, lane);
+        if (layout.forward_zero_last_chunk_padding && position.chunk + 1 == layout.chunks) {
+          ZeroPaddingColumns(num_vectors, columns, stage(position), layout.chunk_stride, lane);
+        }
       },
       [&](const StepPosition& position) {
         const ChunkColumns columns = ColumnsOfChunk(layout, dim, position.chunk);
@@ -545,7 +562,7 @@ __device__ __forceinline__ wmma::fragment<wmma::accumulator, kTile, kTile, kTile
 // it in padding row F of X, with S[0][F] = 1; fp32 adds it after the store; fp16 with F = 16 or
 // 32 sends each tile through an fp32 scratch (StoreHalfTileColumn).
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPerSm)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerSm(sizeof(T)))
     BackwardTensorCoreKernel(InteractShape shape, TensorCoreLayout layout, bool fold_bottom_mlp_grad,
                              const T* __restrict__ input, const T* __restrict__ upstream_grad, T* __restrict__ grad,
                              T* __restrict__ bottom_mlp_grad) {
@@ -695,7 +712,7 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm
 }
 
 template <typename Operands, typename T = typename Operands::Element>
-__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, kBackwardBlocksPerSm)
+__global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerSm(sizeof(T)))
     BackwardTensorCoreKernel(InteractShape, TensorCoreLayout, bool, const T* __restrict__, const T* __restrict__,
                              T* __restrict__, T* __restrict__) {
   __trap();
@@ -862,7 +879,7 @@ LaunchResult Backward(const InteractShape& shape, bool fold_bottom_mlp_grad, con
     const TensorCoreLayout layout = BackwardLayout(shape.num_vectors, shape.dim, sizeof(T));
     WithOperands<T>(kernel, [&](auto operands) {
       using Operands = decltype(operands);
-      BackwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.backward_bytes, kBackwardBlocksPerSm), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.backward_bytes, stream>>>(
+      BackwardTensorCoreKernel<Operands><<<TensorCoreBlocks(shape, device, layout.backward_bytes, BackwardBlocksPerSm(sizeof(T))), kTensorCoreThreadsPerBlock, kTensorCoreWarpsPerBlock * layout.backward_bytes, stream>>>(
           shape, layout, fold_bottom_mlp_grad, input, upstream_grad, grad, bottom_mlp_grad);
     });
   }

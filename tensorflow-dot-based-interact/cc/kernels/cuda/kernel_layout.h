@@ -5,12 +5,15 @@
 // The SIMT kernels run one warp per sample, kSamplesPerBlock warps per block. The tensor-core
 // kernels run a persistent grid (as many blocks as the GPU holds at once, capped by the batch):
 // each warp walks its samples (one every `warps in the grid`) in steps of one chunk of a
-// sample's columns (forward: 64 columns, half of Criteo's D = 128; backward: 128 bytes per row,
-// 64 fp16 or 32 fp32 columns), and while it computes one step, the next step's chunk is already
-// on its way into the other of its kStages shared-memory stages (cp.async), so every resident
-// warp keeps a chunk in flight. Small chunks keep many warps resident: with few warps per
-// scheduler the kernels wait on their own latencies (an H200 profile of whole-sample chunks:
-// 4-5 cycles per issued instruction at 8-12 warps per SM).
+// sample's columns (64 or 128 bytes of each row), and while it computes
+// one step, the next step's chunk is already on its way into the other of its kStages
+// shared-memory stages (cp.async), so every resident warp keeps a chunk in flight. Small chunks
+// keep many warps resident: with few warps per scheduler the kernels wait on their own latencies
+// (an H200 profile of whole-sample chunks: 4-5 cycles per issued instruction at 8-12 warps per SM).
+//
+// The chunk sizes and the residency claims are tuning choices: each can be set at build time
+// (make KERNEL_DEFINES="-DDBI_...=N"), which is how bench/interaction_cuda_sweep.py measures the
+// alternatives side by side on a GPU (docs/gpu.md has its runs).
 #ifndef DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 #define DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 
@@ -33,10 +36,42 @@ constexpr int kTile = 16;
 constexpr int kTensorCoreWarpsPerBlock = 2;
 constexpr int kTensorCoreThreadsPerBlock = kTensorCoreWarpsPerBlock * kWarpSize;
 constexpr int kStages = 2;             // chunks a warp holds: the one it computes, the one arriving
-// Forward chunks: at most two per sample (D <= 128), so with two stages a stage always holds the
-// same chunk of its samples, and the padding columns of the last chunk are never copied over.
-constexpr int kForwardChunkColumns = 64;
-constexpr int kBackwardChunkRowBytes = 128;  // 64 fp16 or 32 fp32 columns per step
+
+// Tuning choices per precision (FP16, FP32) and direction: the bytes of each row a step stages
+// (whole 16-column tiles: a multiple of 32 in fp16, of 64 in fp32) and the blocks per SM claimed.
+#ifndef DBI_FP16_FORWARD_ROW_BYTES
+#define DBI_FP16_FORWARD_ROW_BYTES 128
+#endif
+#ifndef DBI_FP16_FORWARD_BLOCKS
+#define DBI_FP16_FORWARD_BLOCKS 10
+#endif
+#ifndef DBI_FP16_BACKWARD_ROW_BYTES
+#define DBI_FP16_BACKWARD_ROW_BYTES 128
+#endif
+#ifndef DBI_FP16_BACKWARD_BLOCKS
+#define DBI_FP16_BACKWARD_BLOCKS 8
+#endif
+#ifndef DBI_FP32_FORWARD_ROW_BYTES
+#define DBI_FP32_FORWARD_ROW_BYTES 128
+#endif
+#ifndef DBI_FP32_FORWARD_BLOCKS
+#define DBI_FP32_FORWARD_BLOCKS 8
+#endif
+#ifndef DBI_FP32_BACKWARD_ROW_BYTES
+#define DBI_FP32_BACKWARD_ROW_BYTES 64
+#endif
+#ifndef DBI_FP32_BACKWARD_BLOCKS
+#define DBI_FP32_BACKWARD_BLOCKS 8
+#endif
+static_assert(DBI_FP16_FORWARD_ROW_BYTES % 32 == 0 && DBI_FP16_BACKWARD_ROW_BYTES % 32 == 0 &&
+                  DBI_FP32_FORWARD_ROW_BYTES % 64 == 0 && DBI_FP32_BACKWARD_ROW_BYTES % 64 == 0,
+              "chunks of whole 16-column tiles");
+constexpr int ForwardChunkRowBytes(int element_bytes) {
+  return element_bytes == 2 ? DBI_FP16_FORWARD_ROW_BYTES : DBI_FP32_FORWARD_ROW_BYTES;
+}
+constexpr int BackwardChunkRowBytes(int element_bytes) {
+  return element_bytes == 2 ? DBI_FP16_BACKWARD_ROW_BYTES : DBI_FP32_BACKWARD_ROW_BYTES;
+}
 constexpr int kScratchStride = kTile + 4;  // fp32 tile-column scratch of the fp16 backward
 constexpr int kRegionAlignment = 128;
 constexpr int kBlockReservedSharedBytes = 1024;  // the runtime's shared memory per block (8.0+)
@@ -47,8 +82,12 @@ constexpr int kBlockReservedSharedBytes = 1024;  // the runtime's shared memory 
 // kernels' __launch_bounds__ hold their registers to what that many blocks allow, and the
 // launchers' persistent grid is that many blocks per SM. tests/test_static.py checks all three
 // from the sm_90 build (cuobjdump).
-constexpr int ForwardBlocksPerSm(int element_bytes) { return element_bytes == 2 ? 8 : 6; }  // 16 / 12 warps
-constexpr int kBackwardBlocksPerSm = 6;  // 12 warps, each chunk with its upstream row
+constexpr int ForwardBlocksPerSm(int element_bytes) {
+  return element_bytes == 2 ? DBI_FP16_FORWARD_BLOCKS : DBI_FP32_FORWARD_BLOCKS;
+}
+constexpr int BackwardBlocksPerSm(int element_bytes) {
+  return element_bytes == 2 ? DBI_FP16_BACKWARD_BLOCKS : DBI_FP32_BACKWARD_BLOCKS;
+}
 
 constexpr int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 constexpr int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -81,10 +120,15 @@ struct TensorCoreLayout {
   // sample; from == to == 0 when they reach no padding
   int64_t forward_rezero_from;
   int64_t forward_rezero_to;
+  // whether the last chunk's padding columns (past D) are zeroed each time it is staged: where
+  // kStages is no multiple of the chunks, a stage holds different chunks of successive samples,
+  // and a full chunk's data would stay in the last one's padding columns
+  bool forward_zero_last_chunk_padding;
   int64_t forward_bytes;  // per warp
   // backward stage: the chunk, then (filled with a sample's first chunk) its upstream row; per
   // warp after the stages: the coefficients, the upstream row's first D values (the
-  // pass-through), and for 2-byte types an fp32 scratch tile column
+  // pass-through), and for 2-byte types with F = rows (16 or 32: no padding row to carry the
+  // pass-through) an fp32 scratch tile column
   int64_t backward_upstream_offset;
   int64_t backward_stage_bytes;
   int64_t coefficient_offset;
@@ -115,6 +159,7 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   layout.forward_bytes = kStages * layout.forward_stage_bytes;
   const int64_t last_valid = dim - int64_t{layout.chunks - 1} * layout.chunk_columns;
   const bool padding_columns = layout.padded_dim != dim;
+  layout.forward_zero_last_chunk_padding = padding_columns && kStages % layout.chunks != 0;
   const int64_t first_padding_byte = padding_columns ? last_valid * element_bytes
                                      : layout.rows != num_vectors ? num_vectors * layout.chunk_stride * element_bytes
                                                                   : chunk_bytes;
@@ -129,7 +174,8 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   layout.pass_through_offset =
       layout.coefficient_offset + RoundUp(int64_t{layout.rows} * layout.coefficient_stride * element_bytes, kRegionAlignment);
   layout.scratch_offset = layout.pass_through_offset + RoundUp(dim * element_bytes, kRegionAlignment);
-  const int64_t scratch_bytes = element_bytes == 4 ? 0 : RoundUp(int64_t{layout.rows} * kScratchStride * 4, kRegionAlignment);
+  const bool scratch = element_bytes == 2 && num_vectors == layout.rows;
+  const int64_t scratch_bytes = scratch ? RoundUp(int64_t{layout.rows} * kScratchStride * 4, kRegionAlignment) : 0;
   layout.backward_bytes = layout.scratch_offset + scratch_bytes;
   return layout;
 }
@@ -137,10 +183,10 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
 // The layouts the forward and the backward kernels run with (each reads its own direction's
 // fields).
 constexpr TensorCoreLayout ForwardLayout(int64_t num_vectors, int64_t dim, int element_bytes) {
-  return MakeTensorCoreLayout(num_vectors, dim, element_bytes, kForwardChunkColumns);
+  return MakeTensorCoreLayout(num_vectors, dim, element_bytes, ForwardChunkRowBytes(element_bytes) / element_bytes);
 }
 constexpr TensorCoreLayout BackwardLayout(int64_t num_vectors, int64_t dim, int element_bytes) {
-  return MakeTensorCoreLayout(num_vectors, dim, element_bytes, kBackwardChunkRowBytes / element_bytes);
+  return MakeTensorCoreLayout(num_vectors, dim, element_bytes, BackwardChunkRowBytes(element_bytes) / element_bytes);
 }
 
 // The largest per-warp footprint within the tensor-core limits (F = 32, D = 128): what the
