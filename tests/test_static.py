@@ -503,6 +503,52 @@ def test_cuda_kernels_and_harness_pass_numpy_in_the_cpu_emulation(tmp_path: Path
     assert {(27, 128), (31, 255), (32, 256), (32, 257), (33, 33), (41, 257)} <= shapes
 
 
+def load_sweep():
+    """bench/interaction_cuda_sweep.py as a module (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location("interaction_cuda_sweep", REPO / "bench" / "interaction_cuda_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_candidates_start_with_the_header_defaults(tmp_path: Path) -> None:
+    """The sweep's variant 0 builds with no -D flags, so its first candidate of every precision
+    and direction must be what kernel_layout.h chooses by default (bytes per row, blocks per SM);
+    the other variants' flags name every choice."""
+    sweep = load_sweep()
+    probe = tensor_core_layouts(tmp_path)
+    criteo = {entry["size"]: entry for entry in probe["layouts"] if (entry["f"], entry["d"]) == (27, 128)}
+    claims = {"forward": probe["forward_blocks_claim"], "backward": probe["backward_blocks_claim"]}
+    for (precision, direction), options in sweep.CANDIDATES.items():
+        size = 2 if precision == "fp16" else 4
+        assert options[0] == (criteo[size][direction]["chunk_limit"] * size, claims[direction][str(size)])
+        assert len(set(options)) == len(options), options
+    assert sweep.variant_defines(0) == []
+    assert len(sweep.variant_defines(1)) == 2 * len(sweep.CANDIDATES)
+
+
+def test_sweep_variant_passes_numpy_in_the_cpu_emulation(tmp_path: Path) -> None:
+    """bench/interaction_cuda_sweep.py builds a variant other than the defaults (variant 3: fp16
+    chunks of 64 bytes per row in both directions, so a forward stage holds two of a sample's
+    four chunks; fp32 forward at 9 blocks, backward at 6) for the CPU emulation, its kernels pass
+    every correctness case, and its record names each mode's and direction's choice."""
+    compiler = shutil.which("g++")
+    require(compiler is not None, "g++ not installed")
+    major = int(run([compiler, "-dumpversion"]).stdout.split(".")[0])
+    require(major >= 12, f"g++ {major} has no _Float16 for the emulated half (needs 12 or newer)")
+    result = run([sys.executable, str(REPO / "bench" / "interaction_cuda_sweep.py"), "--emulated", "--variants", "3",
+                  "--output", str(tmp_path)], timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    record = json.loads((tmp_path / "interaction_cuda_sweep.json").read_text())
+    assert record["emulated"] is True and record["all_passed"] is True
+    [variant] = record["variants"]
+    assert variant["correctness"] == "all passed" and "-DDBI_FP16_FORWARD_ROW_BYTES=64" in variant["defines"]
+    rows = {(row["mode"], row["direction"]): (row["row_bytes"], row["blocks_per_sm"]) for row in record["candidates"]}
+    assert rows == {("fp16", "forward"): (64, 10), ("fp16", "backward"): (64, 8), ("tf32", "forward"): (128, 9),
+                    ("tf32", "backward"): (64, 6), ("fp32", "forward"): (128, 9), ("fp32", "backward"): (64, 6)}
+    assert "fp16  forward          64        10" in result.stdout
+
+
 # ---- linters ----------------------------------------------------------------------------------
 
 DOCKERFILES = sorted(path.name for path in REPO.glob("Dockerfile*"))
