@@ -52,16 +52,16 @@ constexpr int kStages = 2;             // chunks a warp holds: the one it comput
 #define DBI_FP16_BACKWARD_BLOCKS 8
 #endif
 #ifndef DBI_FP32_FORWARD_ROW_BYTES
-#define DBI_FP32_FORWARD_ROW_BYTES 128
+#define DBI_FP32_FORWARD_ROW_BYTES 256
 #endif
 #ifndef DBI_FP32_FORWARD_BLOCKS
-#define DBI_FP32_FORWARD_BLOCKS 8
+#define DBI_FP32_FORWARD_BLOCKS 6
 #endif
 #ifndef DBI_FP32_BACKWARD_ROW_BYTES
-#define DBI_FP32_BACKWARD_ROW_BYTES 64
+#define DBI_FP32_BACKWARD_ROW_BYTES 128
 #endif
 #ifndef DBI_FP32_BACKWARD_BLOCKS
-#define DBI_FP32_BACKWARD_BLOCKS 8
+#define DBI_FP32_BACKWARD_BLOCKS 6
 #endif
 static_assert(DBI_FP16_FORWARD_ROW_BYTES % 32 == 0 && DBI_FP16_BACKWARD_ROW_BYTES % 32 == 0 &&
                   DBI_FP32_FORWARD_ROW_BYTES % 64 == 0 && DBI_FP32_BACKWARD_ROW_BYTES % 64 == 0,
