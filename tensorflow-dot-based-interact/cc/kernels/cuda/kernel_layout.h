@@ -13,7 +13,8 @@
 //
 // The chunk sizes and the residency claims are tuning choices: each can be set at build time
 // (make KERNEL_DEFINES="-DDBI_...=N"), which is how bench/interaction_cuda_sweep.py measures the
-// alternatives side by side on a GPU (docs/gpu.md has its runs).
+// alternatives side by side on a GPU; the defaults are the fastest candidates of its recorded H200
+// run (bench/results/interaction_cuda_sweep.json, checked by tests/test_static.py).
 #ifndef DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 #define DOT_BASED_INTERACT_CUDA_KERNEL_LAYOUT_H_
 
