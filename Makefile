@@ -22,8 +22,12 @@ demo-wd: setup  ## set up, then run the Wide & Deep pipeline small (Outbrain-for
 test: setup  ## set up, then run the whole pytest suite (prints passed/failed/skipped and skip reasons)
 	scripts/run_tests.sh
 
-bench: setup  ## run every benchmark under bench/ (JSON in bench/results/, a table on stdout)
-	@for b in bench/*.py; do echo "== $$b"; $(PY) -m "bench.$$(basename "$$b" .py)"; done
+bench: setup  ## run every benchmark under bench/ (JSON in bench/results/, a table on stdout; the CUDA sweep only on a GPU)
+	@for b in bench/*.py; do \
+		name="$$(basename "$$b" .py)"; \
+		if [[ "$$name" == interaction_cuda_sweep ]] && ! nvidia-smi -L >/dev/null 2>&1; then \
+			echo "== $$b: skipped (nvidia-smi lists no GPU)"; continue; fi; \
+		echo "== $$b"; $(PY) -m "bench.$$name"; done
 
 clean:  ## remove build outputs (keeps .venv and the wheel cache)
 	rm -rf .pytest_cache build
