@@ -195,6 +195,12 @@ def main() -> int:
         if shutil.which("nvcc") is None:
             print("interaction_cuda_sweep: nvcc not found", file=sys.stderr)
             return 2
+    try:  # refused before anything is built, not after minutes of it
+        args.output.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.output).close()
+    except OSError as error:
+        print(f"interaction_cuda_sweep: --output {args.output}: cannot write there ({error.strerror})", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -222,7 +228,6 @@ def main() -> int:
     record = {"device": device, "emulated": args.emulated, "batch": args.batch, "repeats": args.repeats,
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "variants": variants,
               "candidates": rows, "all_passed": passed}
-    args.output.mkdir(parents=True, exist_ok=True)
     partial = args.output / (RESULTS_NAME + ".tmp")
     partial.write_text(json.dumps(record, indent=1) + "\n")
     partial.replace(args.output / RESULTS_NAME)

@@ -572,6 +572,19 @@ def test_sweep_variant_passes_numpy_in_the_cpu_emulation(tmp_path: Path) -> None
     assert "fp16  forward          64        10" in result.stdout
 
 
+def test_sweep_refuses_bad_arguments_before_building(tmp_path: Path) -> None:
+    """Bad --variants and an output path it cannot write get one line each and exit 2, before any
+    build starts and with nothing created."""
+    sweep = [sys.executable, str(REPO / "bench" / "interaction_cuda_sweep.py")]
+    refused = run([*sweep, "--variants", "1,9", "--emulated", "--output", str(tmp_path / "out")])
+    assert refused.returncode == 2 and "--variants: numbers from 0 to 4" in refused.stderr
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    refused = run([*sweep, "--emulated", "--output", str(blocker / "out")])
+    assert refused.returncode == 2 and f"--output {blocker / 'out'}: cannot write there" in refused.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]
+
+
 # ---- linters ----------------------------------------------------------------------------------
 
 DOCKERFILES = sorted(path.name for path in REPO.glob("Dockerfile*"))
