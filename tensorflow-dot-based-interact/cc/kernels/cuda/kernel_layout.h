@@ -5,11 +5,12 @@
 // The SIMT kernels run one warp per sample, kSamplesPerBlock warps per block. The tensor-core
 // kernels run a persistent grid (as many blocks as the GPU holds at once, capped by the batch):
 // each warp walks its samples (one every `warps in the grid`) in steps of one chunk of a
-// sample's columns (64 or 128 bytes of each row), and while it computes
+// sample's columns (64 columns of each row, but 32 in the fp32 backward), and while it computes
 // one step, the next step's chunk is already on its way into the other of its kStages
 // shared-memory stages (cp.async), so every resident warp keeps a chunk in flight. Small chunks
 // keep many warps resident: with few warps per scheduler the kernels wait on their own latencies
-// (an H200 profile of whole-sample chunks: 4-5 cycles per issued instruction at 8-12 warps per SM).
+// (an H200 profile of whole-sample chunks: 4-5 cycles per issued instruction at 8-12 warps per SM);
+// halving them further costs more per-step work than the extra warps win back (the sweep below).
 //
 // The chunk sizes and the residency claims are tuning choices: each can be set at build time
 // (make KERNEL_DEFINES="-DDBI_...=N"), which is how bench/interaction_cuda_sweep.py measures the
