@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -89,32 +88,40 @@ def build(index: int, work: Path, emulated: bool, arch: Optional[str], python: s
     return binary, "" if made.returncode == 0 else (made.stderr or made.stdout)[-3000:]
 
 
+def kernel_resources(usage: str) -> Dict[Tuple[str, str], Dict[str, int]]:
+    """Registers, stack bytes (spills) and static shared memory of each tensor-core kernel, by
+    (mode, direction), from `cuobjdump --dump-resource-usage` output."""
+    found = {}
+    for name, direction, count, stack, shared in re.findall(
+            r"Function (\S*(Forward|Backward)TensorCoreKernel\S*):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+)", usage):
+        mode = "fp16" if "__half" in name else "fp32" if "SplitTf32" in name else "tf32"
+        found[(mode, direction.lower())] = {"registers": int(count), "stack_bytes": int(stack),
+                                            "static_shared_bytes": int(shared)}
+    return found
+
+
 def registers(binary: Path) -> Dict[Tuple[str, str], Dict[str, int]]:
-    """Registers and stack bytes (spills) of each tensor-core kernel, by (mode, direction), from
-    cuobjdump; empty without it."""
+    """kernel_resources of a built harness; empty without cuobjdump."""
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
         return {}
     usage = subprocess.run([cuobjdump, "--dump-resource-usage", str(binary)], capture_output=True, text=True,
                            check=False).stdout
-    found = {}
-    for name, direction, count, stack in re.findall(
-            r"Function (\S*(Forward|Backward)TensorCoreKernel\S*):\s*\n\s*REG:(\d+) STACK:(\d+)", usage):
-        mode = "fp16" if "__half" in name else "fp32" if "SplitTf32" in name else "tf32"
-        found[(mode, direction.lower())] = {"registers": int(count), "stack_bytes": int(stack)}
-    return found
+    return kernel_resources(usage)
 
 
 def run_variant(index: int, binary: Path, work: Path, args: argparse.Namespace) -> dict:
-    """Variant `index`'s correctness and, on a GPU, its times per mode and direction."""
-    results = work / f"v{index}.json"
-    command = [args.python, str(OP_DIR / "harness" / "check_harness.py"), "--binary", str(binary), "--results",
-               str(results)]
-    command += ["--quick", "--max-batch", "3"] if args.emulated else ["--batch", str(args.batch), "--repeats",
-                                                                      str(args.repeats)]
-    # The emulation is built with AddressSanitizer; its fibers' stacks look like leaks to it.
-    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0"} if args.emulated else None
-    checked = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    """Variant `index`'s correctness and, on a GPU, its times per mode and direction. The
+    emulated variant runs the Makefile's harness-emulated-check on the build it already has."""
+    if args.emulated:
+        results = work / f"v{index}" / "emulation" / "interaction_emulated.json"
+        command = ["make", "-s", "-C", str(OP_DIR), "harness-emulated-check", f"BUILD={work / f'v{index}'}",
+                   f"PYTHON={args.python}", f"KERNEL_DEFINES={' '.join(variant_defines(index))}"]
+    else:
+        results = work / f"v{index}.json"
+        command = [args.python, str(OP_DIR / "harness" / "check_harness.py"), "--binary", str(binary), "--results",
+                   str(results), "--batch", str(args.batch), "--repeats", str(args.repeats)]
+    checked = subprocess.run(command, capture_output=True, text=True, check=False)
     if not results.exists():
         return {"correctness": f"harness failed (exit {checked.returncode}): {checked.stderr[-2000:]}"}
     summary = json.loads(results.read_text())

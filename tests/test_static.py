@@ -438,27 +438,24 @@ def test_tensor_core_kernels_hold_the_residency_they_claim_on_an_h100(tmp_path: 
     build = run(["make", "-s", "-C", str(OP_DIR), f"BUILD={objects}", "CUDA_ARCHS=90", str(kernels_object)])
     assert build.returncode == 0, build.stderr[-4000:]
     usage = run([cuobjdump, "--dump-resource-usage", str(kernels_object)]).stdout
-    found = re.findall(r"Function (\S*(Forward|Backward)TensorCoreKernel\S*):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+)",
-                       usage)
+    found = load_sweep().kernel_resources(usage)  # by (mode, direction); fp32 is the 3xTF32 kernel
     criteo = {entry["size"]: entry for entry in probe["layouts"] if (entry["f"], entry["d"]) == (27, 128)}
-    claims = {"Forward": probe["forward_blocks_claim"], "Backward": probe["backward_blocks_claim"]}  # by size
-    seen = set()
-    for name, direction, registers, stack, static_shared in found:
-        kind = "fp16" if "__half" in name else "3xtf32" if "SplitTf32" in name else "tf32"
-        seen.add((direction, kind))
-        assert int(stack) == 0, f"{direction} {kind} spills to the stack"
+    claims = {"forward": probe["forward_blocks_claim"], "backward": probe["backward_blocks_claim"]}  # by size
+    for (mode, direction), resources in found.items():
+        assert resources["stack_bytes"] == 0, f"{direction} {mode} spills to the stack"
         # The runtime's reserve per block is in the cubin's static shared memory; the kernels have none of their own.
-        assert int(static_shared) == probe["reserved"], (name, static_shared)
-        size = 2 if kind == "fp16" else 4
+        assert resources["static_shared_bytes"] == probe["reserved"], (mode, direction, resources)
+        size = 2 if mode == "fp16" else 4
         entry = criteo[size]
-        dynamic = probe["warps_per_block"] * entry[direction.lower()][f"{direction.lower()}_bytes"]
-        limits = h100_resident_blocks(int(registers), probe["threads_per_block"], dynamic + int(static_shared))
+        dynamic = probe["warps_per_block"] * entry[direction][f"{direction}_bytes"]
+        limits = h100_resident_blocks(resources["registers"], probe["threads_per_block"],
+                                      dynamic + resources["static_shared_bytes"])
         claim = claims[direction][str(size)]
-        assert min(limits.values()) >= claim, (direction, kind, registers, limits)
-        assert entry["blocks"]["H100"][0 if direction == "Forward" else 1] >= claim
-    assert seen == {(direction, kind) for direction in claims for kind in ("fp16", "tf32", "3xtf32")}, usage
-    old = {"Forward": h100_resident_blocks(102, 128, 34816 + 1024), "Backward": h100_resident_blocks(96, 128, 60928 + 1024)}
-    assert {direction: min(limits.values()) for direction, limits in old.items()} == {"Forward": 4, "Backward": 3}
+        assert min(limits.values()) >= claim, (direction, mode, resources, limits)
+        assert entry["blocks"]["H100"][0 if direction == "forward" else 1] >= claim
+    assert set(found) == {(mode, direction) for direction in claims for mode in ("fp16", "tf32", "fp32")}, usage
+    old = {"forward": h100_resident_blocks(102, 128, 34816 + 1024), "backward": h100_resident_blocks(96, 128, 60928 + 1024)}
+    assert {direction: min(limits.values()) for direction, limits in old.items()} == {"forward": 4, "backward": 3}
     assert all(min(old[direction].values()) < claims[direction][size] for direction in claims for size in ("2", "4"))
 
 
