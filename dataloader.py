@@ -11,54 +11,23 @@ Every element is `(features, labels)`:
 A rank's local slice of a global batch is the one of `batch.local_slice`.
 Training drops the last partial batch; evaluation covers every test sample (split-TFRecords data
 holds whole prebatches only, and is read in stored order). The dataset types are the formats of
-`data_formats` that can train: each brings its spec (`load_feature_spec`) and its reader, from which
-`create_input_pipelines` builds the rank's pipelines. Every value read is checked (see
+`data_formats` that can train: each brings its spec (`datasets.load_feature_spec`) and its reader,
+from which `create_input_pipelines` builds the rank's pipelines. Every value read is checked (see
 `data_errors`); consume the datasets inside `pipeline_errors.surface_data_errors` so that bad data
 arrives as one DataError rather than a TensorFlow error.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
-
-import tensorflow as tf
-
-import data_formats
-from batch import TableReads
-from batch_reader import VALIDATE_BATCH
-from data_errors import check_batch_fits
-from data_formats import InputPipelines
-from feature_spec import DEFAULT_SPEC_NAME, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
-from synthetic_data import DEFAULT_EVAL_BATCHES, DEFAULT_TRAIN_BATCHES
+from typing import Mapping
 
 
-def dataset_types() -> Tuple[str, ...]:
-    """The formats a model trains on (`--dataset_type`), from the registry."""
-    return data_formats.names("training")
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    """How one rank reads its batches: plain values (main.py fills them from its flags).
-
-    Batch sizes are global. `reads` says which categorical features this rank reads and for which
-    rows (`ShardingPlan.reads`; None: every feature, local rows). `validate_data` reads every file
-    once up front to check its values (not for synthetic data); `check_values` checks each batch as it is read
-    (on by default; off only to measure its cost). The synthetic lengths are in batches.
-    """
-    dataset_type: str = "tf_raw"
-    train_batch_size: int = 65536
-    eval_batch_size: int = 65536
-    rank: int = 0
-    world_size: int = 1
-    reads: Optional[TableReads] = None
-    shuffle_batch_order: bool = False
-    seed: int = 12345
-    compute_dtype: tf.DType = tf.float32
-    synthetic_train_batches: int = DEFAULT_TRAIN_BATCHES
-    synthetic_eval_batches: int = DEFAULT_EVAL_BATCHES
-    validate_data: bool = False
-    check_values: bool = True
+from recsys.data import data_formats
+from recsys.data.batch import TableReads
+from recsys.data.batch_reader import VALIDATE_BATCH
+from recsys.data.data_errors import check_batch_fits
+from recsys.data.data_formats import InputPipelines
+from recsys.data.feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from recsys.data.pipelines import PipelineConfig
 
 
 def _check_partitioning(config: PipelineConfig, num_categorical: int) -> TableReads:
@@ -77,22 +46,8 @@ def _check_partitioning(config: PipelineConfig, num_categorical: int) -> TableRe
     return reads
 
 
-def load_feature_spec(*, dataset_type: str = "tf_raw", dataset_path: Optional[str] = None,
-                      feature_spec_name: str = DEFAULT_SPEC_NAME, **options: Any) -> FeatureSpec:
-    """The validated spec of the dataset, as its format finds or derives it (`data_formats`).
-
-    `options` is the one mapping of everything a format may read: allow_external_paths (a tf_raw
-    or split_tfrecords spec's files must lie inside `dataset_path` unless given), the synthetic
-    spec's use_feature_spec, num_numerical_features, cardinalities and hotness, and the options one
-    format owns (hugectr_cardinalities, hugectr_dense_log, num_embeddings_per_feature), refused for
-    another format when given."""
-    data_format = data_formats.get(dataset_type, "training")
-    data_formats.check_options(dataset_type, options)
-    return data_format.load_spec(dataset_path, feature_spec_name, options)
-
-
 def create_input_pipelines(spec: FeatureSpec, config: PipelineConfig) -> InputPipelines:
-    """The train and eval pipelines of this rank, from the spec `load_feature_spec` returned, built
+    """The train and eval pipelines of this rank, from the spec `datasets.load_feature_spec` returned, built
     by the format's reader (or its own `pipelines`). Every bad input raises before any batch is read."""
     data_format = data_formats.get(config.dataset_type, "training")
     reads = _check_partitioning(config, len(spec.categorical_names))

@@ -13,16 +13,17 @@ from typing import Optional
 
 import tensorflow as tf
 
-import distributed as dist
-from batch import TableReads
-from embedding import DualEmbeddingGroup, EmbeddingLayer
-from hybrid_embedding import HybridEmbedding
+from recsys.runtime import distributed as dist
+from recsys.data.batch import TableReads
+from embedding import DualEmbeddingGroup
+from recsys.sparse.tables import EmbeddingLayer
+from recsys.sparse.hybrid_embedding import HybridEmbedding
 from lr_scheduler import LearningRateScheduler
 from model import Dlrm
-from model_config import DlrmConfig, DlrmSettings, TrainingSettings
-from optimizers import make_optimizers
-from sharding import ShardingPlan
-from trainer import Trainer
+from recsys.training.model_config import DlrmConfig, DlrmSettings, TrainingSettings
+from recsys.training.optimizers import make_optimizers
+from recsys.sparse.sharding import ShardingPlan
+from recsys.training.trainer import Trainer
 
 
 @dataclass(frozen=True)

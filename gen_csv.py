@@ -18,9 +18,9 @@ from typing import List
 
 from absl import app, flags
 
-from cli import bad_input
-from csv_data import generate_csv
-from feature_spec import DEFAULT_SPEC_NAME
+from recsys.runtime.cli import bad_input
+from recsys.data.csv_data import generate_csv
+from recsys.data.feature_spec import DEFAULT_SPEC_NAME
 
 FLAGS = flags.FLAGS
 

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from custom_ops import op_package as _op
+from recsys.runtime.custom_ops import op_package as _op
 
 CUSTOM_NAMES = ("custom_cuda", "custom_cpu")
 IMPLEMENTATIONS = ("tensorflow", "dummy") + CUSTOM_NAMES

@@ -16,18 +16,20 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Un
 
 from absl import app, flags
 
-import data_formats  # plain Python: the formats' names without importing them (or TensorFlow)
-from feature_spec import MLPERF_HOTNESS, MLPERF_ROW_CAP  # plain Python, as sharding
-from model_config import DlrmSettings, TrainingSettings, flag_name  # plain Python: the settings' defaults
-from sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
+import utils
+
+from recsys.data import data_formats  # plain Python: the formats' names without importing them (or TensorFlow)
+from recsys.data.feature_spec import MLPERF_HOTNESS, MLPERF_ROW_CAP  # plain Python, as sharding
+from recsys.training.model_config import DlrmSettings, TrainingSettings, flag_name  # plain Python: the settings' defaults
+from recsys.sparse.sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
 
 if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
-    from checkpoint import TrainingState
+    from recsys.training.checkpoint import TrainingState
     from dataloader import InputPipelines
-    from precision import Precision
+    from recsys.runtime.precision import Precision
     from saved_model import ServedFeatures
-    from trainer import Evaluator, Trainer
-    from utils import DllLogger
+    from recsys.training.trainer import Evaluator, Trainer
+    from recsys.runtime.logger import DllLogger
 
 FLAGS = flags.FLAGS
 MODEL, TRAINING = DlrmSettings(), TrainingSettings()  # the declared defaults the flags start from
@@ -423,10 +425,10 @@ def check_output_paths(opts: Any) -> None:
     Runs before any work: a bad log, checkpoint or export path costs one error line, not a run.
     The export may replace only an empty folder or an earlier export (saved_model.check_export_target).
     """
-    import checkpoint
-    from safe_io import check_output_dir, refuse_overlap
+    from recsys.training import checkpoint
+    from recsys.runtime.safe_io import check_output_dir, refuse_overlap
     from saved_model import check_export_target
-    from utils import check_log_file
+    from recsys.runtime.logger import check_log_file
 
     spec_path = os.path.join(opts.dataset_path, opts.feature_spec) if opts.dataset_path else None
     inputs = {"--dataset_path": opts.dataset_path, "--feature_spec": spec_path,
@@ -459,8 +461,8 @@ def output_paths_verdict(opts: Any, rank: int) -> Optional[str]:
     Rank 0 writes every output, so it checks them; every rank gets its verdict, so the whole job
     stops with one message instead of the other ranks hanging in a collective.
     """
-    import distributed as dist
-    from safe_io import OutputPathError
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.safe_io import OutputPathError
 
     message = None
     if rank == 0:
@@ -481,7 +483,7 @@ def run_precision() -> Precision:
     chosen the devices."""
     import tensorflow as tf
 
-    from precision import choose_precision, host_cpu_bf16_support
+    from recsys.runtime.precision import choose_precision, host_cpu_bf16_support
 
     return choose_precision(FLAGS.amp, FLAGS.fp16, bool(tf.config.list_logical_devices("GPU")), FLAGS.loss_scale,
                             host_cpu_bf16_support())
@@ -524,7 +526,7 @@ def synthetic_hotness(values: List[str], num_tables: int) -> List[int]:
 
 def load_feature_spec():
     """The dataset's spec, or the default spec of the synthetic-data flags."""
-    from dataloader import load_feature_spec as load
+    from datasets import load_feature_spec as load
 
     return load(dataset_type=FLAGS.dataset_type, dataset_path=FLAGS.dataset_path,
                 feature_spec_name=FLAGS.feature_spec, use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec,
@@ -553,9 +555,9 @@ def memory_budget(local_rank: int):
     """The per-rank device budget for embedding state, with what each table costs there (§2.14)."""
     import tensorflow as tf
 
-    from devices import gpu_total_memory_bytes
-    from optimizers import embedding_slot_count
-    from sharding import MemoryBudget, table_budget_from_device
+    from recsys.runtime.devices import gpu_total_memory_bytes
+    from recsys.training.optimizers import embedding_slot_count
+    from recsys.sparse.sharding import MemoryBudget, table_budget_from_device
 
     gpus = tf.config.list_physical_devices("GPU")
     limit_bytes = (FLAGS.tf_gpu_memory_limit_gb << 30 if FLAGS.tf_gpu_memory_limit_gb is not None  # GiB (V3)
@@ -576,9 +578,9 @@ def memory_budget(local_rank: int):
 def sharding_plan(spec, rank: int, world_size: int):
     """Which rank holds which table, column slice or row block, and in which memory tier
     (--print_sharding_plan)."""
-    import distributed as dist
-    from sharding import plan_sharding
-    from utils import print_rank0
+    from recsys.runtime import distributed as dist
+    from recsys.sparse.sharding import plan_sharding
+    from recsys.runtime.logger import print_rank0
 
     plan = plan_sharding(spec.cardinalities, embedding_dims(FLAGS.embedding_dim), world_size, FLAGS.dist_strategy,
                          FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
@@ -618,8 +620,8 @@ def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
     """Before any training: check --restore_checkpoint_path (in train mode, that steps are left)
     and --save_checkpoint_path (checkpoint.check_save_folder, on every rank), then restore.
     Returns this run's lineage id: the restored checkpoint's, or a new one."""
-    import checkpoint
-    from utils import print_rank0
+    from recsys.training import checkpoint
+    from recsys.runtime.logger import print_rank0
 
     source = resume_source(rank)
     resumed = checkpoint.open_checkpoint(source) if source else None
@@ -639,8 +641,8 @@ def resume_source(rank: int) -> Optional[str]:
     """The checkpoint (or root) training starts from: with --auto_resume the save folder when it
     holds a checkpoint (its newest is this run's own lineage: check_save_folder keeps other runs'
     out of it), else --restore_checkpoint_path."""
-    import checkpoint
-    from utils import print_rank0
+    from recsys.training import checkpoint
+    from recsys.runtime.logger import print_rank0
 
     if FLAGS.auto_resume and FLAGS.mode == "train" and checkpoint.list_checkpoints(FLAGS.save_checkpoint_path):
         print_rank0(f"--auto_resume: resuming from the newest checkpoint in --save_checkpoint_path "
@@ -652,9 +654,9 @@ def resume_source(rank: int) -> Optional[str]:
 def hold_save_folder(rank: int):
     """Rank 0 takes --save_checkpoint_path's lock for the run's lifetime (folder_lock), so a second
     run saving there stops at once; every rank gets the verdict. Returns the lock (rank 0) or None."""
-    import distributed as dist
-    import folder_lock
-    from utils import print_rank0
+    from recsys.runtime import distributed as dist
+    from recsys.runtime import folder_lock
+    from recsys.runtime.logger import print_rank0
 
     if FLAGS.mode != "train" or not FLAGS.save_checkpoint_path:
         return None
@@ -693,17 +695,6 @@ def inference_batches(max_steps: int, available: int, valid_batch_size: int) -> 
     return batches
 
 
-def log_final(logger, data: dict) -> None:
-    formats = {"auc": ":.5f", "validation_loss": ":.5f", "train_loss": ":.5f", "test_loss": ":.5f",
-               "throughput": ":.2e", "mean_step_time_ms": ":.3f", "mean_inference_throughput": ":.2e"}
-    for metric, value in data.items():
-        if metric in formats:
-            logger.metadata(metric, {"format": formats[metric]})
-        elif "latency" in metric:
-            logger.metadata(metric, {"unit": "s", "format": ":.5f"})
-    logger.log(step=(), data=data)
-
-
 @dataclass
 class Job:
     """What a mode runs with, once the inputs are checked and the weights are in place."""
@@ -723,8 +714,8 @@ def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job
     that every input is checked before anything is written; layers compute in `precision`."""
     import saved_model
     from factory import build_trainer
-    from trainer import Evaluator
-    from utils import print_rank0
+    from recsys.training.trainer import Evaluator
+    from recsys.runtime.logger import print_rank0
 
     print_rank0(f"precision: as exported in {FLAGS.saved_model_input_path} (its graph fixes it)"
                 if FLAGS.saved_model_input_path else precision.message, rank=rank)
@@ -760,7 +751,7 @@ def chosen_interaction(rank: int) -> str:
     names, resolved once. dlrm.py's default dot_custom_cuda runs the fastest dot there is when no
     GPU is visible, saying so; asked for on the command line, it needs a GPU."""
     import interaction
-    from utils import print_rank0
+    from recsys.runtime.logger import print_rank0
 
     if FLAGS.interaction == "cross":
         print_rank0(f"interaction: DCNv2 cross network, {FLAGS.num_cross_layers} layers, projection "
@@ -779,7 +770,7 @@ def chosen_interaction(rank: int) -> str:
 def announce_accepted_flags(rank: int, world_size: int) -> None:
     """One line for each flag of another version given on the command line: what it means here; and
     for a table layout flag given on several ranks, where the hybrid-parallel layer's slices decide."""
-    from utils import print_rank0
+    from recsys.runtime.logger import print_rank0
 
     for name, (_, version, meaning) in ACCEPTED_FLAGS.items():
         if FLAGS[name].present:
@@ -794,7 +785,7 @@ def announce_accepted_flags(rank: int, world_size: int) -> None:
 def announce_sok_aliases(rank: int) -> None:
     """Apply the SOK benchmark's flags (apply_sok_aliases) and say what each became, one line each."""
     from interaction import visible_gpu
-    from utils import print_rank0
+    from recsys.runtime.logger import print_rank0
 
     for line in apply_sok_aliases(FLAGS, gpu_visible=not FLAGS.cpu and visible_gpu() is not None):
         print_rank0(line, rank=rank)
@@ -808,8 +799,8 @@ def _inference_batches(pipelines) -> Optional[int]:
 
 def announce_evaluations(steps_per_epoch: int, rank: int) -> None:
     """Say so when an epoch is too short for --evals_per_epoch distinct evaluation points."""
-    from trainer import eval_points
-    from utils import print_rank0
+    from recsys.training.trainer import eval_points
+    from recsys.runtime.logger import print_rank0
 
     points = len(eval_points(steps_per_epoch, FLAGS.evals_per_epoch))
     if points < FLAGS.evals_per_epoch:
@@ -821,13 +812,13 @@ def run_train(job: Job) -> int:
     """--mode train: the epochs, periodic evaluations and checkpoints, then the final record.
     A stop signal ends training after the current step with a checkpoint (stop_signals); the
     exit code is then the signal's."""
-    import checkpoint
-    import distributed as dist
+    from recsys.training import checkpoint
+    from recsys.runtime import distributed as dist
     import saved_model
-    from stop_signals import STOP
-    from tensorboard_log import TensorBoardScalars
-    from trainer import LoopConfig, train_loop
-    from utils import print_rank0
+    from recsys.runtime.stop_signals import STOP
+    from recsys.runtime.tensorboard_log import TensorBoardScalars
+    from recsys.training.trainer import LoopConfig, train_loop
+    from recsys.runtime.logger import print_rank0
 
     if FLAGS.max_steps == 0:  # validate_flags allows it only to save the initial weights
         print_rank0("--max_steps 0: no training step runs; the checkpoint holds the initial weights", rank=job.rank)
@@ -869,13 +860,13 @@ def run_train(job: Job) -> int:
     if FLAGS.saved_model_output_path:  # single process only (validate_flags)
         exported = saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, features=job.features)
         print(f"SavedModel exported to: {exported}", flush=True)
-    log_final(job.logger, final_record(result, job))
+    utils.log_final(job.logger, final_record(result, job))
     return 0
 
 
 def final_record(result, job: Job) -> Dict[str, Any]:
     """The final log record of a training run: speed, the best evaluation, the last loss."""
-    from utils import print_rank0
+    from recsys.runtime.logger import print_rank0
 
     mean_step = result.mean_step_time_s
     record = {"throughput": float("nan") if math.isnan(mean_step) else FLAGS.batch_size / mean_step,
@@ -895,10 +886,10 @@ def final_record(result, job: Job) -> Dict[str, Any]:
 def stopped_early(result, loop_config, job: Job) -> int:
     """After a stop signal: say where training stopped, what was saved and how to resume; every
     rank then leaves together (a rank's early exit would make the launcher kill the others)."""
-    import distributed as dist
-    from cli import signal_exit_code
-    from stop_signals import signal_name
-    from utils import print_rank0
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.cli import signal_exit_code
+    from recsys.runtime.stop_signals import signal_name
+    from recsys.runtime.logger import print_rank0
 
     rank = job.rank
     job.logger.log(step=(), data={"stopped_by": signal_name(result.stopped_by), "steps": result.steps}, echo=False)
@@ -915,17 +906,17 @@ def stopped_early(result, loop_config, job: Job) -> int:
 def run_eval(job: Job) -> None:
     """--mode eval: one pass over the test data."""
     result = job.evaluator.evaluate(job.pipelines.test)
-    log_final(job.logger, {"auc": result.auc, "test_loss": result.loss})
+    utils.log_final(job.logger, {"auc": result.auc, "test_loss": result.loss})
 
 
 def run_inference(job: Job) -> None:
     """--mode inference: per-batch latencies over the batches `inference_batches` allows."""
-    from trainer import percentiles
+    from recsys.training.trainer import percentiles
 
     latencies, result = job.evaluator.benchmark_inference(job.pipelines.test, job.inference_batches,
                                                           warmup_batches=INFERENCE_WARMUP_BATCHES)
     stats = percentiles(latencies)
-    log_final(job.logger, {"mean_inference_throughput": FLAGS.valid_batch_size / stats["mean"],
+    utils.log_final(job.logger, {"mean_inference_throughput": FLAGS.valid_batch_size / stats["mean"],
                            "mean_inference_latency": stats["mean"], "p50_inference_latency": stats["p50"],
                            "p90_inference_latency": stats["p90"], "p95_inference_latency": stats["p95"],
                            "p99_inference_latency": stats["p99"], "auc": result.auc,
@@ -935,7 +926,7 @@ def run_inference(job: Job) -> None:
 def run_deploy(job: Job) -> None:
     """--mode deploy: export the restored weights as a SavedModel."""
     import saved_model
-    from utils import print_rank0
+    from recsys.runtime.logger import print_rank0
 
     exported = saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16,
                                   features=job.features)
@@ -956,11 +947,11 @@ def run_mode(rank: int, world_size: int, logger, precision: Precision) -> int:
 
 def user_error_types() -> tuple:
     """Exceptions caused by bad input: reported as one line and a non-zero exit, not a traceback."""
-    from checkpoint import CheckpointError
-    from feature_spec import FeatureSpecError
-    from folder_lock import FolderLockedError
+    from recsys.training.checkpoint import CheckpointError
+    from recsys.data.feature_spec import FeatureSpecError
+    from recsys.runtime.folder_lock import FolderLockedError
     from interaction import InteractionUnavailableError
-    from trainer import NonFiniteLossError
+    from recsys.training.trainer import NonFiniteLossError
 
     return (UsageError, FeatureSpecError, CheckpointError, InteractionUnavailableError, NonFiniteLossError,
             FolderLockedError, ValueError, FileNotFoundError)
@@ -968,14 +959,14 @@ def user_error_types() -> tuple:
 
 def report_error(error: Any) -> int:
     """One line on stderr for bad input; the exit code of such runs (cli.py)."""
-    from cli import bad_input
+    from recsys.runtime.cli import bad_input
 
     return bad_input(error)
 
 
 def run(argv) -> int:
     """The whole run under the stop-signal handlers; returns the exit code (README, Exit codes)."""
-    from stop_signals import STOP, StopNow
+    from recsys.runtime.stop_signals import STOP, StopNow
 
     del argv
     STOP.install()
@@ -994,8 +985,8 @@ def _run() -> int:
     # oneDNN on every CPU, not only on AVX-512 ones as TensorFlow 2.15 decides by itself: measured faster
     # on both kinds (bench/train.py --only onednn); a value the user set wins.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    import distributed as dist  # the first TensorFlow import: after TF_XLA_FLAGS is set
-    from utils import DllLogger
+    from recsys.runtime import distributed as dist  # the first TensorFlow import: after TF_XLA_FLAGS is set
+    from recsys.runtime.logger import DllLogger
 
     dist.init()
     rank, world_size = dist.rank(), dist.size()
@@ -1062,21 +1053,13 @@ def project_flags() -> List[Any]:
     return list(FLAGS.flags_by_module_dict()[module])
 
 
-def describe_flag(flag: Any) -> str:
-    """One flag as --help shows it: the name, the help text wrapped, the default."""
-    name = f"--[no]{flag.name}" if flag.flag_type() == "bool" else f"--{flag.name}"
-    text = flags.text_wrap(f"{name}: {flag.help}", indent="    ", firstline_indent="  ")
-    default = flag.default_as_str if flag.default is not None else "none"
-    return f"{text}\n    (default: {default})"
-
-
 def help_text(doc: str) -> str:
     """--help: `doc`, then every project flag in FLAG_GROUPS' sections (the rest under "Other flags")."""
     by_name = {flag.name: flag for flag in project_flags()}
     listed = {name for _, names in FLAG_GROUPS for name in names}
     groups = [(title, [name for name in names if name in by_name]) for title, names in FLAG_GROUPS]
     groups.append(("Other flags", sorted(set(by_name) - listed)))
-    sections = [f"{title}:\n" + "\n".join(describe_flag(by_name[name]) for name in names)
+    sections = [f"{title}:\n" + "\n".join(utils.describe_flag(by_name[name]) for name in names)
                 for title, names in groups if names]
     return "\n\n".join([doc.strip(), *sections, "absl's own flags (logging, debugging): --helpfull"]) + "\n"
 

@@ -14,10 +14,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
-import embedding
 import interaction
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from model_config import DlrmConfig
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from recsys.sparse.tables import EmbeddingLayer, TableView, VariableSelector
+from recsys.training.model_config import DlrmConfig
 
 
 
@@ -57,13 +57,13 @@ class Mlp(tf.keras.layers.Layer):
 class Dlrm(tf.keras.Model):
     """Bottom MLP -> [bottom output, embeddings] -> dot interaction or cross network -> top MLP -> logit."""
 
-    def __init__(self, config: DlrmConfig, embedding_layer: embedding.EmbeddingLayer) -> None:
+    def __init__(self, config: DlrmConfig, embedding_layer: EmbeddingLayer) -> None:
         """`embedding_layer` holds the tables of `config` (`factory.embedding_layer` makes the one for
         the world size)."""
         super().__init__(name="dlrm")
         config.validate()
-        if not isinstance(embedding_layer, embedding.EmbeddingLayer):
-            raise TypeError(f"{type(embedding_layer).__name__} is not an embedding.EmbeddingLayer")
+        if not isinstance(embedding_layer, EmbeddingLayer):
+            raise TypeError(f"{type(embedding_layer).__name__} is not an EmbeddingLayer (recsys.sparse.tables)")
         self.config = config
         self.padded_numerical = _round_up(config.num_numerical_features, 8)
         self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp", seed=config.seed)
@@ -123,7 +123,7 @@ class Dlrm(tf.keras.Model):
         local = {id(v) for v in self.embedding.model_parallel_variables}
         return [v for v in self.variables if id(v) not in local]
 
-    def table_views(self, selector: Optional[embedding.VariableSelector] = None) -> List[embedding.TableView]:
+    def table_views(self, selector: Optional[VariableSelector] = None) -> List[TableView]:
         """Every table (or an optimizer slot of it) in global layout, in feature order."""
         return self.embedding.table_views(selector)
 

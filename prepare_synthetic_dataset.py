@@ -20,9 +20,9 @@ from typing import List
 
 from absl import app, flags
 
-from cli import bad_input
-from feature_spec import CRITEO_VARIANTS
-from synthetic_data import SyntheticDatasetShape, prepare_synthetic_dataset
+from recsys.runtime.cli import bad_input
+from recsys.data.feature_spec import CRITEO_VARIANTS
+from recsys.data.synthetic_data import SyntheticDatasetShape, prepare_synthetic_dataset
 
 FLAGS = flags.FLAGS
 

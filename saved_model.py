@@ -25,12 +25,12 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from embedding import copy_table
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from recsys.sparse.tables import copy_table
 from factory import single_process_model
 from model import Dlrm
-from pipeline_errors import SERVING_INPUT_ERROR
-from safe_io import OutputPathError, atomic_directory, check_replaceable
+from recsys.data.pipeline_errors import SERVING_INPUT_ERROR
+from recsys.runtime.safe_io import OutputPathError, atomic_directory, check_replaceable
 
 SIGNATURE = "serving_default"
 # Written into every export; an existing folder is replaced only when it holds this marker.

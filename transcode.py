@@ -18,9 +18,9 @@ from typing import List
 
 from absl import app, flags
 
-from cli import bad_input
+from recsys.runtime.cli import bad_input
 from dataloading.transcribe import FlagNames, transcribe
-from feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
+from recsys.data.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec
 
 FLAGS = flags.FLAGS
 TRANSCODE_FLAGS = FlagNames(src_path="--input", src_spec="--feature_spec_in", dst_path="--output",

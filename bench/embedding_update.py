@@ -30,7 +30,7 @@ def step_time_ms(name: str, fused: bool, batch: int, steps: int) -> float:
     import numpy as np
     import tensorflow as tf
 
-    from optimizers import SGD, Adagrad, Adam
+    from recsys.training.optimizers import SGD, Adagrad, Adam
 
     rng = np.random.default_rng(0)
     grads = [tf.IndexedSlices(tf.constant(rng.standard_normal((batch, DIM)).astype(np.float32)),

@@ -77,9 +77,9 @@ def main() -> None:
     args = parser.parse_args()
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
-    import dataloader
     import datasets
-    import hugectr_data
+    from recsys.data import split_binary
+    from recsys.data import hugectr_data
 
     directory = tempfile.mkdtemp(prefix="dlrm_hugectr_bench_")
     try:
@@ -88,9 +88,9 @@ def main() -> None:
         load_before = os.getloadavg()[0]
         readers = {}
         for dataset_type, name in LAYOUTS:
-            spec = dataloader.load_feature_spec(dataset_type=dataset_type, dataset_path=os.path.join(directory, name),
+            spec = datasets.load_feature_spec(dataset_type=dataset_type, dataset_path=os.path.join(directory, name),
                                                 hugectr_cardinalities=CARDINALITIES if name == "raw" else None)
-            reader_type = hugectr_data.RecordReader if name != "binary" else datasets.SplitBinaryReader
+            reader_type = hugectr_data.RecordReader if name != "binary" else split_binary.SplitBinaryReader
             readers[dataset_type] = reader_type(spec, "train", BATCH_SIZE)
         best = {name: float("inf") for name in readers}
         for _ in range(args.rounds):

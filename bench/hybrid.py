@@ -33,11 +33,11 @@ import time
 from typing import TYPE_CHECKING, Dict, Iterator, List, Sequence
 
 if TYPE_CHECKING:
-    from sharding import ShardingPlan
-    from trainer import Trainer
+    from recsys.sparse.sharding import ShardingPlan
+    from recsys.training.trainer import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from batch import local_sizes, local_slice  # noqa: E402  (plain Python: no TensorFlow in the parent)
+from recsys.data.batch import local_sizes, local_slice  # noqa: E402  (plain Python: no TensorFlow in the parent)
 
 RESULTS = os.path.join(REPO, "bench", "results", "hybrid.json")
 NUM_NUMERICAL = 13
@@ -109,7 +109,7 @@ def recording_alltoall() -> Iterator[Dict[str, List[int]]]:
     """
     import numpy as np
 
-    import distributed
+    from recsys.runtime import distributed
 
     real = distributed.alltoall
     sent: Dict[str, List[int]] = {}
@@ -130,11 +130,11 @@ def recording_alltoall() -> Iterator[Dict[str, List[int]]]:
 
 def build(options: dict, data_parallel_input: bool) -> tuple:
     """Plan, what this rank reads, and the SGD trainer for this process's rank and world size."""
-    import distributed as dist
+    from recsys.runtime import distributed as dist
     from factory import ModelOptions, build_trainer
-    from model_config import DlrmSettings, TrainingSettings
+    from recsys.training.model_config import DlrmSettings, TrainingSettings
     from interaction import resolve_interaction_name
-    from sharding import plan_sharding
+    from recsys.sparse.sharding import plan_sharding
 
     plan = plan_sharding(options["cardinalities"], options["dim"], dist.size(), "memory_balanced",
                          row_slice_threshold=options.get("row_slice_threshold"), hotness=options.get("hotness"))
@@ -152,8 +152,8 @@ def rank_batches(options: dict, reads, count: int) -> list:
     import numpy as np
     import tensorflow as tf
 
-    import distributed as dist
-    from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+    from recsys.runtime import distributed as dist
+    from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 
     rank, size, batch = dist.rank(), dist.size(), options["batch"]
     start, end = local_slice(batch, rank, size)
@@ -200,7 +200,7 @@ def exchange_times(plan: ShardingPlan, global_batch: int, runs: int) -> List[flo
     """Seconds of the forward + backward output exchanges alone: the step's buffers, twice."""
     import tensorflow as tf
 
-    import distributed as dist
+    from recsys.runtime import distributed as dist
 
     rank = dist.rank()
     send = tf.random.uniform([global_batch * plan.width_on(rank)])
@@ -226,8 +226,8 @@ def worker(job: str, options: dict) -> dict:
     """One job in this process (one rank of a horovodrun job, or the single process)."""
     import tensorflow as tf
 
-    import distributed as dist
-    from hybrid_embedding import exchange_bytes_per_step
+    from recsys.runtime import distributed as dist
+    from recsys.sparse.hybrid_embedding import exchange_bytes_per_step
 
     dist.init()
     tf.keras.utils.set_random_seed(0)
@@ -255,8 +255,8 @@ def worker(job: str, options: dict) -> dict:
 def multihot_bytes(options: dict) -> dict:
     """One eager multi-hot step in each input mode: every collective's bytes from this rank, the
     minimum of the outputs and ids, and the row-sliced tables' bytes for this rank's ids."""
-    import distributed as dist
-    from batch import CATEGORICAL_KEY
+    from recsys.runtime import distributed as dist
+    from recsys.data.batch import CATEGORICAL_KEY
 
     result = {}
     for mode, data_parallel in (("model_parallel", False), ("data_parallel", True)):

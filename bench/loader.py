@@ -53,13 +53,13 @@ def peak_rss_mib() -> float:
 
 def write_dataset(directory: str, train_batches: int) -> None:
     """Random Criteo-shaped split-binary data: `train_batches` full batches, one test batch."""
-    import datasets
-    from feature_spec import FeatureSpec
+    from recsys.data import split_binary
+    from recsys.data.feature_spec import FeatureSpec
 
     spec = FeatureSpec.get_default_feature_spec(NUM_NUMERICAL, [CARDINALITY] * NUM_CATEGORICAL,
                                                 directory)
     rng = np.random.default_rng(0)
-    with datasets.SplitBinaryWriter(spec) as writer:
+    with split_binary.SplitBinaryWriter(spec) as writer:
         for mapping, batches in (("train", train_batches), ("test", 1)):
             for _ in range(batches):
                 writer.append(mapping,
@@ -102,9 +102,10 @@ def measure_pipeline(directory: str, num_samples: int, check_values: bool) -> di
 
     import dataloader
     import datasets
+    from recsys.data import split_binary
 
     rss_before = peak_rss_mib()
-    spec = dataloader.load_feature_spec(dataset_path=directory)
+    spec = datasets.load_feature_spec(dataset_path=directory)
     train = dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
         train_batch_size=BATCH_SIZE, eval_batch_size=BATCH_SIZE, check_values=check_values)).train
     start = time.perf_counter()
@@ -127,7 +128,7 @@ def measure_pipeline(directory: str, num_samples: int, check_values: bool) -> di
         element[1], out_type=tf.int64)[0]))
     graph_loop = time.perf_counter() - start
     assert samples == train_next_samples == in_graph == num_samples // BATCH_SIZE * BATCH_SIZE
-    reader = datasets.SplitBinaryReader(spec, "train", BATCH_SIZE, check_values=check_values)
+    reader = split_binary.SplitBinaryReader(spec, "train", BATCH_SIZE, check_values=check_values)
     start = time.perf_counter()
     for batch in range(len(reader)):
         reader.read_batch(batch)

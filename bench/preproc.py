@@ -59,7 +59,7 @@ STAGE_MARKERS: Dict[str, List[Tuple[str, "re.Pattern[str]"]]] = {
 
 def _write_day(task: Tuple[str, int, int]) -> int:
     """Worker: one day file of synthetic_criteo lines (same content as synthetic_criteo.write_days); returns bytes."""
-    import synthetic_criteo
+    from preproc import synthetic_criteo
 
     directory, day, lines_per_day = task
     text = "\n".join(synthetic_criteo.good_lines(lines_per_day, day, SEED)) + "\n"

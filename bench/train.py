@@ -56,7 +56,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "train.json")
 
 from bench.reference import pytorch_dlrm  # noqa: E402
-from feature_spec import MLPERF_HOTNESS  # noqa: E402
+from recsys.data.feature_spec import MLPERF_HOTNESS  # noqa: E402
 
 CARDINALITIES = [100_000] * 26
 DIM = 128
@@ -114,7 +114,7 @@ LOW_MEMORY_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "MALLOC_MMAP_THRESHOLD_
 def cpu_description() -> dict:
     """The CPU the rows ran on: its model name and what bf16 units it has (the targets are relative to
     the same run, but the speed-ups depend on the machine: AMX makes bf16 far faster than AVX512-BF16)."""
-    from precision import CPUINFO_PATH, host_cpu_bf16_support
+    from recsys.runtime.precision import CPUINFO_PATH, host_cpu_bf16_support
 
     try:
         with open(CPUINFO_PATH) as f:
@@ -150,9 +150,9 @@ def build_bench_trainer(precision: str = "fp32"):
 
     from factory import ModelOptions, build_trainer
 
-    from model_config import DlrmSettings, TrainingSettings
+    from recsys.training.model_config import DlrmSettings, TrainingSettings
     from interaction import resolve_interaction_name
-    from sharding import MemoryBudget, plan_sharding
+    from recsys.sparse.sharding import MemoryBudget, plan_sharding
 
     tf.keras.utils.set_random_seed(0)
     compute_dtype = tf.bfloat16 if precision == "bf16" else tf.float32
@@ -171,7 +171,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     """One configuration, in this process: train steps, then inference at batch 2048."""
     import tensorflow as tf
 
-    from trainer import Evaluator, percentiles
+    from recsys.training.trainer import Evaluator, percentiles
 
     warmup = 5
     pipelines = bench_pipelines(batch_size, warmup + steps, precision)
@@ -217,10 +217,10 @@ def multihot_worker(steps: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+    from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
     from factory import ModelOptions, build_trainer
-    from model_config import DlrmSettings, TrainingSettings
-    from sharding import MemoryBudget, plan_sharding
+    from recsys.training.model_config import DlrmSettings, TrainingSettings
+    from recsys.sparse.sharding import MemoryBudget, plan_sharding
 
     tf.keras.utils.set_random_seed(0)
     plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0), hotness=MLPERF_HOTNESS)
@@ -276,8 +276,8 @@ TENSORBOARD_BATCH = 2048
 def loop_worker(tensorboard: bool, print_freq: int, steps: int) -> dict:
     """The epoch loop for 2 x print_freq warm-up steps plus `steps`, a progress point every
     `print_freq` steps, with or without the TensorBoard writer (into a scratch folder)."""
-    from tensorboard_log import TensorBoardScalars
-    from trainer import Evaluator, LoopConfig, train_loop
+    from recsys.runtime.tensorboard_log import TensorBoardScalars
+    from recsys.training.trainer import Evaluator, LoopConfig, train_loop
 
     total = 2 * print_freq + steps
     pipelines = bench_pipelines(TENSORBOARD_BATCH, total)

@@ -40,7 +40,7 @@ RESULTS = os.path.join(REPO, "bench", "results", "wd_train.json")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from precision import host_cpu_bf16_support  # noqa: E402
+from recsys.runtime.precision import host_cpu_bf16_support  # noqa: E402
 from wide_and_deep import features as F  # noqa: E402
 from wide_and_deep import wd_model  # noqa: E402
 

@@ -5,8 +5,8 @@
       --dst_dataset_path /data/preprocessed --max_batches_train 1000 --max_batches_test 100 \\
       --dst_dataset_type tf_raw
 
-The formats and readers live in the top-level modules, each registered in `data_formats`; this
-package holds the entry points and their shared command-line conventions (cli.py): bad input is
+The formats and readers live in `recsys.data`, each registered in `data_formats`; this package holds
+the entry points and their shared command-line conventions (`recsys.runtime.cli`): bad input is
 one `error: ...` line on stderr and exit status 2. The reference's `transcode.py` at the root is a
 thin command over `dataloading.transcribe` (the `csv` source, `transcribe.FlagNames` for its flags).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, NoReturn, TypeVar
 
-from cli import ArgumentParser, bad_input  # noqa: F401 (ArgumentParser: for the package's commands)
+from recsys.runtime.cli import ArgumentParser, bad_input  # noqa: F401 (ArgumentParser: for the package's commands)
 
 T = TypeVar("T")
 

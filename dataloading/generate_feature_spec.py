@@ -14,8 +14,8 @@ import os
 from typing import List, Optional
 
 from dataloading import ArgumentParser, run_or_fail
-from feature_spec import CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, FeatureSpec
-from safe_io import check_output_file
+from recsys.data.feature_spec import CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, FeatureSpec
+from recsys.runtime.safe_io import check_output_file
 
 
 def generate_feature_spec(variant: str, destination: str, overwrite: bool = False) -> FeatureSpec:

@@ -38,11 +38,11 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from dataloading import ArgumentParser, run_or_fail
-from datasets import SplitBinaryReader, SplitBinaryWriter
-from feature_spec import (CRITEO_NUMERICAL_FEATURES, DEFAULT_SPEC_NAME, MAPPINGS, MLPERF_HOTNESS, MLPERF_ROW_CAP,
+from recsys.data.split_binary import SplitBinaryReader, SplitBinaryWriter
+from recsys.data.feature_spec import (CRITEO_NUMERICAL_FEATURES, DEFAULT_SPEC_NAME, MAPPINGS, MLPERF_HOTNESS, MLPERF_ROW_CAP,
                           FeatureSpec)
-from safe_io import refuse_overlap
-from synthetic_data import hashed_units, write_synthetic_dataset
+from recsys.runtime.safe_io import refuse_overlap
+from recsys.data.synthetic_data import hashed_units, write_synthetic_dataset
 
 DEFAULT_CHUNK_SAMPLES = 1 << 16
 # Small tables for the stand-in, with a few ids repeated often (like Criteo's small features).

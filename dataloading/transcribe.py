@@ -55,14 +55,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-import data_formats
-import hugectr_data
-from batch import Samples
-from data_errors import DataError
+from recsys.data import data_formats
+from recsys.data import hugectr_data
+from recsys.data.batch import Samples
+from recsys.data.data_errors import DataError
 from dataloading import ArgumentParser, run_or_fail
-from feature_spec import (CARDINALITY_SELECTOR, DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR,
+from recsys.data.feature_spec import (CARDINALITY_SELECTOR, DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR,
                           TEST_MAPPING, TRAIN_MAPPING, FeatureSpec)
-from safe_io import refuse_overlap
+from recsys.runtime.safe_io import refuse_overlap
 
 
 @dataclass(frozen=True)

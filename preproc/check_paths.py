@@ -16,8 +16,8 @@ import sys
 from typing import Dict, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cli import bad_input  # noqa: E402
-from safe_io import OutputPathError, check_output_dir, check_replaceable, refuse_overlap  # noqa: E402
+from recsys.runtime.cli import bad_input  # noqa: E402
+from recsys.runtime.safe_io import OutputPathError, check_output_dir, check_replaceable, refuse_overlap  # noqa: E402
 from split_dataset import output_entries  # noqa: E402
 
 # What run_criteo_spark_jobs (common.sh) puts in the Spark output folder.

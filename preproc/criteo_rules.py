@@ -18,7 +18,6 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-import numpy as np
 
 NUM_INTEGER_FEATURES = 13
 NUM_CATEGORICAL_FEATURES = 26
@@ -36,24 +35,7 @@ HEX_PATTERN = "[0-9a-fA-F]{1,16}"
 # field, so this also fixes the field count at 40.
 GOOD_LINE = (r"[01](\t(" + INTEGER_PATTERN + r")?){" + str(NUM_INTEGER_FEATURES) + r"}"
              r"(\t[0-9a-fA-F]{0,16}){" + str(NUM_CATEGORICAL_FEATURES) + r"}")
-# Values at or below this are clamped before the log, so ln(max(x, -2) + 3) >= 0 for every integer.
-NUMERICAL_CLAMP_MIN = -2.0
-NUMERICAL_LOG_SHIFT = 3.0
 SPLITS = ("train", "test", "validation")
-
-
-def transform_numericals(values: np.ndarray, take_log: bool = True) -> np.ndarray:
-    """The numerical rule applied to present values, as `numerical.bin` stores them: ln(max(x, -2) + 3)
-    in float64 (x itself without the log), then float32 (the engines' FLOAT), then float16 (round to
-    nearest even). The engines write the same rule in SQL and Spark; readers of data that still
-    needs it (HugeCTR raw, SOK) call this. NaN stays NaN, for the caller's finiteness check."""
-    values = np.asarray(values)
-    if take_log:  # one float64 array, updated in place (integers convert to float64 exactly)
-        values = np.maximum(values, NUMERICAL_CLAMP_MIN, dtype=np.float64)
-        np.add(values, NUMERICAL_LOG_SHIFT, out=values)
-        np.log(values, out=values)
-    with np.errstate(over="ignore"):
-        return values.astype(np.float32).astype(np.float16)
 
 
 class InputError(ValueError):

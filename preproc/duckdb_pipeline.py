@@ -38,14 +38,15 @@ import pyarrow.compute as pc
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from cli import bad_input, failure  # noqa: E402
+from recsys.runtime.cli import bad_input, failure  # noqa: E402
+from recsys.data.numerical_rule import NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT  # noqa: E402
 from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE,  # noqa: E402
-                          INTEGER_PATTERN, NUM_FIELDS, NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT,
+                          INTEGER_PATTERN, NUM_FIELDS,
                           NOT_UTF8, REJECTION_REASONS, InputError, column_limits, day_file_paths,
                           rejection_summary, strict_error)
-from feature_spec import FeatureSpec  # noqa: E402
+from recsys.data.feature_spec import FeatureSpec  # noqa: E402
 from progress import Progress  # noqa: E402
-from safe_io import OutputPathError, atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
+from recsys.runtime.safe_io import OutputPathError, atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
 from split_dataset import SUMMARY_NAME, build_summary, output_entries, write_split  # noqa: E402
 
 BATCH_ROWS = 1 << 17

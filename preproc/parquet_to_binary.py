@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cli import bad_input  # noqa: E402
-from safe_io import atomic_directory, check_output_dir, check_replaceable, refuse_overlap  # noqa: E402
+from recsys.runtime.cli import bad_input  # noqa: E402
+from recsys.runtime.safe_io import atomic_directory, check_output_dir, check_replaceable, refuse_overlap  # noqa: E402
 
 SPLITS = ("train", "test", "validation")
 NUM_INTEGER_FEATURES = 13

@@ -34,13 +34,14 @@ from pyspark.sql import functions as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from cli import bad_input  # noqa: E402
+from recsys.runtime.cli import bad_input  # noqa: E402
+from recsys.data.numerical_rule import NUMERICAL_CLAMP_MIN, NUMERICAL_LOG_SHIFT  # noqa: E402
 from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LINE, INTEGER_COLUMNS,  # noqa: E402,F401
-                          INTEGER_PATTERN, LABEL_COLUMN, NOT_UTF8, NUM_FIELDS, NUMERICAL_CLAMP_MIN,
-                          NUMERICAL_LOG_SHIFT, REJECTION_REASONS, InputError, column_limits, day_file_paths,
+                          INTEGER_PATTERN, LABEL_COLUMN, NOT_UTF8, NUM_FIELDS,
+                          REJECTION_REASONS, InputError, column_limits, day_file_paths,
                           parse_frequency_limit, rejection_summary, strict_error)
 from progress import Progress  # noqa: E402
-from safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir,  # noqa: E402
+from recsys.runtime.safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir,  # noqa: E402
                      refuse_overlap)
 
 ORDERINGS = ("total_random", "input")

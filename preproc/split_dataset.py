@@ -24,9 +24,9 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cli import bad_input  # noqa: E402
-from feature_spec import DEFAULT_SPEC_NAME, FeatureSpec, get_categorical_feature_type  # noqa: E402
-from safe_io import atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
+from recsys.runtime.cli import bad_input  # noqa: E402
+from recsys.data.feature_spec import DEFAULT_SPEC_NAME, FeatureSpec, get_categorical_feature_type  # noqa: E402
+from recsys.runtime.safe_io import atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
 
 SPLITS = ("train", "test", "validation")
 NUM_FIELDS = 40

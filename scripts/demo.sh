@@ -51,7 +51,7 @@ MODEL=(--embedding_dim 16 --bottom_mlp_dims 64,16 --top_mlp_dims 128,64,1 --opti
        --valid_batch_size 4096 --dataset_path "${DATA}" --cpu)
 
 echo "== 1/6 writing ${DAYS} raw Criteo-format day files of ${LINES_PER_DAY} lines in ${RAW}"
-python synthetic_criteo.py --output "${RAW}" --days "${DAYS}" --lines_per_day "${LINES_PER_DAY}" --teacher \
+python preproc/synthetic_criteo.py --output "${RAW}" --days "${DAYS}" --lines_per_day "${LINES_PER_DAY}" --teacher \
   --malformed_per_day 2 --summary "${DEMO_DIR}/raw_summary.json"
 
 echo "== 2/6 preprocessing: preproc/prepare_dataset.sh CPU ${THRESHOLD} (default engine) into ${DATA}"
@@ -81,7 +81,7 @@ python - "${DEMO_DIR}" <<'PY'
 import json
 import sys
 
-from utils import read_dllogger_file
+from recsys.runtime.logger import read_dllogger_file
 
 
 def final(path):

@@ -71,7 +71,7 @@ python - "${CSV}/teacher.json" "${DEMO_DIR}/eval_results/log.json" "${RECORDS}/p
 import json
 import sys
 
-from utils import read_dllogger_file
+from recsys.runtime.logger import read_dllogger_file
 
 teacher = json.load(open(sys.argv[1]))
 final = [r["data"] for r in read_dllogger_file(sys.argv[2]) if r["type"] == "LOG" and r["step"] == []][-1]

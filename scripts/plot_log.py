@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Dict, List, Tuple
 
-from safe_io import OutputPathError, atomic_file, check_output_file, refuse_overlap
-from utils import read_dllogger_file
+from recsys.runtime.safe_io import OutputPathError, atomic_file, check_output_file, refuse_overlap
+from recsys.runtime.logger import read_dllogger_file
 
 DPI = 100
 Series = Tuple[List[int], List[float]]

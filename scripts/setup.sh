@@ -17,7 +17,8 @@ Installs only what is missing:
     sdist once per host kind and cached under $DLRM_CACHE_DIR (default ~/.cache/dlrm-tf2);
     a fresh install is checked with `horovodrun --check-build` (NCCL must be listed on GPUs);
   * the custom dot-interaction op: `make cpu`, or `make gpu` (CUDA kernels) on a GPU host;
-  * a .pth file in the venv naming the repository root (wide_and_deep/main.py imports the root modules).
+  * the project's packages (recsys/, wide_and_deep/) linked into the venv's site-packages, so that
+    `cd wide_and_deep && python main.py` imports them; the repository root stays off the import path.
 
   --plan   print what would be installed for this host kind, change nothing
 
@@ -125,15 +126,27 @@ venv_site_packages() {
   fi
 }
 
-# A .pth file in the venv's site-packages naming the repository root, so that entry points run from
-# a subfolder (`cd wide_and_deep && python main.py`) import the root modules without sys.path edits.
-REPO_PTH="dlrm_tf2_repo_root.pth"
-install_repo_path() {
-  local pth
-  pth="$(venv_site_packages)/${REPO_PTH}"
-  if [[ -f "${pth}" && "$(cat "${pth}")" == "${REPO_DIR}" ]]; then log "${REPO_PTH} names ${REPO_DIR}"; return; fi
-  printf '%s\n' "${REPO_DIR}" > "${pth}.tmp" && mv "${pth}.tmp" "${pth}"
-  log "${REPO_PTH}: the repository root ${REPO_DIR} is importable from the venv"
+# The project's packages (INSTALLED_PACKAGES) linked into the venv's site-packages, so that an entry
+# point run from a subfolder (`cd wide_and_deep && python main.py`) imports them, with no .pth and no
+# sys.path edit; the root modules (main.py, datasets.py, ...) stay off every other program's path.
+# The links point into this checkout, so an edit is live at once. An older setup's .pth naming the
+# repository root is removed.
+INSTALLED_PACKAGES=(recsys wide_and_deep)
+OLD_REPO_PTH="dlrm_tf2_repo_root.pth"
+link_packages() {
+  local site package link
+  site="$(venv_site_packages)"
+  if [[ -e "${site}/${OLD_REPO_PTH}" ]]; then
+    rm -f "${site}/${OLD_REPO_PTH}"
+    log "removed ${OLD_REPO_PTH}: the repository root is no longer on the venv's import path"
+  fi
+  for package in "${INSTALLED_PACKAGES[@]}"; do
+    link="${site}/${package}"
+    if [[ -L "${link}" && "$(readlink "${link}")" == "${REPO_DIR}/${package}" ]]; then continue; fi
+    [[ ! -e "${link}" || -L "${link}" ]] || die "${link} exists and is not a link to ${REPO_DIR}/${package}"
+    ln -sfn "${REPO_DIR}/${package}" "${link}.tmp" && mv -T "${link}.tmp" "${link}"
+    log "linked ${package} into the venv (${link} -> ${REPO_DIR}/${package})"
+  done
 }
 
 # The CUDA 12 toolkit Horovod's NCCL build compiles against: CUDA_HOME, else the toolkit root
@@ -244,7 +257,7 @@ print_plan() {
 if [[ "${PLAN}" == 1 ]]; then print_plan; exit 0; fi
 install_debian_packages
 create_venv
-install_repo_path
+link_packages
 install_horovod
 build_interaction_op
 "${VENV}/bin/pip" check

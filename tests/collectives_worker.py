@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-import distributed as dist
+from recsys.runtime import distributed as dist
 
 
 @tf.function

@@ -11,14 +11,15 @@ from typing import Dict, List
 import numpy as np
 
 import dataloader
-import distributed as dist
-from batch import TableReads
+import datasets
+from recsys.runtime import distributed as dist
+from recsys.data.batch import TableReads
 
 
 def open_pipelines(dataset_path=None, *, spec=None, owned=None, **config) -> dataloader.InputPipelines:
     """The pipelines of the spec in `dataset_path` (or of `spec`), with `PipelineConfig(**config)`;
     `owned`: read the global batch of only those categorical features (model-parallel input)."""
-    spec = spec or dataloader.load_feature_spec(dataset_path=dataset_path)
+    spec = spec or datasets.load_feature_spec(dataset_path=dataset_path)
     reads = None if owned is None else TableReads(tuple(owned), global_batch=True)
     return dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(reads=reads, **config))
 

@@ -14,11 +14,11 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-import distributed as dist
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, local_slice
+from recsys.runtime import distributed as dist
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, local_slice
 from factory import ModelOptions, build_trainer
-from model_config import DlrmSettings, TrainingSettings
-from sharding import plan_sharding
+from recsys.training.model_config import DlrmSettings, TrainingSettings
+from recsys.sparse.sharding import plan_sharding
 
 CARDINALITIES = [50, 20, 7, 30, 3, 64]
 DIM = 8

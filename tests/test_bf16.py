@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import interaction
 from multiproc import assert_ok, require, run_python
-from precision import choose_precision, host_cpu_bf16_support
+from recsys.runtime.precision import choose_precision, host_cpu_bf16_support
 from test_main import final_record
 
 CPU_BF16 = host_cpu_bf16_support()

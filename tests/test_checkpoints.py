@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import checkpoint
-from checkpoint import CheckpointError
-from embedding import CHUNK_BYTES, TableSlice
+from recsys.training import checkpoint
+from recsys.training.checkpoint import CheckpointError
+from recsys.sparse.tables import CHUNK_BYTES, TableSlice
 from multiproc import REPO_ROOT, assert_ok, assert_one_error, launch_env, snapshot
-from safe_io import OutputPathError
+from recsys.runtime.safe_io import OutputPathError
 from test_main import SMALL, main_py
 
 CONFIG = {"embedding_dim": 4, "optimizer": "sgd"}

@@ -51,7 +51,7 @@ def test_collectives_two_processes(tmp_path, transport):
 def test_single_process_collectives_are_identities():
     import tensorflow as tf
 
-    import distributed as dist
+    from recsys.runtime import distributed as dist
 
     assert os.environ.get("HOROVOD_SIZE") is None
     dist.init()

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from feature_spec import FeatureSpec
+from recsys.data.feature_spec import FeatureSpec
 from multiproc import snapshot
 from test_dataloading import assert_same_tree, transcribe_here
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from cpu_affinity import MODES, apply_affinity, choose_cpus, describe, read_topology
+from recsys.runtime.cpu_affinity import MODES, apply_affinity, choose_cpus, describe, read_topology
 from multiproc import REPO_ROOT
 
 ONE_SOCKET = {cpu: (0, cpu) for cpu in range(4)}  # 4 cores, one thread each
@@ -96,7 +96,7 @@ def test_binding_a_process_binds_its_existing_threads():
     """A real process with a thread started before the binding: both end on the chosen CPU."""
     script = textwrap.dedent("""
         import os, threading
-        from cpu_affinity import apply_affinity
+        from recsys.runtime.cpu_affinity import apply_affinity
         ready, done = threading.Event(), threading.Event()
         worker = threading.Thread(target=lambda: (ready.set(), done.wait()))
         worker.start()

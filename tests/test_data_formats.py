@@ -8,14 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-import data_formats
+from recsys.data import data_formats
 import dataloader
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+import datasets
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from dataloading import transcribe
 from factory import ModelOptions, build_trainer
-from model_config import DlrmSettings, TrainingSettings
-from pipeline_errors import surface_data_errors
-from sharding import plan_sharding
+from recsys.training.model_config import DlrmSettings, TrainingSettings
+from recsys.data.pipeline_errors import surface_data_errors
+from recsys.sparse.sharding import plan_sharding
 from test_dataloading import REPO_ROOT, transcribe_here
 
 TRAINING = ("tf_raw", "hugectr_raw", "sok_split", "split_tfrecords", "synthetic", "torchrec_npy")
@@ -27,7 +28,7 @@ BATCH = 32
 
 
 def test_main_reads_the_formats_from_the_registry_without_tensorflow():
-    script = ("import sys, main, data_formats; "
+    script = ("import sys, main; from recsys.data import data_formats; "
               "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'; "
               "print(main.FLAGS['dataset_type'].parser.enum_values); "
               "print([data_formats.names(r) for r in data_formats.ROLES]); "
@@ -43,16 +44,16 @@ def test_main_reads_the_formats_from_the_registry_without_tensorflow():
 def test_transcribe_lists_every_registered_source_and_destination():
     assert set(SOURCES) <= set(transcribe.source_types())
     assert set(transcribe.destination_types()) == set(DESTINATIONS)
-    assert set(TRAINING) <= set(dataloader.dataset_types())
+    assert set(TRAINING) <= set(datasets.dataset_types())
 
 
 def test_each_format_is_registered_by_the_module_that_reads_it():
     modules = {name: declaration.module for name, declaration in data_formats.declarations().items()}
-    assert {name: modules[name] for name in SOURCES + DESTINATIONS} == {
-        "tf_raw": "datasets", "split_tfrecords": "split_tfrecords", "synthetic": "synthetic_data",
+    assert {name: modules[name] for name in SOURCES + DESTINATIONS} == {name: "recsys.data." + module for name, module in {
+        "tf_raw": "split_binary", "split_tfrecords": "split_tfrecords", "synthetic": "synthetic_data",
         "hugectr_raw": "hugectr_data", "sok_split": "hugectr_data", "torchrec_npy": "torchrec_data",
         "binary_multihot": "torchrec_data", "nvt": "column_data", "tfrecords_multihot": "column_data",
-        "csv": "csv_data"}
+        "csv": "csv_data"}.items()}
     for name in TRAINING:
         assert data_formats.get(name, "training").declaration == data_formats.declarations()[name]
 
@@ -64,22 +65,22 @@ def test_each_format_is_registered_by_the_module_that_reads_it():
      "--num_embeddings_per_feature describes --dataset_type torchrec_npy data, not synthetic")])
 def test_an_option_another_format_owns_is_refused(name, options, words):
     with pytest.raises(ValueError, match=words):
-        dataloader.load_feature_spec(dataset_type=name, dataset_path="/nonexistent", **options)
+        datasets.load_feature_spec(dataset_type=name, dataset_path="/nonexistent", **options)
     data_formats.check_options(name, {key: None for key in options})  # not given: nothing to refuse
 
 
 def test_an_unknown_format_names_the_choices():
     with pytest.raises(ValueError, match=r"dataset_type must be one of \['tf_raw', .*got 'csv'"):
-        dataloader.load_feature_spec(dataset_type="csv", dataset_path="/nonexistent")
+        datasets.load_feature_spec(dataset_type="csv", dataset_path="/nonexistent")
     with pytest.raises(ValueError, match=r"--dst_dataset_type must be one of .*got 'torchrec_npy'"):
         data_formats.get("torchrec_npy", "destination")
 
 
 def test_a_name_registered_twice_or_roles_that_are_not_literal_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="format 'tf_raw' is registered twice: by datasets and by"):
+    with pytest.raises(ValueError, match="format 'tf_raw' is registered twice: by recsys.data.split_binary and by"):
         data_formats.register_format("tf_raw", training=True, load_spec=lambda *_: None, reader=object)
     bad = tmp_path / "bad_format.py"
-    bad.write_text("import data_formats\nROLE = True\n"
+    bad.write_text("from recsys.data import data_formats\nROLE = True\n"
                    "data_formats.register_format('bad', training=ROLE, load_spec=None, reader=None)\n")
     with pytest.raises(ValueError, match=r"bad_format.py:3: register_format's training must be a literal"):
         data_formats._declared_in(str(bad), "bad_format")
@@ -87,7 +88,7 @@ def test_a_name_registered_twice_or_roles_that_are_not_literal_are_refused(tmp_p
 
 def test_the_model_a_format_feeds_is_read_from_source_and_keeps_the_lists_apart(tmp_path):
     plug_in = tmp_path / "other_model_format.py"
-    plug_in.write_text("import data_formats\n"
+    plug_in.write_text("from recsys.data import data_formats\n"
                        "data_formats.register_format('other_npy', training=True, model='other', load_spec=None, "
                        "reader=None)\n")
     (declared,) = data_formats._declared_in(str(plug_in), "other_model_format")
@@ -113,7 +114,7 @@ def toy(tmp_path_factory):
 
 
 def pipelines(dataset_type, path):
-    spec = dataloader.load_feature_spec(dataset_type=dataset_type, dataset_path=path)
+    spec = datasets.load_feature_spec(dataset_type=dataset_type, dataset_path=path)
     return dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
         dataset_type=dataset_type, train_batch_size=BATCH, eval_batch_size=BATCH, validate_data=True))
 
@@ -135,7 +136,7 @@ def train(dataset, steps=4):
 
 def test_a_toy_format_in_one_module_trains_through_the_loader(toy):
     folder, splits = toy
-    assert "toy_npy" in dataloader.dataset_types()
+    assert "toy_npy" in datasets.dataset_types()
     served = pipelines("toy_npy", folder)
     assert (served.train_steps, served.eval_steps) == (4, 3)  # the test data's last partial batch is served
     train_elements = elements(served.train)

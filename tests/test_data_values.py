@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data_errors
-import dataloader
+from recsys.data import data_errors
 import datasets
-import pipeline_errors
+from recsys.data import split_binary
+from recsys.data import pipeline_errors
 import saved_model
-import synthetic_data
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from recsys.data import synthetic_data
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from data_rank_worker import open_pipelines
-from feature_spec import get_default_feature_spec
+from recsys.data.feature_spec import get_default_feature_spec
 from factory import single_process_model
-from model_config import DlrmConfig
+from recsys.training.model_config import DlrmConfig
 from test_main import SMALL_MODEL, main_py
 
 NUM_NUMERICAL = 2
@@ -98,9 +98,9 @@ def test_the_pipeline_stops_at_the_bad_value_and_names_it(data_dir, case):
 
 def test_read_batch_raises_and_the_opt_out_lets_the_value_through(data_dir):
     corrupt(data_dir / "train" / "label.bin", np.uint8, 1, 5, 2)
-    spec = dataloader.load_feature_spec(dataset_path=str(data_dir))
+    spec = datasets.load_feature_spec(dataset_path=str(data_dir))
     with pytest.raises(data_errors.DataError, match="byte 2 at sample 5"):
-        datasets.SplitBinaryReader(spec, "train", BATCH).read_batch(0)
+        split_binary.SplitBinaryReader(spec, "train", BATCH).read_batch(0)
     unchecked = pipelines(data_dir, check_values=False)
     _, labels = next(iter(unchecked.train))
     assert labels[5, 0] == 1.0  # what TensorFlow makes of byte 2 when nothing checks it

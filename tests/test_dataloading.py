@@ -10,10 +10,10 @@ import sys
 import pytest
 import yaml
 
-import datasets
-import synthetic_data
+from recsys.data import split_binary
+from recsys.data import synthetic_data
 from dataloading import transcribe
-from feature_spec import CRITEO_VARIANTS, FeatureSpec, get_default_feature_spec
+from recsys.data.feature_spec import CRITEO_VARIANTS, FeatureSpec, get_default_feature_spec
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,7 +106,7 @@ def test_the_v5_quick_start_on_t15_and_on_to_split_tfrecords(tmp_path, capsys):
     assert spec.check_files() == {"train": 1536, "test": 1024}
     assert spec.cardinalities == CRITEO_VARIANTS["criteo_t15_synthetic"]
     assert 0.6 < spec.metadata["teacher_auc"] < 0.95
-    datasets.validate_data(spec, ("train", "test"))
+    split_binary.validate_data(spec, ("train", "test"))
     records = tmp_path / "records"
     result = transcribe_here(capsys, "--src_dataset_type", "synthetic", "--src_dataset_path", source,
                              "--dst_dataset_path", records, "--max_batches_train", 3, "--max_batches_test", 2,
@@ -207,7 +207,7 @@ def test_transcribe_names_a_corrupt_source_file_and_writes_nothing(tmp_path, cap
 
 
 def test_prepare_synthetic_dataset_takes_a_generated_spec(tmp_path):
-    from synthetic_data import output_spec
+    from recsys.data.synthetic_data import output_spec
     assert run_module("generate_feature_spec", "--variant", "criteo_t0_synthetic",
                       "--dst", tmp_path / "feature_spec.yaml").returncode == 0
     spec = output_spec(str(tmp_path / "out"), str(tmp_path / "feature_spec.yaml"), None, 13, [])

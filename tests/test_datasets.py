@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import batch
-import data_errors
-import dataloader
+from recsys.data import batch
+from recsys.data import data_errors
 import datasets
-import synthetic_data
+from recsys.data import split_binary
+from recsys.data import synthetic_data
 from data_rank_worker import collect_epoch, open_pipelines
-from feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
+from recsys.data.feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
 from multiproc import assert_ok, run_horovod
 
 SPEC_FILES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "feature_specs", "*.yaml")))
@@ -22,7 +22,7 @@ def write_known_dataset(spec, counts, seed=0):
     """Random data for `spec` written through SplitBinaryWriter; returns what was written."""
     rng = np.random.default_rng(seed)
     written = {}
-    with datasets.SplitBinaryWriter(spec) as writer:
+    with split_binary.SplitBinaryWriter(spec) as writer:
         for mapping, n in counts.items():
             arrays = {"numerical": rng.random((n, len(spec.numerical_names))).astype(np.float16),
                       "labels": rng.integers(0, 2, n).astype(bool),
@@ -79,7 +79,7 @@ def test_every_spec_generates_teacher_labelled_data(tmp_path, path):
     loaded.check_feature_spec()
     assert loaded.check_files() == {"train": 2048, "test": 1024}
     assert loaded.metadata["teacher_auc"] == teacher_auc and 0.65 < teacher_auc < 0.95
-    datasets.validate_data(loaded, ["train", "test"])
+    split_binary.validate_data(loaded, ["train", "test"])
     labels = np.fromfile(loaded.file_of("train", loaded.label_name), dtype=bool)
     assert 0.2 < labels.mean() < 0.8
 
@@ -188,13 +188,13 @@ def test_dataset_path_with_a_broken_spec_fails_before_reading(small_dataset):
     with pytest.raises(FeatureSpecError, match="label.bin"):
         pipelines_for(small_dataset)
     with pytest.raises(ValueError, match="dataset_path is required"):
-        dataloader.load_feature_spec(dataset_type="tf_raw", dataset_path=None)
+        datasets.load_feature_spec(dataset_type="tf_raw", dataset_path=None)
 
 
 # ------------------------------------------------------------------------------ synthetic
 def synthetic(spec_arguments=None, **kwargs):
     """Synthetic pipelines of three tables, or of the spec `load_feature_spec(**spec_arguments)` reads."""
-    spec = dataloader.load_feature_spec(**(spec_arguments or dict(
+    spec = datasets.load_feature_spec(**(spec_arguments or dict(
         dataset_type="synthetic", cardinalities=[30, 700, 9], num_numerical_features=4)))
     return open_pipelines(spec=spec, **(dict(dataset_type="synthetic", train_batch_size=512, eval_batch_size=256,
                                               synthetic_train_batches=6, synthetic_eval_batches=3, seed=11) | kwargs))

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import checkpoint
+from recsys.training import checkpoint
 import interaction
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
-from model_config import DlrmConfig
+from recsys.training.model_config import DlrmConfig
 from multiproc import assert_ok, run_horovod, run_python
 from test_main import SMALL_DATA, checkpoint_arrays, final_record
 
@@ -180,7 +180,7 @@ def test_dlrm_py_runs_dot_and_honours_the_v5_flags(tmp_path):
     tables = {name: array for name, array in checkpoint_arrays(tmp_path / "c").items() if name.startswith("embeddings/")}
     assert len(tables) == 4 and all(not array.any() for array in tables.values())
 
-    from optimizers import make_optimizers
+    from recsys.training.optimizers import make_optimizers
 
     dense, embedding = make_optimizers("adam", beta_1=0.5, beta_2=0.75)
     assert (dense.beta_1, dense.beta_2, embedding.beta_1, embedding.beta_2) == (0.5, 0.75, 0.5, 0.75)

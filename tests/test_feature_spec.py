@@ -5,8 +5,8 @@ import os
 import pytest
 import yaml
 
-import synthetic_data
-from feature_spec import (FeatureSpec, FeatureSpecError, get_categorical_feature_type,
+from recsys.data import synthetic_data
+from recsys.data.feature_spec import (FeatureSpec, FeatureSpecError, get_categorical_feature_type,
                           get_default_feature_spec)
 
 SPEC_DIR = os.path.join(os.path.dirname(__file__), "feature_specs")

@@ -132,7 +132,7 @@ def test_every_numeric_flag_is_range_checked():
 
 
 def test_dist_strategy_offers_exactly_the_planner_strategies():
-    from sharding import STRATEGIES
+    from recsys.sparse.sharding import STRATEGIES
 
     assert sorted(FLAGS["dist_strategy"].parser.enum_values) == sorted(STRATEGIES)
     with pytest.raises(flags.IllegalFlagValueError, match="--dist_strategy=round_robin: value should be one of"):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import custom_ops
+from recsys.runtime import custom_ops
 from multiproc import require
-from optimizers import SGD, Adagrad, Adam
+from recsys.training.optimizers import SGD, Adagrad, Adam
 from wide_and_deep.wd_model import fused_ftrl_step, fused_rmsprop_step
 
 SHAPES = [(50, 16), (7, 128), (1000, 8), (3, 4)]  # (rows, dim) of each table

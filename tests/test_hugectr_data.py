@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data_errors
+from recsys.data import data_errors
 import dataloader
 import datasets
-import pipeline_errors
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
+from recsys.data import split_binary
+from recsys.data import pipeline_errors
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
 from dataloading import transcribe
-from feature_spec import FeatureSpecError, get_categorical_feature_type
+from recsys.data.feature_spec import FeatureSpecError, get_categorical_feature_type
 from multiproc import assert_one_error, assert_ok, run_horovod, snapshot
 from test_dataloading import assert_same_tree, transcribe_here
 from test_flags import assert_refused, run_in_process
@@ -96,7 +97,7 @@ SPEC_ARGS = {"raw": ("hugectr_raw", {"hugectr_cardinalities": CARDINALITIES}), "
 
 def load(paths, layout):
     dataset_type, extra = SPEC_ARGS[layout]
-    return dataloader.load_feature_spec(dataset_type=dataset_type, dataset_path=paths[layout], **extra)
+    return datasets.load_feature_spec(dataset_type=dataset_type, dataset_path=paths[layout], **extra)
 
 
 def elements(dataset):
@@ -180,7 +181,7 @@ def test_transcribe_command_line_reads_hugectr_raw_flags(data, tmp_path, capsys)
                              "--src_batch_size", CONVERT_BATCH, "--dst_dataset_type", "tf_raw",
                              "--dst_dataset_path", tmp_path / "out", "--train_only")
     assert result.returncode == 0, result.stderr
-    reader = datasets.SplitBinaryReader(load({"binary": str(tmp_path / "out")}, "binary"), "train", CONVERT_BATCH)
+    reader = split_binary.SplitBinaryReader(load({"binary": str(tmp_path / "out")}, "binary"), "train", CONVERT_BATCH)
     numerical, _, _ = reader.read_samples(0)
     np.testing.assert_array_equal(numerical, raw[:, 1:14].astype(np.float32).astype(np.float16))  # no log
     before = snapshot(tmp_path)
@@ -311,16 +312,16 @@ def test_sok_per_feature_files_are_checked_as_split_binary(tmp_path):
 def test_hugectr_raw_needs_its_cardinalities_once(tmp_path):
     paths = copy_layouts(tmp_path)
     with pytest.raises(ValueError, match="needs its cardinalities .*--hugectr_cardinalities, or a metadata.json"):
-        dataloader.load_feature_spec(dataset_type="hugectr_raw", dataset_path=paths["raw"])
+        datasets.load_feature_spec(dataset_type="hugectr_raw", dataset_path=paths["raw"])
     write_sok_metadata(paths["raw"])
-    assert load(paths, "sok").cardinalities == dataloader.load_feature_spec(
+    assert load(paths, "sok").cardinalities == datasets.load_feature_spec(
         dataset_type="hugectr_raw", dataset_path=paths["raw"]).cardinalities
     load(paths, "raw")  # the same cardinalities as metadata.json
     with pytest.raises(ValueError, match=r"metadata.json: vocab_sizes \[3, 200, .*\] disagree with --hugectr_car"):
-        dataloader.load_feature_spec(dataset_type="hugectr_raw", dataset_path=paths["raw"],
+        datasets.load_feature_spec(dataset_type="hugectr_raw", dataset_path=paths["raw"],
                                      hugectr_cardinalities=[3] * 26)
     with pytest.raises(ValueError, match="metadata.json: dense_log true disagrees with --nohugectr_dense_log"):
-        dataloader.load_feature_spec(dataset_type="hugectr_raw", dataset_path=paths["raw"], hugectr_dense_log=False)
+        datasets.load_feature_spec(dataset_type="hugectr_raw", dataset_path=paths["raw"], hugectr_dense_log=False)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -354,7 +355,7 @@ def test_main_py_exits_non_zero_naming_a_truncated_raw_file(tmp_path):
 
 
 def test_the_dense_rule_is_the_preprocessings():
-    from preproc.criteo_rules import transform_numericals
+    from recsys.data.numerical_rule import transform_numericals
 
     raw = np.array([[-7, -3, -2, -1, 0, 1, 2, 1000, 2 ** 31 - 1]], np.int32)
     np.testing.assert_array_equal(transform_numericals(raw), expected_dense(raw))

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from multiproc import assert_ok, run_horovod, run_python
-from batch import TableReads
-from sharding import STRATEGIES, MemoryBudget, ShardingError, plan_sharding, table_budget_from_device
+from recsys.data.batch import TableReads
+from recsys.sparse.sharding import STRATEGIES, MemoryBudget, ShardingError, plan_sharding, table_budget_from_device
 
 
 def _coverage(plan):
@@ -217,7 +217,7 @@ def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
 def test_per_rank_cpu_offload_keeps_the_largest_pieces_in_cpu_memory():
     import tensorflow as tf
 
-    from hybrid_embedding import HybridEmbedding
+    from recsys.sparse.hybrid_embedding import HybridEmbedding
 
     tf.keras.utils.set_random_seed(0)
     budget = MemoryBudget(device_bytes=(10 + 40) * 8 * 4)
@@ -235,7 +235,7 @@ def test_the_layer_refuses_ids_other_than_the_plan_decided():
     ids silently paired with the wrong tables."""
     import tensorflow as tf
 
-    from hybrid_embedding import HybridEmbedding
+    from recsys.sparse.hybrid_embedding import HybridEmbedding
 
     plan = plan_sharding([1000, 10, 500, 5], 4, 2, "basic", data_parallel_threshold=40)
     with pytest.raises(ValueError, match=r"rank 0 is given ids of tables \[0, 1\] .* not what the sharding plan"):
@@ -306,7 +306,7 @@ GB80 = 81559 * 2**20  # what an 80 GB A100/H100 reports
 @pytest.mark.parametrize("variant", ["criteo_t15_synthetic", "criteo_t3_synthetic", "criteo_t0_synthetic"])
 @pytest.mark.parametrize("world_size", [1, 8, 16])
 def test_memory_tiers_count_tables_slots_and_update_transients(variant, world_size):
-    from feature_spec import CRITEO_VARIANTS
+    from recsys.data.feature_spec import CRITEO_VARIANTS
 
     cardinalities = CRITEO_VARIANTS[variant]
     device_budget = table_budget_from_device(GB80)

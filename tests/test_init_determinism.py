@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hybrid_embedding import HybridEmbedding
+from recsys.sparse.hybrid_embedding import HybridEmbedding
 from model import Dlrm
-from model_config import DlrmConfig
+from recsys.training.model_config import DlrmConfig
 from factory import single_process_model
 from multiproc import assert_ok, run_horovod, run_python
-from sharding import plan_sharding
+from recsys.sparse.sharding import plan_sharding
 from test_main import SMALL, checkpoint_arrays
 
 CARDINALITIES = [50, 20, 7, 30, 3]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import custom_ops
+from recsys.runtime import custom_ops
 import interaction
 from multiproc import require
 

@@ -3,7 +3,7 @@ import datetime
 import io
 import time
 
-from utils import DllLogger, StepTimer, read_dllogger_file
+from recsys.runtime.logger import DllLogger, StepTimer, read_dllogger_file
 
 
 def test_dllogger_file_format(tmp_path):

@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-import checkpoint
+from recsys.training import checkpoint
 from factory import single_process_model
 from multiproc import REPO_ROOT, assert_ok, launch_env, run_horovod, run_python
-from precision import choose_precision, host_cpu_bf16_support
-from utils import read_dllogger_file
+from recsys.runtime.precision import choose_precision, host_cpu_bf16_support
+from recsys.runtime.logger import read_dllogger_file
 
 SMALL_MODEL = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
                "--dot_interaction", "tensorflow", "--print_freq", "1000"]
@@ -88,8 +88,8 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
     # Live model restored from the checkpoint vs the SavedModel, in this process and via saved_model_cli.
     import tensorflow as tf
 
-    from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-    from model_config import DlrmConfig
+    from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
+    from recsys.training.model_config import DlrmConfig
     config = DlrmConfig(num_numerical_features=5, cardinalities=[50, 20, 7, 30], embedding_dim=8,
                         bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="tensorflow")
     tf.keras.utils.set_random_seed(0)

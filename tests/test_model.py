@@ -6,15 +6,15 @@ import pytest
 import tensorflow as tf
 from sklearn.metrics import log_loss, roc_auc_score
 
-import embedding
-import metrics
+from recsys.sparse.tables import copy_table
+from recsys.runtime import metrics
 from lr_scheduler import LearningRateScheduler, learning_rate_at
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
 from model import Dlrm
-from model_config import DlrmConfig
-from optimizers import SGD, Adam, make_optimizers
-from trainer import eval_points
+from recsys.training.model_config import DlrmConfig
+from recsys.training.optimizers import SGD, Adam, make_optimizers
+from recsys.training.trainer import eval_points
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -101,7 +101,7 @@ def _config(**overrides):
 
 def _copy_weights(source: Dlrm, target: Dlrm) -> None:
     for s, t in zip(source.table_views(), target.table_views()):
-        embedding.copy_table(s, t)
+        copy_table(s, t)
     targets = target.dense_weight_map()
     for name, variable in source.dense_weight_map().items():
         targets[name].assign(variable)
@@ -157,7 +157,7 @@ def test_non_finite_loss_is_read_at_print_points_and_before_checkpoints():
     """The step keeps the first NaN step on the device; the loop reads it only at progress lines,
     evaluations and checkpoints, and stops before saving anything after it."""
     from lr_scheduler import LearningRateScheduler
-    from trainer import Evaluator, LoopConfig, NonFiniteLossError, Trainer, train_loop
+    from recsys.training.trainer import Evaluator, LoopConfig, NonFiniteLossError, Trainer, train_loop
 
     config = _config()
     model = single_process_model(config)
@@ -178,7 +178,7 @@ def test_non_finite_loss_is_read_at_print_points_and_before_checkpoints():
 def test_adam_slots_are_created_without_a_full_size_temporary():
     """TensorFlow's allocator statistics (exact bytes, not RSS): building Adam's slots for a table
     peaks at the two slots themselves; a variable made from a computed tensor shows the temporary."""
-    from optimizers import Adam
+    from recsys.training.optimizers import Adam
 
     def peak_growth(create) -> float:
         tf.config.experimental.reset_memory_stats("CPU:0")
@@ -198,7 +198,7 @@ def test_adam_slots_are_created_without_a_full_size_temporary():
 def test_reading_rows_of_a_sparsely_updated_table_copies_only_those_rows():
     """After a sparse update TensorFlow reads a table's whole value as a copy (copy-on-read mode);
     checkpoint reads go by rows (a gather), so a chunk costs its own bytes, not the table's."""
-    from embedding import TableSlice
+    from recsys.sparse.tables import TableSlice
 
     rows, dim = 1 << 18, 64  # 64 MiB
     table = tf.Variable(tf.zeros([rows, dim]))

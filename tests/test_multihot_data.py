@@ -11,14 +11,15 @@ from tensorflow.core.framework import tensor_pb2
 
 import dataloader
 import datasets
-import pipeline_errors
-import split_tfrecords
-import synthetic_data
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, RaggedIds, TableReads
-from data_errors import DataError
+from recsys.data import split_binary
+from recsys.data import pipeline_errors
+from recsys.data import split_tfrecords
+from recsys.data import synthetic_data
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, RaggedIds, TableReads
+from recsys.data.data_errors import DataError
 from dataloading import materialize_multihot, transcribe
-from feature_spec import CSV, FeatureSpec, FeatureSpecError, get_default_feature_spec
-from safe_io import OutputPathError
+from recsys.data.feature_spec import CSV, FeatureSpec, FeatureSpecError, get_default_feature_spec
+from recsys.runtime.safe_io import OutputPathError
 
 BATCH = 32
 CARDINALITIES = [5, 300, 40000]
@@ -46,7 +47,7 @@ def write_binary(directory, seed=3):
     """A multi-hot split-binary dataset; its spec and the batches written."""
     rng = np.random.default_rng(seed)
     written = {mapping: [random_batch(rng) for _ in range(count)] for mapping, count in BATCHES.items()}
-    with datasets.SplitBinaryWriter(multi_hot_spec(directory)) as writer:
+    with split_binary.SplitBinaryWriter(multi_hot_spec(directory)) as writer:
         for mapping, batches in written.items():
             for batch in batches:
                 writer.append(mapping, *batch)
@@ -97,7 +98,7 @@ def assert_ragged_equal(tensor, expected):
 def test_split_binary_serves_b_h_tensors(binary):
     spec, written = binary
     assert spec.hotness == HOTNESS and spec.poolings == ["sum", "sum", "mean"]
-    reader = datasets.SplitBinaryReader(spec, "train", BATCH)
+    reader = split_binary.SplitBinaryReader(spec, "train", BATCH)
     for (labels, numerical, ids), (num, lab, expected) in zip(elements(reader.dataset()), written["train"]):
         assert [tuple(i.shape) for i in ids] == [(BATCH,), (BATCH, 3), (BATCH, 4)]
         assert all(i.dtype == tf.int32 for i in ids)
@@ -107,7 +108,7 @@ def test_split_binary_serves_b_h_tensors(binary):
     numerical, labels, ids = reader.read_samples(2)
     for got, want in zip(ids, written["train"][2][2]):
         np.testing.assert_array_equal(got, want)
-    datasets.validate_data(spec, ("train", "test"))
+    split_binary.validate_data(spec, ("train", "test"))
 
 
 @pytest.mark.parametrize("world_size, rank, reads", [
@@ -115,7 +116,7 @@ def test_split_binary_serves_b_h_tensors(binary):
 def test_split_binary_rank_slices(binary, world_size, rank, reads):
     spec, written = binary
     reads_or_all = reads or TableReads.every_table(3)
-    reader = datasets.SplitBinaryReader(spec, "test", BATCH, rank=rank, world_size=world_size, reads=reads,
+    reader = split_binary.SplitBinaryReader(spec, "test", BATCH, rank=rank, world_size=world_size, reads=reads,
                                         drop_remainder=False)
     for (labels, _, ids), (_, lab, expected) in zip(elements(reader.dataset()), written["test"]):
         lo, hi = reads_or_all.rows(BATCH, rank, world_size)
@@ -218,7 +219,7 @@ def test_the_teacher_pools_multi_hot_ids(pooling):
 
 
 def test_synthetic_multi_hot_data_is_deterministic_and_learnable(tmp_path):
-    spec = dataloader.load_feature_spec(dataset_type="synthetic", num_numerical_features=3,
+    spec = datasets.load_feature_spec(dataset_type="synthetic", num_numerical_features=3,
                                         cardinalities=[40, 900, 25], hotness=[1, 5, 2])
     config = dataloader.PipelineConfig(dataset_type="synthetic", train_batch_size=64, eval_batch_size=64,
                                        rank=1, world_size=2, synthetic_train_batches=2, synthetic_eval_batches=1)
@@ -229,7 +230,7 @@ def test_synthetic_multi_hot_data_is_deterministic_and_learnable(tmp_path):
             np.testing.assert_array_equal(x.numpy(), y.numpy())
     with pytest.raises(ValueError, match="--synthetic_dataset_hotness gives 2 values, but "
                                          "--synthetic_dataset_cardinalities 3 tables"):
-        dataloader.load_feature_spec(dataset_type="synthetic", cardinalities=[40, 900, 25], hotness=[1, 5])
+        datasets.load_feature_spec(dataset_type="synthetic", cardinalities=[40, 900, 25], hotness=[1, 5])
     written = get_default_feature_spec(3, [40, 900, 25], str(tmp_path / "w"), hotness=[1, 5, 2])
     auc = synthetic_data.write_synthetic_dataset(written, 512, 512, seed=2)
     assert 0.65 < auc < 0.95
@@ -263,7 +264,7 @@ def test_materialisation_expands_capped_ids(one_hot, tmp_path):
                 assert len({tuple(row) for row in expanded[expanded[:, 0] == x]}) == 1
         np.testing.assert_array_equal(np.fromfile(loaded.file_of(mapping, "label"), np.uint8),
                                       np.fromfile(one_hot.file_of(mapping, "label"), np.uint8))
-    datasets.validate_data(loaded, ("train", "test"))
+    split_binary.validate_data(loaded, ("train", "test"))
     # deterministic and independent of the chunking
     other = materialize_multihot.materialize(one_hot.base_directory, str(tmp_path / "other"), hotness=[2, 1, 6],
                                              row_cap=1000, seed=9, chunk_samples=1000)
@@ -291,7 +292,7 @@ def test_materialisation_cli_refusals_and_the_standin(one_hot, tmp_path, capsys)
     assert not (tmp_path / "x").exists()
     standin = materialize_multihot.write_standin(str(tmp_path / "standin"), 256, 64, seed=3)
     assert standin.hotness == list(materialize_multihot.MLPERF_HOTNESS)
-    reader = datasets.SplitBinaryReader(standin, "train", 128)
+    reader = split_binary.SplitBinaryReader(standin, "train", 128)
     _, _, ids = reader.read_samples(0)
     assert ids[20].shape == (128, 100) and ids[0].shape == (128, 3) and ids[2].shape == (128,)
     code, err = run("--src_dataset_path", standin.base_directory, "--dst_dataset_path", tmp_path / "y")
@@ -305,7 +306,7 @@ def test_a_multi_hot_file_of_the_wrong_size_is_named(tmp_path):
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 2)
     with pytest.raises(FeatureSpecError) as error:
-        datasets.SplitBinaryReader(spec, "train", BATCH)
+        split_binary.SplitBinaryReader(spec, "train", BATCH)
     assert str(error.value).startswith(f"{path}: size ") and "(3 ids per sample of int16)" in str(error.value)
 
 
@@ -317,9 +318,9 @@ def test_an_id_out_of_range_in_a_multi_hot_file_is_named(tmp_path):
     ids.tofile(path)
     words = f"{path}: feature 'cat_2.bin' (mapping 'train') has id 40000 at sample {BATCH + 5} (id 3 of 4), outside"
     with pytest.raises(DataError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        elements(datasets.SplitBinaryReader(spec, "train", BATCH).dataset())
+        elements(split_binary.SplitBinaryReader(spec, "train", BATCH).dataset())
     with pytest.raises(DataError, match="has id 40000 at sample"):
-        datasets.validate_data(spec, ("train",))
+        split_binary.validate_data(spec, ("train",))
 
 
 def _rewrite_ragged(path, index, values, lengths):
@@ -400,7 +401,7 @@ def test_writers_refuse_ids_of_the_wrong_shape(tmp_path):
     numerical, labels, ids = random_batch(rng)
     with pytest.raises(ValueError, match=r"feature 'cat_2.bin' \(hotness 4\) needs ids of shape \[32, 4\], "
                                          r"got \[32, 3\]"):
-        with datasets.SplitBinaryWriter(multi_hot_spec(tmp_path / "b")) as writer:
+        with split_binary.SplitBinaryWriter(multi_hot_spec(tmp_path / "b")) as writer:
             writer.append("train", numerical, labels, [ids[0], ids[1], ids[2][:, :3]])
     long_rows = RaggedIds(np.zeros(5 + BATCH - 1, np.int64), np.array([5] + [1] * (BATCH - 1)))
     with pytest.raises(ValueError, match="feature 'cat_1.bin' has a sample of 5 ids; its hotness 3 is the most"):

@@ -5,9 +5,9 @@ input); and the MLPerf DLRM-DCNv2 recipe runs on the materialised stand-in."""
 import numpy as np
 import pytest
 
-import synthetic_data
+from recsys.data import synthetic_data
 from dataloading import materialize_multihot, transcribe
-from feature_spec import get_default_feature_spec
+from recsys.data.feature_spec import get_default_feature_spec
 from multiproc import assert_ok, assert_one_error, run_horovod, run_python
 from test_main import SMALL_MODEL, checkpoint_arrays, final_record, main_py
 

@@ -9,19 +9,20 @@ import pytest
 import tensorflow as tf
 from absl import flags
 
-import checkpoint
-import custom_ops
+from recsys.training import checkpoint
+from recsys.runtime import custom_ops
 import main
 import saved_model
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from embedding import DualEmbeddingGroup, FusedEmbedding, MultiTableEmbedding, pooled_lookup
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from embedding import DualEmbeddingGroup, FusedEmbedding, MultiTableEmbedding
+from recsys.sparse.tables import pooled_lookup
 from factory import ModelOptions, build_trainer
-from model_config import DlrmSettings, TrainingSettings
-from hybrid_embedding import HybridEmbedding
-from model_config import DlrmConfig
+from recsys.training.model_config import DlrmSettings, TrainingSettings
+from recsys.sparse.hybrid_embedding import HybridEmbedding
+from recsys.training.model_config import DlrmConfig
 from multiproc import require
-from optimizers import SGD, Adagrad, Adam
-from sharding import plan_sharding
+from recsys.training.optimizers import SGD, Adagrad, Adam
+from recsys.sparse.sharding import plan_sharding
 from test_flags import run_in_process
 from test_main import SMALL
 
@@ -162,8 +163,8 @@ def test_repeated_ids_update_like_the_dense_reference(optimizer, fused):
 
 
 def test_the_plan_counts_hotness_in_memory_and_exchanged_ids():
-    from hybrid_embedding import exchange_bytes_per_step
-    from sharding import MemoryBudget
+    from recsys.sparse.hybrid_embedding import exchange_bytes_per_step
+    from recsys.sparse.sharding import MemoryBudget
 
     budget = MemoryBudget(None, optimizer_slots=1, update_rows=64)
     plan = plan_sharding([1000, 1000], 8, 2, "basic", budget=budget, hotness=[1, 5], poolings=["sum", "mean"])

@@ -8,14 +8,14 @@ import pytest
 import tensorflow as tf
 
 import saved_model
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
-from model_config import DlrmConfig
+from recsys.training.model_config import DlrmConfig
 from multiproc import assert_ok, run_horovod, snapshot
-from safe_io import OutputPathError
+from recsys.runtime.safe_io import OutputPathError
 from test_flags import assert_refused, refused_in_process
 from test_main import SMALL, final_record, main_py
-from utils import DllLogger, check_log_file
+from recsys.runtime.logger import DllLogger, check_log_file
 
 STEP = "step_000000003"
 MARKER = json.dumps({"format": saved_model.EXPORT_FORMAT, "version": saved_model.EXPORT_VERSION})

@@ -2,7 +2,7 @@
 import pytest
 import tensorflow as tf
 
-from precision import CpuBf16, choose_precision, cpu_bf16_support
+from recsys.runtime.precision import CpuBf16, choose_precision, cpu_bf16_support
 
 # Abridged /proc/cpuinfo of two x86-64 processors; FLAGS is filled in per case.
 X86_CPUINFO = """processor\t: {n}

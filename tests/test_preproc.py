@@ -25,9 +25,9 @@ PREPROC = os.path.join(REPO, "preproc")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import synthetic_criteo  # noqa: E402
+from preproc import synthetic_criteo  # noqa: E402
 from multiproc import assert_one_error, require, snapshot  # noqa: E402
-from feature_spec import FeatureSpec, get_categorical_feature_type  # noqa: E402
+from recsys.data.feature_spec import FeatureSpec, get_categorical_feature_type  # noqa: E402
 
 HAVE_SPARK = shutil.which("java") is not None and importlib.util.find_spec("pyspark") is not None
 needs_spark = pytest.mark.skipif(not HAVE_SPARK, reason="needs java and pyspark")

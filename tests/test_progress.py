@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from multiproc import REPO_ROOT, assert_ok
 from test_main import SMALL_MODEL, main_py
-from trainer import Evaluator, duration_text
+from recsys.training.trainer import Evaluator, duration_text
 
 STEPS_PER_EPOCH, EPOCHS, PRINT_FREQ = 40, 2, 5
 PROGRESS = re.compile(r"^step=(\d+)/(\d+), epoch=(\d+)/(\d+), throughput=[\d.]+M, step_time=[\d.]+ ms, "

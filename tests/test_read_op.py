@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import dataloader
 import datasets
-import synthetic_data
-from batch import TableReads
-from custom_ops import op_package
-from feature_spec import get_default_feature_spec
+from recsys.data import split_binary
+from recsys.data import synthetic_data
+from recsys.data.batch import TableReads
+from recsys.runtime.custom_ops import op_package
+from recsys.data.feature_spec import get_default_feature_spec
 from test_data_values import BAD_VALUES, consume, corrupt
 
 pytestmark = pytest.mark.skipif(not op_package.is_built(), reason="the op library is not built (make -C "
@@ -30,11 +30,11 @@ def spec(tmp_path_factory):
     directory = tmp_path_factory.mktemp("read_op")
     spec = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(directory), hotness=HOTNESS)
     synthetic_data.write_synthetic_dataset(spec, TRAIN, TEST, seed=3)
-    return dataloader.load_feature_spec(dataset_path=str(directory))
+    return datasets.load_feature_spec(dataset_path=str(directory))
 
 
 def elements(spec, read_op, mapping="train", **options):
-    reader = datasets.SplitBinaryReader(spec, mapping, BATCH, read_op=read_op, **options)
+    reader = split_binary.SplitBinaryReader(spec, mapping, BATCH, read_op=read_op, **options)
     return reader.dataset().element_spec, list(reader.dataset())
 
 
@@ -62,15 +62,15 @@ def test_a_bad_value_stops_both_reads_with_the_same_error(tmp_path, case):
     synthetic_data.write_synthetic_dataset(spec, 500, 200, seed=0)
     mapping, name, dtype, width, sample, column, value, _ = BAD_VALUES[case]
     corrupt(tmp_path / mapping / name, dtype, width, sample, value, column)
-    spec = dataloader.load_feature_spec(dataset_path=str(tmp_path))
-    outcomes = [consume(datasets.SplitBinaryReader(spec, mapping, BATCH, read_op=read_op,
+    spec = datasets.load_feature_spec(dataset_path=str(tmp_path))
+    outcomes = [consume(split_binary.SplitBinaryReader(spec, mapping, BATCH, read_op=read_op,
                                                    drop_remainder=mapping == "train").dataset())
                 for read_op in (True, False)]
     assert outcomes[0] == outcomes[1] and outcomes[0][1] is not None
 
 
 def test_a_file_cut_short_after_opening_is_named_with_the_byte_it_ends_at(spec, tmp_path):
-    readers = {read_op: datasets.SplitBinaryReader(spec, "train", BATCH, read_op=read_op) for read_op in (True, False)}
+    readers = {read_op: split_binary.SplitBinaryReader(spec, "train", BATCH, read_op=read_op) for read_op in (True, False)}
     path = spec.file_of("train", spec.categorical_names[3])
     original = open(path, "rb").read()
     try:
@@ -89,8 +89,8 @@ def test_a_bad_id_of_a_multi_hot_sample_is_named_alike(spec, tmp_path):
     copy = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(tmp_path), hotness=HOTNESS)
     synthetic_data.write_synthetic_dataset(copy, TRAIN, TEST, seed=3)
     corrupt(tmp_path / "train" / "cat_4.bin", np.int16, 3, 260, 300, column=2)
-    copy = dataloader.load_feature_spec(dataset_path=str(tmp_path))
-    outcomes = [consume(datasets.SplitBinaryReader(copy, "train", BATCH, read_op=read_op).dataset())
+    copy = datasets.load_feature_spec(dataset_path=str(tmp_path))
+    outcomes = [consume(split_binary.SplitBinaryReader(copy, "train", BATCH, read_op=read_op).dataset())
                 for read_op in (True, False)]
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][0] == 2 and "has id 300 at sample 260 (id 3 of 3), outside [0, 300)" in outcomes[0][1]
@@ -100,7 +100,7 @@ def test_unchecked_reads_let_bad_values_through_alike(spec, tmp_path):
     copy = get_default_feature_spec(NUM_NUMERICAL, CARDINALITIES, str(tmp_path), hotness=HOTNESS)
     synthetic_data.write_synthetic_dataset(copy, TRAIN, TEST, seed=3)
     corrupt(tmp_path / "train" / "cat_3.bin", np.int32, 1, 7, 123456)
-    copy = dataloader.load_feature_spec(dataset_path=str(tmp_path))
+    copy = datasets.load_feature_spec(dataset_path=str(tmp_path))
     read = [elements(copy, read_op, check_values=False)[1][0][0]["categorical_features"][3].numpy()
             for read_op in (True, False)]
     assert read[0][7] == read[1][7] == 123456
@@ -111,9 +111,9 @@ def test_each_reader_words_its_own_errors(spec, tmp_path):
     other = get_default_feature_spec(2, [100, 5000, 7], str(tmp_path))
     synthetic_data.write_synthetic_dataset(other, 500, 200, seed=0)
     corrupt(tmp_path / "train" / "cat_2.bin", np.int8, 1, 10, 9)
-    other = dataloader.load_feature_spec(dataset_path=str(tmp_path))
-    good = datasets.SplitBinaryReader(spec, "train", BATCH, read_op=True).dataset()
-    bad = datasets.SplitBinaryReader(other, "train", BATCH, read_op=True).dataset()
+    other = datasets.load_feature_spec(dataset_path=str(tmp_path))
+    good = split_binary.SplitBinaryReader(spec, "train", BATCH, read_op=True).dataset()
+    bad = split_binary.SplitBinaryReader(other, "train", BATCH, read_op=True).dataset()
     assert consume(good) == (TRAIN // BATCH, None)
     _, message = consume(bad)
     assert message.startswith(os.path.join(str(tmp_path), "train", "cat_2.bin"))
@@ -131,8 +131,8 @@ def test_every_finite_half_converts_as_tensorflow_casts_it(tmp_path, dtype):
         np.zeros(halves.size, np.uint8).tofile(spec.file_of(mapping, spec.label_name))
         np.zeros(halves.size, np.int8).tofile(spec.file_of(mapping, spec.categorical_names[0]))
     spec.to_yaml(str(tmp_path / "feature_spec.yaml"))
-    spec = dataloader.load_feature_spec(dataset_path=str(tmp_path))
-    reader = datasets.SplitBinaryReader(spec, "train", 124, numerical_dtype=dtype, read_op=True)  # 4-value tails
+    spec = datasets.load_feature_spec(dataset_path=str(tmp_path))
+    reader = split_binary.SplitBinaryReader(spec, "train", 124, numerical_dtype=dtype, read_op=True)  # 4-value tails
     served = np.concatenate([features["numerical_features"].numpy() for features, _ in reader.dataset()])
     expected = tf.cast(tf.constant(halves.reshape(-1, 1)), dtype).numpy()
     np.testing.assert_array_equal(served.view(np.uint16 if dtype != tf.float32 else np.uint32),

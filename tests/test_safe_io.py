@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir, check_output_file,
+from recsys.runtime.safe_io import (OutputPathError, atomic_directory, atomic_file, check_output_dir, check_output_file,
                      refuse_overlap)
 
 

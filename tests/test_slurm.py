@@ -14,10 +14,10 @@ import numpy as np
 import psutil
 import pytest
 
-import checkpoint
+from recsys.training import checkpoint
 from multiproc import REPO_ROOT, assert_ok, launch_env, require, run_horovod
 from slurm_cluster import SlurmCluster, SlurmStartError, missing_binaries
-from utils import read_dllogger_file
+from recsys.runtime.logger import read_dllogger_file
 
 SCRIPT = os.path.join(REPO_ROOT, "slurm_multinode.sh")
 TRAINING_ARGS = ["--mode", "train", "--dataset_type", "synthetic",

@@ -12,7 +12,7 @@ from dataloading import split_bin, transcribe
 from multiproc import assert_ok, run_horovod, snapshot
 from test_dataloading import command_here, transcribe_here
 from test_flags import assert_refused, run_in_process
-from hugectr_data import RecordReader, load_spec
+from recsys.data.hugectr_data import RecordReader, load_spec
 from test_hugectr_data import BATCH, CARDINALITIES, SAMPLES, known_layouts
 from test_main import SMALL, SMALL_MODEL, checkpoint_arrays, final_record, main_py
 

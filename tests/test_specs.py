@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 import dataloader
-import synthetic_data
-from feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
+import datasets
+from recsys.data import synthetic_data
+from recsys.data.feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
 from test_main import SMALL_MODEL, main_py
 
 
@@ -39,7 +40,7 @@ def set_file(directory, mapping, feature, relative):
 
 def load(directory, **kwargs):
     """The spec as main.py loads it, with its files checked as the pipelines check them."""
-    spec = dataloader.load_feature_spec(dataset_path=str(directory), **kwargs)
+    spec = datasets.load_feature_spec(dataset_path=str(directory), **kwargs)
     spec.check_files()
     return spec
 

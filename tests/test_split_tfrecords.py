@@ -8,13 +8,14 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
 
-import data_errors
+from recsys.data import data_errors
 import dataloader
 import datasets
-import pipeline_errors
-import split_tfrecords
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
-from feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
+from recsys.data import split_binary
+from recsys.data import pipeline_errors
+from recsys.data import split_tfrecords
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
+from recsys.data.feature_spec import FeatureSpec, FeatureSpecError, get_default_feature_spec
 
 BATCH = 64
 CARDINALITIES = [5, 300, 40000]
@@ -25,7 +26,7 @@ def write_pair(tmp_path, batches=None):
     batches = batches or {"train": 3, "test": 2}
     rng = np.random.default_rng(3)
     binary = get_default_feature_spec(2, CARDINALITIES, str(tmp_path / "binary"))
-    with datasets.SplitBinaryWriter(binary) as raw, \
+    with split_binary.SplitBinaryWriter(binary) as raw, \
             split_tfrecords.SplitTFRecordsWriter(binary, str(tmp_path / "records"), BATCH) as records:
         for mapping, count in batches.items():
             for _ in range(count):
@@ -81,7 +82,7 @@ def test_rank_batches_equal_the_split_binary_readers(pair, world_size, rank, rea
     binary, records = pair
     for mapping in ("train", "test"):
         kwargs = dict(rank=rank, world_size=world_size, reads=reads)
-        expected = elements(datasets.SplitBinaryReader(binary, mapping, BATCH, **kwargs).dataset())
+        expected = elements(split_binary.SplitBinaryReader(binary, mapping, BATCH, **kwargs).dataset())
         got = elements(split_tfrecords.SplitTFRecordsReader(records, mapping, BATCH, **kwargs).dataset())
         assert len(got) == len(expected) == {"train": 3, "test": 2}[mapping]
         for (labels, numerical, ids), (want_labels, want_numerical, want_ids) in zip(got, expected):
@@ -94,7 +95,7 @@ def test_rank_batches_equal_the_split_binary_readers(pair, world_size, rank, rea
 
 def test_create_input_pipelines_reads_split_tfrecords(pair):
     _, records = pair
-    spec = dataloader.load_feature_spec(dataset_type="split_tfrecords", dataset_path=records.base_directory)
+    spec = datasets.load_feature_spec(dataset_type="split_tfrecords", dataset_path=records.base_directory)
     pipelines = dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
         dataset_type="split_tfrecords", train_batch_size=BATCH, eval_batch_size=BATCH, world_size=2, rank=1,
         validate_data=True))
@@ -115,11 +116,11 @@ def test_create_input_pipelines_reads_split_tfrecords(pair):
 def test_a_v5_spec_with_an_int8_label_and_hotness_loads(tmp_path):
     spec = FeatureSpec.get_fileless_feature_spec(2, [10, 20], str(tmp_path))
     spec.to_yaml()
-    loaded = dataloader.load_feature_spec(dataset_type="synthetic", dataset_path=str(tmp_path),
+    loaded = datasets.load_feature_spec(dataset_type="synthetic", dataset_path=str(tmp_path),
                                           use_feature_spec=True)
     assert loaded.cardinalities == [10, 20] and loaded.feature_spec["cat_0"]["hotness"] == 1
     with pytest.raises(FeatureSpecError, match="source_spec is null"):
-        dataloader.load_feature_spec(dataset_type="tf_raw", dataset_path=str(tmp_path))
+        datasets.load_feature_spec(dataset_type="tf_raw", dataset_path=str(tmp_path))
 
 
 @pytest.mark.parametrize("key, value, words", [

@@ -12,8 +12,8 @@ import numpy as np
 import psutil
 import pytest
 
-import checkpoint
-import folder_lock
+from recsys.training import checkpoint
+from recsys.runtime import folder_lock
 from multiproc import REPO_ROOT, assert_ok, horovod_command, launch_env, run_python
 
 MODEL = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--dot_interaction",

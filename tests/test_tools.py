@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import yaml
 
-import data_errors
-import datasets
-import synthetic_data
-from csv_data import generate_csv
+from recsys.data import data_errors
+from recsys.data import split_binary
+from recsys.data import synthetic_data
+from recsys.data.csv_data import generate_csv
 from dataloading.transcribe import transcribe
-from feature_spec import CRITEO_VARIANTS, DEFAULT_SPEC_NAME, FeatureSpec, FeatureSpecError
-from safe_io import OutputPathError
+from recsys.data.feature_spec import CRITEO_VARIANTS, DEFAULT_SPEC_NAME, FeatureSpec, FeatureSpecError
+from recsys.runtime.safe_io import OutputPathError
 from transcode import TRANSCODE_FLAGS
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +58,7 @@ def test_prepare_synthetic_dataset_writes_teacher_auc_and_refuses_to_overwrite(t
     assert spec.cardinalities == [10, 200, 40000] and len(spec.numerical_names) == 5
     assert spec.check_files() == {"train": 4000, "test": 2000}
     assert f"teacher_auc {spec.metadata['teacher_auc']:.6f}" in result.stdout
-    datasets.validate_categorical_ids(spec, ["train", "test"])
+    split_binary.validate_categorical_ids(spec, ["train", "test"])
 
     before = tree(out)
     again = run_tool("prepare_synthetic_dataset.py", *args, "--seed", "1")
@@ -90,7 +90,7 @@ def test_criteo_variants_have_26_tables_and_the_reference_sizes():
 
 
 def test_synthetic_dataset_from_a_variant_and_from_a_spec_with_odd_paths(tmp_path):
-    from synthetic_data import output_spec
+    from recsys.data.synthetic_data import output_spec
     variant = output_spec(str(tmp_path / "t3"), None, "criteo_t3_synthetic", 13, [])
     synthetic_data.write_synthetic_dataset(variant, 512, 256, seed=5)
     assert FeatureSpec.from_yaml(str(tmp_path / "t3" / "feature_spec.yaml")).cardinalities == \

@@ -1,6 +1,6 @@
 """Issue 12 for the data tools: bad input is one error line and leaves the file system as it was;
 outputs never overlap inputs and appear whole or not at all (transcode.py, gen_csv.py,
-prepare_synthetic_dataset.py and the library code behind them, datasets.SplitBinaryWriter,
+prepare_synthetic_dataset.py and the library code behind them, split_binary.SplitBinaryWriter,
 safe_io.check_replaceable).
 
 Subprocess cases (the real entry points) are grouped per tool; the many variants of one rule run
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import yaml
 
-import data_errors
-import datasets
-import synthetic_data
-from csv_data import generate_csv
-from feature_spec import FeatureSpec, FeatureSpecError
+from recsys.data import data_errors
+from recsys.data import split_binary
+from recsys.data import synthetic_data
+from recsys.data.csv_data import generate_csv
+from recsys.data.feature_spec import FeatureSpec, FeatureSpecError
 from multiproc import assert_one_error, run_python, snapshot
-from safe_io import OutputPathError, check_replaceable
+from recsys.runtime.safe_io import OutputPathError, check_replaceable
 from test_tools import transcode
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,13 +177,13 @@ def append_rows(writer, mapping, n):
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt, RuntimeError, None])
 def test_writer_leaves_nothing_when_interrupted_or_not_committed(tmp_path, interruption):
     out = tmp_path / "out"
-    with datasets.SplitBinaryWriter(small_spec(out)) as writer:
+    with split_binary.SplitBinaryWriter(small_spec(out)) as writer:
         append_rows(writer, "train", 4)
         writer.commit()
     before = snapshot(tmp_path)
     raised = interruption or RuntimeError
     with pytest.raises(raised):
-        with datasets.SplitBinaryWriter(small_spec(out), overwrite=True) as writer:
+        with split_binary.SplitBinaryWriter(small_spec(out), overwrite=True) as writer:
             append_rows(writer, "train", 9)
             assert sorted(os.listdir(tmp_path)) == sorted(["out", f".out.tmp-{os.getpid()}"])
             if interruption:
@@ -196,14 +196,14 @@ def test_writer_refuses_layouts_that_would_mix_or_escape(tmp_path):
     spec = small_spec(tmp_path / "out")
     spec.source_spec["test"][1]["files"] = ["train/label.bin"]  # test labels onto train labels
     with pytest.raises(FeatureSpecError, match="is also the file of"):
-        datasets.SplitBinaryWriter(spec)
+        split_binary.SplitBinaryWriter(spec)
     for escaping in ("../label.bin", "/tmp/label.bin"):
         spec = small_spec(tmp_path / "out")
         spec.source_spec["test"][1]["files"] = [escaping]
         with pytest.raises(FeatureSpecError, match="lies outside the dataset folder"):
-            datasets.SplitBinaryWriter(spec)
+            split_binary.SplitBinaryWriter(spec)
     with pytest.raises(OutputPathError, match="plain file name"):
-        datasets.SplitBinaryWriter(small_spec(tmp_path / "out"), spec_file_name="train")
+        split_binary.SplitBinaryWriter(small_spec(tmp_path / "out"), spec_file_name="train")
     assert os.listdir(tmp_path) == []
 
 

@@ -9,14 +9,15 @@ import os
 import numpy as np
 import pytest
 
-import data_errors
+from recsys.data import data_errors
 import dataloader
 import datasets
-import pipeline_errors
-import torchrec_data
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
+from recsys.data import split_binary
+from recsys.data import pipeline_errors
+from recsys.data import torchrec_data
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads
 from dataloading import transcribe
-from feature_spec import FeatureSpec
+from recsys.data.feature_spec import FeatureSpec
 from multiproc import assert_one_error, assert_ok, run_horovod, snapshot
 from test_dataloading import assert_same_tree, transcribe_here
 from test_flags import assert_refused, run_in_process
@@ -59,7 +60,7 @@ def write_split_binary(folder, days, hotness):
     modulo the sizes, dense values as float16."""
     spec = FeatureSpec.get_default_feature_spec(13, SIZES, folder, hotness)
     last = math.ceil(len(days[-1][0]) / 2)
-    with datasets.SplitBinaryWriter(spec) as writer:
+    with split_binary.SplitBinaryWriter(spec) as writer:
         for mapping, parts in (("train", [(d, len(d[0])) for d in days[:-1]]), ("test", [(days[-1], last)])):
             for (labels, dense, ids), rows in parts:
                 reduced = [np.remainder(v[:rows], size) for v, size in zip(ids, SIZES)]
@@ -88,9 +89,9 @@ def data(tmp_path_factory):
 
 def load(paths, layout, **extra):
     if layout.endswith("_binary"):
-        return dataloader.load_feature_spec(dataset_type="tf_raw", dataset_path=paths[layout])
+        return datasets.load_feature_spec(dataset_type="tf_raw", dataset_path=paths[layout])
     sizes = {} if layout == "onehot_spec" else {"num_embeddings_per_feature": SIZES}
-    return dataloader.load_feature_spec(dataset_type="torchrec_npy", dataset_path=paths[layout], **{**sizes, **extra})
+    return datasets.load_feature_spec(dataset_type="torchrec_npy", dataset_path=paths[layout], **{**sizes, **extra})
 
 
 def pipelines(paths, layout, **config):
@@ -221,7 +222,7 @@ def refuse(folder, message_parts, sizes=None):
     `sizes`: the table-size arguments (default: --num_embeddings_per_feature's)."""
     sizes = {"num_embeddings_per_feature": SIZES} if sizes is None else sizes
     with pytest.raises(ValueError) as error:
-        spec = dataloader.load_feature_spec(dataset_type="torchrec_npy", dataset_path=folder, **sizes)
+        spec = datasets.load_feature_spec(dataset_type="torchrec_npy", dataset_path=folder, **sizes)
         dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
             dataset_type="torchrec_npy", train_batch_size=BATCH, eval_batch_size=EVAL_BATCH, validate_data=True))
     for part in message_parts:
@@ -277,7 +278,7 @@ def test_multi_hot_archives_must_be_stored_whole_and_agree(tmp_path):
 def test_ids_beyond_the_sizes_without_the_modulo_name_the_file_feature_and_sample(tmp_path):
     folder, days = small_folder(tmp_path, multi_hot=True)
     FeatureSpec.get_default_feature_spec(13, SIZES, hotness=MLPERF_HOTNESS).to_yaml(os.path.join(folder, "feature_spec.yaml"))
-    spec = dataloader.load_feature_spec(dataset_type="torchrec_npy", dataset_path=folder)
+    spec = datasets.load_feature_spec(dataset_type="torchrec_npy", dataset_path=folder)
     days[1][2][20][5, 7] = 7
     np.savez(os.path.join(folder, "day_1_sparse_multi_hot.npz"), **{str(j): v for j, v in enumerate(days[1][2])})
     words = [os.path.join(folder, "day_1_sparse_multi_hot.npz") + " (member 20.npy)", "feature 'cat_20.bin'",
@@ -287,7 +288,7 @@ def test_ids_beyond_the_sizes_without_the_modulo_name_the_file_feature_and_sampl
         elements(dataloader.create_input_pipelines(spec, dataloader.PipelineConfig(
             dataset_type="torchrec_npy", train_batch_size=BATCH, eval_batch_size=EVAL_BATCH)).train)
     # the same ids taken modulo the sizes, as TorchRec does, are served
-    flagged = dataloader.load_feature_spec(dataset_type="torchrec_npy", dataset_path=folder,
+    flagged = datasets.load_feature_spec(dataset_type="torchrec_npy", dataset_path=folder,
                                            num_embeddings_per_feature=SIZES)
     dataloader.create_input_pipelines(flagged, dataloader.PipelineConfig(
         dataset_type="torchrec_npy", train_batch_size=BATCH, eval_batch_size=EVAL_BATCH, validate_data=True))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-import data_formats
-import data_errors
+from recsys.data import data_formats
+from recsys.data import data_errors
 from multiproc import REPO_ROOT, assert_ok, launch_env, snapshot
 from test_wd_train import SMALL, SMALL_BUCKETS, _rows, _teacher, _write_split, final, log_records, wd, weights, write_dataset
 from wide_and_deep import features as F

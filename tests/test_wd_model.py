@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import custom_ops
+from recsys.runtime import custom_ops
 from multiproc import require
 from wide_and_deep import features as F
 from wide_and_deep import wd_model

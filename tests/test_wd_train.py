@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import checkpoint
-from metrics import exact_auc
+from recsys.training import checkpoint
+from recsys.runtime.metrics import exact_auc
 from multiproc import REPO_ROOT, assert_ok, horovod_command, launch_env, require, snapshot
 from wide_and_deep import features as F
 from wide_and_deep import wd_metrics
@@ -167,7 +167,7 @@ def trained(data, tmp_path_factory):
 
 
 def log_records(results):
-    from utils import read_dllogger_file
+    from recsys.runtime.logger import read_dllogger_file
 
     return list(read_dllogger_file(os.path.join(results, "log.json")))
 
@@ -340,7 +340,7 @@ def test_two_ranks_equal_one_process(data, baseline, tmp_path, launcher):
 
 
 def test_amp_on_the_cpu_trains_as_float32_does(data, baseline, tmp_path):
-    from precision import choose_precision, host_cpu_bf16_support
+    from recsys.runtime.precision import choose_precision, host_cpu_bf16_support
 
     folder, _ = data
     result = wd(run_flags(folder, tmp_path, *BASELINE, "--amp"))

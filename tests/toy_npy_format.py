@@ -12,11 +12,11 @@ from typing import Any, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from batch import TableReads
-from batch_reader import BatchReader
-from data_errors import DataError, check_ids, check_labels, check_numericals, unsigned_cardinalities
-from data_formats import register_format
-from feature_spec import FeatureSpec
+from recsys.data.batch import TableReads
+from recsys.data.batch_reader import BatchReader
+from recsys.data.data_errors import DataError, check_ids, check_labels, check_numericals, unsigned_cardinalities
+from recsys.data.data_formats import register_format
+from recsys.data.feature_spec import FeatureSpec
 
 CARDINALITIES_FILE = "cardinalities.json"
 

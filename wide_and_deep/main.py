@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
-import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
-from cli import ArgumentParser, bad_input
-from cpu_affinity import MODES as AFFINITIES
+from recsys.data import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
+from recsys.runtime.cli import ArgumentParser, bad_input
+from recsys.runtime.cpu_affinity import MODES as AFFINITIES
 
 PRINT_FREQ = 100
 EVENT_FILES = "event_files"  # the TensorBoard folder inside --results_dir (the reference's name, in --model_dir)
@@ -122,9 +122,9 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """The log, args.json and checkpoint folder can be written and touch no input (OutputPathError)."""
-    import checkpoint
-    from safe_io import check_output_dir, refuse_overlap
-    from utils import check_log_file
+    from recsys.training import checkpoint
+    from recsys.runtime.safe_io import check_output_dir, refuse_overlap
+    from recsys.runtime.logger import check_log_file
 
     inputs = {"--transformed_metadata_path": args.transformed_metadata_path}
     inputs.update({f"--train_data_pattern {p}": os.path.dirname(p) for p in args.train_data_pattern})
@@ -189,7 +189,7 @@ def configure_tensorflow(args: argparse.Namespace, local_rank: int):
     """Devices and precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
     import tensorflow as tf
 
-    from precision import choose_precision, host_cpu_bf16_support
+    from recsys.runtime.precision import choose_precision, host_cpu_bf16_support
 
     gpus = [] if args.cpu else tf.config.list_physical_devices("GPU")
     if args.cpu:
@@ -232,8 +232,8 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
     every input is checked before anything heavy runs or anything is written."""
     import tensorflow as tf
 
-    import checkpoint
-    from utils import print_rank0
+    from recsys.training import checkpoint
+    from recsys.runtime.logger import print_rank0
     from wide_and_deep import features as F
     from wide_and_deep import wd_model
 
@@ -306,8 +306,8 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
     import numpy as np
     import tensorflow as tf
 
-    import distributed as dist
-    from metrics import exact_auc
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.metrics import exact_auc
     from wide_and_deep import wd_data, wd_metrics
 
     ap_sum, groups, parts, done = 0.0, 0, [], 0
@@ -347,7 +347,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
 def train(run: Run) -> int:
     """Training (`_train`) with its scalars also written as TensorBoard events in --results_dir/event_files
     (rank 0; not under --benchmark)."""
-    from tensorboard_log import TensorBoardScalars
+    from recsys.runtime.tensorboard_log import TensorBoardScalars
 
     tensorboard = None
     if run.rank == 0 and not run.args.benchmark:
@@ -364,12 +364,12 @@ def _train(run: Run, tensorboard) -> int:
     100 steps, evaluation and a checkpoint after each epoch; a stop signal saves and exits 128+N."""
     import tensorflow as tf
 
-    import checkpoint
-    import distributed as dist
-    from metrics import exact_auc
-    from cli import signal_exit_code
-    from stop_signals import STOP, agreed_signal, signal_name, vote
-    from utils import print_rank0
+    from recsys.training import checkpoint
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.metrics import exact_auc
+    from recsys.runtime.cli import signal_exit_code
+    from recsys.runtime.stop_signals import STOP, agreed_signal, signal_name, vote
+    from recsys.runtime.logger import print_rank0
     from wide_and_deep import wd_data, wd_metrics, wd_model
 
     args, data = run.args, run.data
@@ -451,7 +451,7 @@ def log_formats(logger) -> None:
 
 def write_args(args: argparse.Namespace, world_size: int) -> None:
     """The run's flags as args.json in --results_dir (rank 0), written whole or not at all."""
-    from safe_io import atomic_file
+    from recsys.runtime.safe_io import atomic_file
 
     with atomic_file(os.path.join(args.results_dir, "args.json")) as f:
         json.dump(vars(args) | {"world_size": world_size}, f, indent=1)
@@ -460,7 +460,7 @@ def write_args(args: argparse.Namespace, world_size: int) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse, check, build and run; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from stop_signals import STOP, StopNow
+    from recsys.runtime.stop_signals import STOP, StopNow
 
     STOP.install()
     try:
@@ -475,14 +475,14 @@ def _main(args: argparse.Namespace) -> int:
     # oneDNN on every CPU, as DLRM's main.py sets it (TensorFlow 2.15 turns it on by itself only on
     # AVX-512 CPUs); a value the user set wins. Before the first TensorFlow import.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    import distributed as dist
-    import folder_lock
-    from checkpoint import CheckpointError
-    from cpu_affinity import apply_affinity
-    from data_errors import DataError
-    from feature_spec import FeatureSpecError
-    from safe_io import OutputPathError
-    from utils import DllLogger, print_rank0
+    from recsys.runtime import distributed as dist
+    from recsys.runtime import folder_lock
+    from recsys.training.checkpoint import CheckpointError
+    from recsys.runtime.cpu_affinity import apply_affinity
+    from recsys.data.data_errors import DataError
+    from recsys.data.feature_spec import FeatureSpecError
+    from recsys.runtime.safe_io import OutputPathError
+    from recsys.runtime.logger import DllLogger, print_rank0
     from wide_and_deep.wd_data import surface_record_errors
 
     dist.init()

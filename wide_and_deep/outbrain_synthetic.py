@@ -29,8 +29,8 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from metrics import exact_auc
-from safe_io import OutputPathError, atomic_directory
+from recsys.runtime.metrics import exact_auc
+from recsys.runtime.safe_io import OutputPathError, atomic_directory
 from wide_and_deep.outbrain_rules import (DAY_MS, DEFAULT_SPLIT_SEED, INPUT_FILES, NUM_DAYS, OUTBRAIN_EPOCH_MS,
                                           eval_mask)
 

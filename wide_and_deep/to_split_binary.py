@@ -11,15 +11,14 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from cli import bad_input
-from dataloading import ArgumentParser
+from recsys.runtime.cli import ArgumentParser, bad_input
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The converter's command line; exit 2 with one `error:` line on bad input (cli.py)."""
-    from data_errors import DataError
-    from feature_spec import FeatureSpecError
-    from safe_io import OutputPathError
+    from recsys.data.data_errors import DataError
+    from recsys.data.feature_spec import FeatureSpecError
+    from recsys.runtime.safe_io import OutputPathError
     from wide_and_deep import wd_split_binary
     from wide_and_deep.wd_data import surface_record_errors
 

@@ -46,10 +46,10 @@ from typing import Any, Dict, Iterator, Generator, List, Mapping, Protocol, Sequ
 import numpy as np
 import tensorflow as tf
 
-import data_formats
-from data_errors import DataError
-from feature_spec import DEFAULT_SPEC_NAME
-from pipeline_errors import surface_data_errors
+from recsys.data import data_formats
+from recsys.data.data_errors import DataError
+from recsys.data.feature_spec import DEFAULT_SPEC_NAME
+from recsys.data.pipeline_errors import surface_data_errors
 from wide_and_deep import features as F
 
 MODEL = "wide_and_deep"

@@ -28,8 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-import distributed as dist
-from custom_ops import op_package
+from recsys.runtime import distributed as dist
+from recsys.runtime.custom_ops import op_package
 from wide_and_deep import features as F
 
 WIDE_INIT_LIMIT = 0.05  # Keras Embedding's default uniform initialiser

@@ -30,11 +30,11 @@ from typing import Any, Dict, Iterator, List, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-import data_errors
-import data_formats
-import feature_spec as fs
-from data_errors import DataError
-from pipeline_errors import file_pipeline_error, pipeline_error_check
+from recsys.data import data_errors
+from recsys.data import data_formats
+from recsys.data import feature_spec as fs
+from recsys.data.data_errors import DataError
+from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check
 from wide_and_deep import features as F
 from wide_and_deep import wd_data
 
@@ -177,7 +177,7 @@ data_formats.register_format("split_binary", training=True, model="wide_and_deep
 def convert(source: str, destination: str, train_pattern: Sequence[str], eval_pattern: Sequence[str]) -> Dict[str, int]:
     """Write the W&D TFRecords of `source` (metadata.json, the files the patterns match) as a split-binary
     dataset in the new folder `destination`, whole or not at all; returns the rows per split."""
-    from safe_io import atomic_directory, refuse_overlap
+    from recsys.runtime.safe_io import atomic_directory, refuse_overlap
 
     refuse_overlap(destination, "--output_path", {"--transformed_metadata_path": source})
     options = {"train_data_pattern": list(train_pattern), "eval_data_pattern": list(eval_pattern)}

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from safe_io import OutputPathError
+from recsys.runtime.safe_io import OutputPathError
 from wide_and_deep.preprocessing.pipeline import InputError, make_engine, preprocess
 
 

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from safe_io import atomic_directory
+from recsys.runtime.safe_io import atomic_directory
 from wide_and_deep.outbrain_rules import ASPECTS, INPUT_FILES
 from wide_and_deep.preprocessing import records, sql
 

@@ -11,20 +11,45 @@ import datetime
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-import distributed as dist
-import metrics
-from checkpoint import STEP_COUNTER, TrainingState
-from lr_scheduler import LearningRateScheduler
-from model import Dlrm
-from optimizers import Optimizer
-from pipeline_errors import surface_data_errors
-from stop_signals import STOP_SIGNALS, StopRequest, agreed_signal, vote
-from utils import StepTimer, print_rank0
+from recsys.runtime import distributed as dist
+from recsys.runtime import metrics
+from recsys.training.checkpoint import STEP_COUNTER, TrainingState
+from recsys.training.optimizers import Optimizer
+from recsys.data.pipeline_errors import surface_data_errors
+from recsys.runtime.stop_signals import STOP_SIGNALS, StopRequest, agreed_signal, vote
+from recsys.runtime.logger import StepTimer, print_rank0
+
+
+class TrainableModel(Protocol):
+    """What the trainer asks of a model (root `model.Dlrm` keeps it): called on a batch's features it
+    returns the logits; its variables split into dense ones and embedding tables, whose layer routes
+    its own gradients; its tables and dense weights are named for checkpoints."""
+    config: Any
+    embedding: Any
+    dense_variables: List[tf.Variable]
+    embedding_variables: List[tf.Variable]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tf.Tensor:
+        ...
+
+    def table_views(self, selector: Optional[Callable[[tf.Variable], tf.Variable]] = None) -> list:
+        ...
+
+    def dense_weight_map(self) -> Dict[str, tf.Variable]:
+        ...
+
+
+class Schedule(Protocol):
+    """The learning-rate schedule the trainer advances once per step (root `lr_scheduler`)."""
+    step: tf.Variable
+
+    def advance(self) -> tf.Tensor:
+        ...
 
 
 class NonFiniteLossError(RuntimeError):
@@ -73,8 +98,8 @@ def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
 class Trainer:
     """Owns the compiled train and predict functions of a model and its optimizers."""
 
-    def __init__(self, model: Dlrm, dense_optimizer: Optimizer, embedding_optimizer: Optimizer,
-                 scheduler: LearningRateScheduler, loss_scale: Optional[float] = None,
+    def __init__(self, model: TrainableModel, dense_optimizer: Optimizer, embedding_optimizer: Optimizer,
+                 scheduler: Schedule, loss_scale: Optional[float] = None,
                  fp16_allreduce: bool = False) -> None:
         self.model = model
         self.fp16_allreduce = fp16_allreduce
@@ -178,7 +203,7 @@ class Evaluator:
         self.progress_interval_s = progress_interval_s
 
     @classmethod
-    def for_model(cls, model: Dlrm, auc_thresholds: Optional[int] = None) -> "Evaluator":
+    def for_model(cls, model: TrainableModel, auc_thresholds: Optional[int] = None) -> "Evaluator":
         return cls(tf.function(lambda features: model(features, training=False)), auc_thresholds)
 
     @surface_data_errors()

@@ -11,28 +11,33 @@ writer. main.py's flag choices, `dataloader`'s dispatch and transcribe's lists a
 
 Names without TensorFlow. main.py defines its flags before TensorFlow is imported (--xla must set
 TF_XLA_FLAGS first), but the format modules import TensorFlow. So this module imports none of
-them to list the formats: it reads the `register_format(...)` calls in the source of the
-repository's top-level modules and of the model packages' modules (`wide_and_deep/`; `ast`, literal
-roles only) and imports a format's module the first
-time one of its hooks is needed, which runs the very call it read. A format registered from
-anywhere else (a test's module, a plug-in) is listed once that module is imported. TensorFlow-free.
+them to list the formats: `FORMAT_MODULES` names every module that registers one, and their
+`register_format(...)` calls are read from the source (`ast`, literal roles only); a format's
+module is imported the first time one of its hooks is needed, which runs the very call it read.
+A format registered from anywhere else (a test's module, a plug-in) is listed once that module is
+imported. TensorFlow-free.
 """
 from __future__ import annotations
 
 import ast
 import importlib
-import os
+import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 if TYPE_CHECKING:
-    from feature_spec import FeatureSpec
+    from recsys.data.feature_spec import FeatureSpec
 
 ROLES = ("training", "source", "destination")
 DLRM = "dlrm"
-_ROOT = os.path.dirname(os.path.abspath(__file__))
-_PACKAGES = ("wide_and_deep",)  # model packages whose modules are scanned too, as `<package>.<module>`
+# Every module that registers a format, in the order the formats are listed (the model packages'
+# modules last; they are named, not imported, so this layer stays below them).
+FORMAT_MODULES = (
+    "recsys.data.column_data", "recsys.data.csv_data", "recsys.data.split_binary", "recsys.data.hugectr_data",
+    "recsys.data.split_tfrecords", "recsys.data.synthetic_data", "recsys.data.torchrec_data",
+    "wide_and_deep.wd_data", "wide_and_deep.wd_split_binary",
+)
 _CALL = "register_format"
 
 
@@ -144,7 +149,7 @@ def _caller_module() -> str:
 
 
 def declarations() -> Dict[str, Declaration]:
-    """Every format declared by a top-level module of the repository, and every one registered."""
+    """Every format declared by a module of FORMAT_MODULES, and every one registered."""
     return dict(_all_declarations())
 
 
@@ -152,14 +157,12 @@ def _all_declarations() -> Dict[str, Declaration]:
     global _declared
     if _declared is None:
         _declared = {}
-        for package in ("", *_PACKAGES):
-            folder = os.path.join(_ROOT, package)
-            for file_name in sorted(os.listdir(folder)):
-                path = os.path.join(folder, file_name)
-                if file_name.endswith(".py") and path != os.path.abspath(__file__):
-                    module = ".".join(filter(None, (package, file_name[:-3])))
-                    for declaration in _declared_in(path, module):
-                        _declared.setdefault(declaration.name, declaration)
+        for module in FORMAT_MODULES:
+            found = importlib.util.find_spec(module)
+            if found is None or not found.origin:
+                raise ImportError(f"data_formats.FORMAT_MODULES names {module}, which does not exist")
+            for declaration in _declared_in(found.origin, module):
+                _declared.setdefault(declaration.name, declaration)
     return _declared
 
 

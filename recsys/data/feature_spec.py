@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
-from safe_io import atomic_file
+from recsys.runtime.safe_io import atomic_file
 
 CATEGORICAL_CHANNEL = "categorical"
 NUMERICAL_CHANNEL = "numerical"

@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from custom_ops import op_package
+from recsys.runtime.custom_ops import op_package
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices]
 

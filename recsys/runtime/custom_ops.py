@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-OP_PACKAGE_DIR = Path(__file__).resolve().parent / "tensorflow-dot-based-interact"
+OP_PACKAGE_DIR = Path(__file__).resolve().parents[2] / "tensorflow-dot-based-interact"
 OP_PACKAGE = "tensorflow_dot_based_interact"
 
 

@@ -20,13 +20,13 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 import numpy as np
 import pandas as pd
 
-from batch import Samples
-from data_errors import DataError
-from data_formats import register_format
-from feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME, FEATURES_SELECTOR,
+from recsys.data.batch import Samples
+from recsys.data.data_errors import DataError
+from recsys.data.data_formats import register_format
+from recsys.data.feature_spec import (AUTO_CARDINALITY, CARDINALITY_SELECTOR, CSV, DEFAULT_SPEC_NAME, FEATURES_SELECTOR,
                           FILES_SELECTOR, MAPPINGS, MAX_CARDINALITY, FeatureSpec, FeatureSpecError,
                           load_folder_spec)
-from safe_io import atomic_directory, check_replaceable, refuse_overlap
+from recsys.runtime.safe_io import atomic_directory, check_replaceable, refuse_overlap
 
 # The largest id whose cardinality (id + 1) still fits the int32 ids of split-binary (§4.5).
 MAX_ID = MAX_CARDINALITY - 1

@@ -33,12 +33,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-import distributed as dist
-from batch import TableReads, local_sizes, rank_start
-from embedding import (Ids, TableSlice, TableView, VariableSelector, Vectors, as_int32, assign_rows, batch_size_of,
-                       blocks_or_joined, divide_by_lengths, fill_uniform, is_one_hot, join_blocks, pooled_lookup,
-                       read_variable_rows, row_lengths, tier_device)
-from sharding import Piece, ShardingPlan
+from recsys.runtime import distributed as dist
+from recsys.data.batch import TableReads, local_sizes, rank_start
+from recsys.sparse.tables import Ids, TableSlice, TableView, VariableSelector, Vectors, as_int32, assign_rows, batch_size_of, blocks_or_joined, divide_by_lengths, fill_uniform, is_one_hot, join_blocks, pooled_lookup, read_variable_rows, row_lengths, tier_device
+from recsys.sparse.sharding import Piece, ShardingPlan
 
 
 def local_batch_bounds(global_batch: tf.Tensor, world_size: int) -> tf.Tensor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Union
 
-from sharding import describe_dims, table_dims
+from recsys.sparse.sharding import describe_dims, table_dims
 
 CROSS = "cross"
 SHAPE = "shape"  # metadata key: the field fixes the weights' shapes

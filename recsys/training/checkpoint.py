@@ -37,8 +37,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from embedding import TableView, row_chunks
-from safe_io import OutputPathError, atomic_directory, check_output_dir, real_path
+from recsys.sparse.tables import TableView, row_chunks
+from recsys.runtime.safe_io import OutputPathError, atomic_directory, check_output_dir, real_path
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

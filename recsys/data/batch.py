@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 
-from data_errors import DataError
+from recsys.data.data_errors import DataError
 
 NUMERICAL_KEY = "numerical_features"
 CATEGORICAL_KEY = "categorical_features"

@@ -12,8 +12,8 @@ from typing import BinaryIO, Dict, Optional, Protocol, Sequence
 
 import numpy as np
 
-from batch import Ids
-from safe_io import StagedDirectory
+from recsys.data.batch import Ids
+from recsys.runtime.safe_io import StagedDirectory
 
 
 class StagedWriter:

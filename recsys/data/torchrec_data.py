@@ -42,13 +42,13 @@ from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from batch import TableReads
-from batch_reader import BatchReader
-from data_formats import register_format
-from data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
-from feature_spec import (DEFAULT_SPEC_NAME, NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
+from recsys.data.batch import TableReads
+from recsys.data.batch_reader import BatchReader
+from recsys.data.data_formats import register_format
+from recsys.data.data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
+from recsys.data.feature_spec import (DEFAULT_SPEC_NAME, NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
                           file_kind_problem)
-from hugectr_data import check_vocab_sizes
+from recsys.data.hugectr_data import check_vocab_sizes
 
 TORCHREC_NPY = "torchrec_npy"
 BINARY_MULTIHOT = "binary_multihot"  # V5's transcribe name for the multi-hot layout; it insists on the .npz files

@@ -20,7 +20,7 @@ from typing import Callable, Dict, Iterator, Optional
 import numpy as np
 import tensorflow as tf
 
-from data_errors import DataError
+from recsys.data.data_errors import DataError
 
 _PIPELINE_ERROR_TAG = "DLRM input data error #"
 _PIPELINE_ERROR_PATTERN = re.compile(re.escape(_PIPELINE_ERROR_TAG) + r"\] \[(\d+)\]")

@@ -50,14 +50,14 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.framework import tensor_pb2
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, Ids, RaggedIds, Samples, TableReads, local_slice
-from batch_reader import PREFETCH_BATCHES
-from data_formats import register_format
-from data_errors import DataError, check_ids, check_labels, check_numericals, unsigned_cardinalities
-from feature_spec import (DEFAULT_SPEC_NAME, DTYPE_SELECTOR, MAPPINGS, NUMERICAL_DTYPE, FeatureSpec,
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, Ids, RaggedIds, Samples, TableReads, local_slice
+from recsys.data.batch_reader import PREFETCH_BATCHES
+from recsys.data.data_formats import register_format
+from recsys.data.data_errors import DataError, check_ids, check_labels, check_numericals, unsigned_cardinalities
+from recsys.data.feature_spec import (DEFAULT_SPEC_NAME, DTYPE_SELECTOR, MAPPINGS, NUMERICAL_DTYPE, FeatureSpec,
                           file_kind_problem, load_folder_spec)
-from pipeline_errors import file_pipeline_error, pipeline_error_check
-from safe_io import OutputPathError, StagedDirectory, check_replaceable
+from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check
+from recsys.runtime.safe_io import OutputPathError, StagedDirectory, check_replaceable
 
 FORMAT_FILE = "format.json"
 LENGTH_FILE = "length.json"

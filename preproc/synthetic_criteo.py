@@ -11,7 +11,7 @@ of a column has a weight, one-off and empty values have none, and each integer c
 times its preprocessed value ln(max(x, -2) + 3). The teacher's own AUC on the test split (the
 first half of the last day) is the best a model can reach.
 
-  python synthetic_criteo.py --output /data/criteo --days 4 --lines_per_day 100000 --teacher
+  python preproc/synthetic_criteo.py --output /data/criteo --days 4 --lines_per_day 100000 --teacher
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from typing import Collection, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from cli import bad_input
-from safe_io import atomic_directory, atomic_file, check_output_file, check_replaceable, refuse_overlap
+from recsys.runtime.cli import bad_input
+from recsys.runtime.safe_io import atomic_directory, atomic_file, check_output_file, check_replaceable, refuse_overlap
 
 NUM_INTEGER = 13
 NUM_CATEGORICAL = 26
@@ -161,7 +161,7 @@ def spread_bad_lines(num_days: int, lines_per_day: int, per_day: int, seed: int)
 def teacher_test_auc(last_day: Day, malformed: Collection[int]) -> float:
     """The teacher's AUC on the test split: the first floor(n/2) lines of the last day, less the
     `malformed` ones (the preprocessing rejects them)."""
-    import metrics
+    from recsys.runtime import metrics
 
     valid = [i for i in range(len(last_day.lines) // 2) if i not in malformed]
     labels = np.array([int(last_day.lines[i][0]) for i in valid], np.float64)

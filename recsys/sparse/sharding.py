@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
-from batch import TableReads
-from feature_spec import POOLINGS
+from recsys.data.batch import TableReads
+from recsys.data.feature_spec import POOLINGS
 
 STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
 HOST_VALUE_BYTES = 4  # tables offloaded to host memory are kept in float32

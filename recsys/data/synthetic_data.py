@@ -21,27 +21,24 @@ import itertools
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
-from batch_reader import PREFETCH_BATCHES
-from data_formats import InputPipelines, register_format
-from datasets import SplitBinaryWriter
-from feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, DEFAULT_ALPHA, MAX_CARDINALITY, POOLINGS,
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, TableReads, local_slice
+from recsys.data.batch_reader import PREFETCH_BATCHES
+from recsys.data.pipelines import DEFAULT_EVAL_BATCHES, DEFAULT_TRAIN_BATCHES, PipelineConfig
+from recsys.data.data_formats import InputPipelines, register_format
+from recsys.data.split_binary import SplitBinaryWriter
+from recsys.data.feature_spec import (CRITEO_NUMERICAL_FEATURES, CRITEO_VARIANTS, DEFAULT_ALPHA, MAX_CARDINALITY, POOLINGS,
                           SPLIT_BINARY, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecError, load_folder_spec)
-from metrics import exact_auc
-from safe_io import refuse_overlap
-from staged_writer import SampleWriter
+from recsys.runtime.metrics import exact_auc
+from recsys.runtime.safe_io import refuse_overlap
+from recsys.data.staged_writer import SampleWriter
 
-if TYPE_CHECKING:
-    from dataloader import PipelineConfig
 
 SYNTHETIC = "synthetic"
-DEFAULT_TRAIN_BATCHES = 64008  # batches of --dataset_type synthetic, and of a transcribed synthetic source
-DEFAULT_EVAL_BATCHES = 1350
 OUTPUT_FLAG = "--synthetic_dataset_dir"  # prepare_synthetic_dataset.py's output, named in its errors
 DEFAULT_NUM_NUMERICAL = 13  # the default synthetic spec (main.py's flags give the same)
 DEFAULT_CARDINALITIES = (1000,) * 26
@@ -368,7 +365,7 @@ def load_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping
                                                 cardinalities, hotness=hotness)
 
 
-def synthetic_pipelines(spec: FeatureSpec, config: "PipelineConfig", reads: TableReads) -> InputPipelines:
+def synthetic_pipelines(spec: FeatureSpec, config: PipelineConfig, reads: TableReads) -> InputPipelines:
     """In-memory teacher-labelled data; every rank draws the same global batches from the seed."""
     if config.synthetic_train_batches < 1 or config.synthetic_eval_batches < 1:
         raise ValueError(f"synthetic data needs at least one train and one eval batch, got "

@@ -14,9 +14,9 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from batch import CATEGORICAL_KEY, NUMERICAL_KEY, Samples, TableReads, local_slice
-from data_errors import DataError, truncated_error
-from pipeline_errors import file_pipeline_error, pipeline_error_check
+from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, Samples, TableReads, local_slice
+from recsys.data.data_errors import DataError, truncated_error
+from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check
 
 PREFETCH_BATCHES = 2
 VALIDATE_BATCH = 1 << 18  # samples per read of a reader's up-front scan (--validate_data)

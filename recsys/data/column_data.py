@@ -31,10 +31,10 @@ from typing import Any, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from batch import RaggedIds, Samples
-from data_formats import register_format
-from data_errors import DataError, check_numericals, id_error, label_values
-from feature_spec import NUMERICAL_DTYPE, FeatureSpec
+from recsys.data.batch import RaggedIds, Samples
+from recsys.data.data_formats import register_format
+from recsys.data.data_errors import DataError, check_numericals, id_error, label_values
+from recsys.data.feature_spec import NUMERICAL_DTYPE, FeatureSpec
 
 NVT = "nvt"
 TFRECORDS_MULTIHOT = "tfrecords_multihot"

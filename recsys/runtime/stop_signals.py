@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from cli import signal_exit_code
+from recsys.runtime.cli import signal_exit_code
 
 HANDLER_DEADLINE_S = 30.0
 

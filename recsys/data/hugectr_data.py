@@ -19,7 +19,7 @@ its vocab size: the project's split-binary encoding, so `split_binary_spec` desc
 for `datasets.SplitBinaryReader`. SOK's reader takes only `vocab_sizes` from metadata.json for that
 variant, and so does this one.
 
-Dense values with `dense_log` become `criteo_rules.transform_numericals` of them, exactly what the
+Dense values with `dense_log` become `numerical_rule.transform_numericals` of them, exactly what the
 project's preprocessing writes for the same raw integers (ln(max(x, -2) + 3) as float16); without,
 the values as float16. So a dataset converted by `dataloading.transcribe` serves the same batches.
 
@@ -45,16 +45,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from batch import TableReads
-from batch_reader import VALIDATE_BATCH, BatchReader, pread_into
-from data_formats import register_format
-from data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
-from feature_spec import (FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE, MAPPINGS, MAX_CARDINALITY,
+from recsys.data.batch import TableReads
+from recsys.data.batch_reader import VALIDATE_BATCH, BatchReader, pread_into
+from recsys.data.data_formats import register_format
+from recsys.data.data_errors import DataError, check_ids, check_numericals, label_values, unsigned_cardinalities
+from recsys.data.feature_spec import (FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE, MAPPINGS, MAX_CARDINALITY,
                           NUMERICAL_DTYPE, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, file_kind_problem)
-from preproc.criteo_rules import transform_numericals
-from datasets import SplitBinaryReader, validate_data
-from safe_io import check_replaceable
-from staged_writer import StagedWriter
+from recsys.data.numerical_rule import transform_numericals
+from recsys.data.split_binary import SplitBinaryReader, validate_data
+from recsys.runtime.safe_io import check_replaceable
+from recsys.data.staged_writer import StagedWriter
 
 HUGECTR_RAW = "hugectr_raw"
 SOK_SPLIT = "sok_split"
