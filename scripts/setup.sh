@@ -251,7 +251,7 @@ print_plan() {
   if [[ "${HOROVOD_FLAVOUR}" == nccl ]]; then echo "  (${NCCL_LINK_DIR}/libnccl.so -> ${NCCL_DIR}/lib/libnccl.so.2)"; fi
   echo "horovod check: horovodrun --check-build lists ${HOROVOD_CHECKS[*]}"
   echo "dot-interaction op: make -C tensorflow-dot-based-interact ${OP_TARGET}"
-  echo "import path: $(venv_site_packages)/${REPO_PTH} naming ${REPO_DIR}"
+  echo "import path: ${INSTALLED_PACKAGES[*]} linked into $(venv_site_packages) from ${REPO_DIR} (no .pth)"
 }
 
 if [[ "${PLAN}" == 1 ]]; then print_plan; exit 0; fi
