@@ -27,7 +27,7 @@ LEARNABLE = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities",
              "--optimizer", "adam", "--learning_rate", "0.01", "--warmup_steps", "20", "--print_freq", "1000",
              "--seed", "3"]
 AMP_AUC_TOLERANCE = 0.003  # issue 17: bf16 training reaches the float32 run's test AUC within this
-# The documented tolerance of --amp predictions on the CPU (README "Precision and speed"): bfloat16
+# The documented tolerance of --amp predictions on the CPU (docs/dlrm.md "Precision and speed"): bfloat16
 # keeps 8 significant bits (each rounding up to 2^-8 = 0.4% relative), and the rounding of every
 # layer's inputs and outputs adds up to a few tenths of a percent of the logit's scale; a
 # probability moves by at most a quarter of its logit's change. Measured on this model: at most

@@ -1,6 +1,6 @@
 """NVIDIA's V5 (DLRM_and_DCNv2) Quick Start, command for command, with small batch counts.
 
-The commands are the README's (V5 section) with the /data paths moved under the test's folder.
+The commands are docs/v5.md's (Quick Start) with the /data paths moved under the test's folder.
 The t15 tables hold 15.6 GiB at width 128, more than a test machine can spare, so the generated
 spec's cardinalities are capped at 1000 before the data is drawn; everything else is as written.
 """
