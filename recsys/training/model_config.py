@@ -9,6 +9,7 @@ Configuration).
   widths, hotness and pooling, the host-memory tier); the model is built from it, and its
   `shape_fields` (the fields marked `SHAPE`, and the cross network's when it is used) go into every
   checkpoint manifest.
+- `table_widths`: --embedding_dim as one width per table, and the one check of every rule on it.
 Plain Python, no TensorFlow: main.py reads the defaults before TensorFlow loads.
 """
 from __future__ import annotations
