@@ -14,14 +14,13 @@ implementation.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from recsys.data.feature_spec import POOLINGS
 from recsys.runtime import distributed as dist
-from recsys.sparse.sharding import table_dims
 from recsys.sparse.tables import (Ids, TableSlice, TableView, VariableSelector, Vectors, blocks_or_joined,
                                   fill_uniform, is_one_hot, join_blocks, pooled_lookup, tier_device)
 
@@ -116,7 +115,7 @@ def _make_group(embedding_type: str, cardinalities: Sequence[int], table_ids: Se
 
 class DualEmbeddingGroup(tf.keras.layers.Layer):
     """Tables on the accelerator, except `host_tables` (decided by the sharding plan's memory
-    budget), which live in host memory in fp32. `dims` is one width for every table or one per table;
+    budget), which live in host memory in fp32. `dims` holds one width per table;
     `poolings` one per table ('sum' when not given); `seed` None starts every table at zero
     (`fill_uniform`).
 
@@ -125,14 +124,14 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
     split; only placement changes.
     """
 
-    def __init__(self, cardinalities: Sequence[int], dims: Union[int, Sequence[int]], *,
+    def __init__(self, cardinalities: Sequence[int], dims: Sequence[int], *,
                  device_embedding_type: str = "fused", cpu_embedding_type: str = "multitable",
                  host_tables: Sequence[int] = (), table_dtype: tf.DType = tf.float32,
                  output_dtype: tf.DType = tf.float32, trainable: bool = True, seed: Optional[int] = 0,
                  poolings: Optional[Sequence[str]] = None, name: str = "embedding") -> None:
         super().__init__(name=name, trainable=trainable)
         self.cardinalities = [int(c) for c in cardinalities]
-        self.dims = table_dims(dims, len(self.cardinalities))
+        self.dims = [int(d) for d in dims]
         self.poolings = list(poolings or [POOLINGS[0]] * len(self.cardinalities))
         self.host_tables = sorted(host_tables)
         single_width = len(set(self.dims)) == 1

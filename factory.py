@@ -47,7 +47,7 @@ def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmCo
     (`plan_sharding(..., hotness, poolings)`, the FeatureSpec's), the one place they are decided."""
     return DlrmConfig.from_settings(
         options.model, num_numerical_features=options.num_numerical_features, cardinalities=list(plan.cardinalities),
-        embedding_dim=plan.dims[0] if len(set(plan.dims)) == 1 else list(plan.dims),
+        embedding_dim=tuple(plan.dims),
         host_tables=plan.host_tables(rank) if plan.world_size == 1 else [], hotness=list(plan.hotness),
         poolings=list(plan.poolings))
 

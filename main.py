@@ -20,7 +20,8 @@ import utils
 
 from recsys.data import data_formats  # plain Python: the formats' names without importing them (or TensorFlow)
 from recsys.data.feature_spec import MLPERF_HOTNESS, MLPERF_ROW_CAP  # plain Python, as sharding
-from recsys.training.model_config import DlrmSettings, TrainingSettings, flag_name  # plain Python: the settings' defaults
+from recsys.training.model_config import (  # plain Python: the settings' defaults
+    DlrmSettings, TrainingSettings, flag_name, table_widths)
 from recsys.sparse.sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
 
 if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
@@ -328,8 +329,9 @@ LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalitie
 
 
 def embedding_dims(value: str) -> Union[int, List[int]]:
-    """--embedding_dim: one integer for every table, or one per table from a comma list or a JSON
-    file holding a list (V5)."""
+    """--embedding_dim read: one integer for every table, or one per table from a comma list or a
+    JSON file holding a list (V5). Only its syntax is checked here: `model_config.table_widths`
+    turns it into every table's width and checks the widths' rules."""
     text = value.strip()
     if text.endswith(".json") or os.path.isfile(text):
         try:
@@ -345,8 +347,6 @@ def embedding_dims(value: str) -> Union[int, List[int]]:
         except ValueError:
             raise UsageError(f"--embedding_dim must be an integer, a comma list of integers or a JSON file, "
                              f"got {value}") from None
-    if not numbers or min(numbers) < 1:
-        raise UsageError(f"--embedding_dim must be >= 1, got {value}")
     return numbers[0] if len(numbers) == 1 else numbers
 
 
@@ -366,7 +366,6 @@ def _check_values(opts: Any) -> None:
             raise UsageError(f"--{name} must be a comma-separated list of integers, got {','.join(values)}") from None
         if not numbers or min(numbers) < 1:
             raise UsageError(f"--{name} needs positive integers, got {numbers}")
-    embedding_dims(opts.embedding_dim)
 
 
 def validate_flags(opts: Any, world_size: int) -> None:
@@ -575,14 +574,14 @@ def memory_budget(local_rank: int):
                         update_rows=FLAGS.batch_size)
 
 
-def sharding_plan(spec, rank: int, world_size: int):
-    """Which rank holds which table, column slice or row block, and in which memory tier
-    (--print_sharding_plan)."""
+def sharding_plan(spec, widths: Tuple[int, ...], rank: int, world_size: int):
+    """Which rank holds which table (of `widths`, `table_widths`'), column slice or row block, and
+    in which memory tier (--print_sharding_plan)."""
     from recsys.runtime import distributed as dist
     from recsys.sparse.sharding import plan_sharding
     from recsys.runtime.logger import print_rank0
 
-    plan = plan_sharding(spec.cardinalities, embedding_dims(FLAGS.embedding_dim), world_size, FLAGS.dist_strategy,
+    plan = plan_sharding(spec.cardinalities, widths, world_size, FLAGS.dist_strategy,
                          FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
                          memory_budget(dist.local_rank()), FLAGS.row_slice_threshold,
                          hotness=spec.hotness, poolings=spec.poolings)
@@ -722,6 +721,8 @@ def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job
     dtype = precision.compute_dtype
     spec = load_feature_spec()
     check_preset_dataset(FLAGS.preset, spec.hotness, spec.cardinalities, spec.categorical_names)
+    widths = table_widths(embedding_dims(FLAGS.embedding_dim), len(spec.cardinalities),  # before any plan
+                          cross=FLAGS.interaction == "cross", bottom_mlp_width=_ints(FLAGS.bottom_mlp_dims)[-1])
     features = saved_model.ServedFeatures(spec.numerical_names, spec.categorical_names, spec.hotness)
     if FLAGS.saved_model_input_path:  # an export made for other features is refused before any batch
         predict = saved_model.load_predict_fn(FLAGS.saved_model_input_path, features)
@@ -729,7 +730,7 @@ def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job
         return Job(rank, logger, pipelines, inference_batches=_inference_batches(pipelines),
                    evaluator=Evaluator(predict, FLAGS.auc_thresholds))
     interaction_name = chosen_interaction(rank)
-    plan = sharding_plan(spec, rank, world_size)
+    plan = sharding_plan(spec, widths, rank, world_size)
     reads = plan.reads(rank, FLAGS.data_parallel_input)
     pipelines = build_pipelines(spec, rank, world_size, reads, dtype)
     if pipelines.teacher_auc is not None:

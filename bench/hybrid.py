@@ -136,7 +136,8 @@ def build(options: dict, data_parallel_input: bool) -> tuple:
     from interaction import resolve_interaction_name
     from recsys.sparse.sharding import plan_sharding
 
-    plan = plan_sharding(options["cardinalities"], options["dim"], dist.size(), "memory_balanced",
+    plan = plan_sharding(options["cardinalities"], (options["dim"],) * len(options["cardinalities"]), dist.size(),
+                         "memory_balanced",
                          row_slice_threshold=options.get("row_slice_threshold"), hotness=options.get("hotness"))
     reads = plan.reads(dist.rank(), data_parallel_input)
     trainer = build_trainer(plan, dist.rank(), reads, ModelOptions(

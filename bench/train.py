@@ -158,7 +158,8 @@ def build_bench_trainer(precision: str = "fp32"):
     compute_dtype = tf.bfloat16 if precision == "bf16" else tf.float32
     if precision == "bf16":
         tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0))  # the CPU: host memory
+    plan = plan_sharding(CARDINALITIES, (DIM,) * len(CARDINALITIES), 1,
+                         budget=MemoryBudget(device_bytes=0))  # the CPU: host memory
     options = ModelOptions(num_numerical_features=NUM_NUMERICAL, compute_dtype=compute_dtype,
                            model=DlrmSettings(bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
                                               interaction=resolve_interaction_name("auto")),
@@ -223,7 +224,8 @@ def multihot_worker(steps: int) -> dict:
     from recsys.sparse.sharding import MemoryBudget, plan_sharding
 
     tf.keras.utils.set_random_seed(0)
-    plan = plan_sharding(CARDINALITIES, DIM, 1, budget=MemoryBudget(device_bytes=0), hotness=MLPERF_HOTNESS)
+    plan = plan_sharding(CARDINALITIES, (DIM,) * len(CARDINALITIES), 1, budget=MemoryBudget(device_bytes=0),
+                         hotness=MLPERF_HOTNESS)
     trainer = build_trainer(plan, 0, plan.reads(0), ModelOptions(
         num_numerical_features=NUM_NUMERICAL,
         model=DlrmSettings(bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cross",

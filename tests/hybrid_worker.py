@@ -71,7 +71,7 @@ def main(options: dict, output: str) -> None:
     rank, world_size = dist.rank(), dist.size()
     multihot = options.get("multihot", False)
     forms = MULTIHOT_FORMS if multihot else [("one_hot", 1, "sum")] * len(CARDINALITIES)
-    plan = plan_sharding(CARDINALITIES, DIM, world_size, options["strategy"],
+    plan = plan_sharding(CARDINALITIES, (DIM,) * len(CARDINALITIES), world_size, options["strategy"],
                          options.get("column_slice_threshold"), options.get("data_parallel_threshold"),
                          row_slice_threshold=options.get("row_slice_threshold"),
                          hotness=[h for _, h, _ in forms], poolings=[p for _, _, p in forms])

@@ -126,7 +126,7 @@ def elements(dataset):
 
 
 def train(dataset, steps=4):
-    plan = plan_sharding(CARDINALITIES, 4, 1)
+    plan = plan_sharding(CARDINALITIES, (4,) * len(CARDINALITIES), 1)
     trainer = build_trainer(plan, 0, plan.reads(0), ModelOptions(
         num_numerical_features=3, model=DlrmSettings(bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1], seed=3),
         training=TrainingSettings(learning_rate=0.5, warmup_steps=0, decay_start_step=10**9, decay_steps=1)))

@@ -143,7 +143,7 @@ def test_other_tensorflow_errors_pass_unchanged():
 # --------------------------------------------------------------------------- SavedModel
 def small_model():
     config = DlrmConfig(num_numerical_features=NUM_NUMERICAL, cardinalities=CARDINALITIES,
-                        embedding_dim=4, bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1],
+                        embedding_dim=(4,) * len(CARDINALITIES), bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1],
                         interaction="tensorflow")
     model = single_process_model(config)
     model.build_weights()

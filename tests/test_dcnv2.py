@@ -63,7 +63,7 @@ def test_embedding_dim_takes_an_integer_a_list_or_a_json_file(tmp_path):
 def test_mixed_widths_flow_through_every_embedding_layout():
     """Offloaded, fused and multitable groups of several widths give the same vectors, in feature order."""
     def model(**overrides):
-        config = DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=WIDTHS,
+        config = DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=tuple(WIDTHS),
                             bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="cross", seed=3, **overrides)
         built = single_process_model(config)
         built.build_weights()
@@ -80,8 +80,8 @@ def test_mixed_widths_flow_through_every_embedding_layout():
     assert [t.shape for t in tables] == [(c, w) for c, w in zip(CARDINALITIES, WIDTHS)]
     np.testing.assert_array_equal(expected[:, 8:12], tables[1][np.arange(6) % 20])
     with pytest.raises(ValueError, match="the dot interaction needs every table of one width"):
-        single_process_model(DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=WIDTHS,
-                        bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1]))
+        single_process_model(DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES,
+                                        embedding_dim=tuple(WIDTHS), bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1]))
 
 
 def test_dcnv2_trains_resumes_exactly_evaluates_and_exports(tmp_path):
@@ -107,7 +107,7 @@ def test_dcnv2_trains_resumes_exactly_evaluates_and_exports(tmp_path):
     assert_ok(dcnv2_py(DCN + ["--mode", "deploy", "--restore_checkpoint_path", ckpt,
                               "--saved_model_output_path", str(exported)]))
 
-    config = DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=WIDTHS,
+    config = DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=tuple(WIDTHS),
                         bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="cross", num_cross_layers=2,
                         cross_layer_projection_dim=4)
     live = single_process_model(config)

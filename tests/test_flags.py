@@ -123,6 +123,27 @@ def test_bad_flag_is_one_error_line_before_any_work(tmp_path, capsys, args, mess
     refused_in_process(args, message, tmp_path, capsys)
 
 
+BAD_WIDTHS = [  # SMALL has 4 tables and the dot interaction on a bottom MLP ending in 8
+    (["--embedding_dim", "8,8,8"], "--embedding_dim lists 3 widths for 4 tables"),
+    (["--embedding_dim", "8,0,8,8"], "--embedding_dim must be >= 1, got 8,0,8,8"),
+    (["--embedding_dim", "8,8,8,16"], "the dot interaction needs every table of one width equal to the last "
+                                      "--bottom_mlp_dims entry (8), got --embedding_dim 8,8,8,16"),
+    (["--embedding_dim", "16"], "got --embedding_dim 16; use --interaction cross for mixed widths"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_WIDTHS, ids=[" ".join(a) for a, _ in BAD_WIDTHS])
+def test_bad_widths_are_refused_before_any_plan_or_pipeline(tmp_path, capsys, monkeypatch, args, message):
+    """--embedding_dim's rules are checked once, as soon as the feature spec gives the number of
+    tables: the run stops with the one error line before the sharding plan or a pipeline is made."""
+    def never(*_):
+        raise AssertionError("a plan or a pipeline was built before --embedding_dim was checked")
+
+    monkeypatch.setattr(main, "sharding_plan", never)
+    monkeypatch.setattr(main, "build_pipelines", never)
+    refused_in_process(args, message, tmp_path, capsys)
+
+
 def test_every_numeric_flag_is_range_checked():
     numeric = {flag.name for flag in FLAGS.get_flags_for_module(main) if flag.flag_type() in ("int", "float")}
     checked = {name for name, _, _ in main.NUMERIC_FLAGS}

@@ -26,12 +26,12 @@ def _coverage(plan):
 
 def test_strategies_place_whole_tables():
     cards = [1000, 10, 500, 40, 300, 20]
-    basic = plan_sharding(cards, 4, 3, "basic")
+    basic = plan_sharding(cards, (4,) * len(cards), 3, "basic")
     assert [p.rank for p in sorted(basic.pieces, key=lambda p: p.table)] == [0, 1, 2, 0, 1, 2]
-    balanced = plan_sharding(cards, 4, 3, "memory_balanced")
+    balanced = plan_sharding(cards, (4,) * len(cards), 3, "memory_balanced")
     # sizes descending: 1000, 500, 300, 40, 20, 10 dealt 0,1,2,2,1,0
     assert {p.table: p.rank for p in balanced.pieces} == {0: 0, 2: 1, 4: 2, 3: 2, 5: 1, 1: 0}
-    optimized = plan_sharding(cards, 4, 3, "memory_optimized")
+    optimized = plan_sharding(cards, (4,) * len(cards), 3, "memory_optimized")
     assert {p.table: p.rank for p in optimized.pieces} == {0: 0, 2: 1, 4: 2, 3: 2, 5: 2, 1: 2}
     for plan in (basic, balanced, optimized):
         _coverage(plan)
@@ -39,13 +39,13 @@ def test_strategies_place_whole_tables():
 
 
 def test_column_slicing_is_power_of_two_capped_and_merged():
-    plan = plan_sharding([1000, 10], 8, 4, "memory_balanced", column_slice_threshold=1000)
+    plan = plan_sharding([1000, 10], (8,) * 2, 4, "memory_balanced", column_slice_threshold=1000)
     slices = [p for p in plan.pieces if p.table == 0]
     assert len(slices) == 4 and all(p.width == 2 for p in slices)  # 8000 elements -> 8 slices, capped at 4 ranks
     _coverage(plan)
-    auto = plan_sharding([1000], 8, 2, "basic")  # fewer tables than ranks: sliced automatically
+    auto = plan_sharding([1000], (8,), 2, "basic")  # fewer tables than ranks: sliced automatically
     assert [(p.rank, p.col_start, p.col_end) for p in auto.pieces] == [(0, 0, 4), (1, 4, 8)]
-    merged = plan_sharding([1000, 5], 8, 2, "memory_optimized", column_slice_threshold=100)
+    merged = plan_sharding([1000, 5], (8,) * 2, 2, "memory_optimized", column_slice_threshold=100)
     assert all(p.rank != q.rank or p.table != q.table for p in merged.pieces for q in merged.pieces if p is not q)
     _coverage(merged)
 
@@ -60,19 +60,19 @@ def test_tables_of_different_widths_are_sliced_by_their_own_width():
 
 
 def test_replication_and_planner_errors():
-    plan = plan_sharding([1000, 10, 500, 5], 4, 2, "basic", data_parallel_threshold=40)
+    plan = plan_sharding([1000, 10, 500, 5], (4,) * 4, 2, "basic", data_parallel_threshold=40)
     assert plan.replicated == [1, 3] and plan.reads(0) == TableReads((0, 1, 3), global_batch=True)
     assert plan.reads(1, data_parallel_input=True) == TableReads((0, 1, 2, 3), global_batch=False)
     _coverage(plan)
     with pytest.raises(ShardingError, match="3 ranks but"):
-        plan_sharding([100], 2, 3, "basic")
+        plan_sharding([100], (2,), 3, "basic")
     with pytest.raises(ShardingError, match="--dist_strategy"):
-        plan_sharding([100], 2, 1, "greedy")
+        plan_sharding([100], (2,), 1, "greedy")
     assert set(STRATEGIES) == {"basic", "memory_balanced", "memory_optimized"}
 
 
 def test_row_slicing_cuts_large_tables_into_one_block_of_rows_per_rank():
-    plan = plan_sharding([1000, 10, 501, 5, 40], 4, 3, "basic", data_parallel_threshold=20,
+    plan = plan_sharding([1000, 10, 501, 5, 40], (4,) * 5, 3, "basic", data_parallel_threshold=20,
                          row_slice_threshold=2000, budget=MemoryBudget(None, optimizer_slots=2))
     assert plan.row_sliced == [0, 2] and plan.replicated == [3]
     assert [(p.table, p.rank, p.width) for p in plan.pieces] == [(1, 0, 4), (4, 1, 2), (4, 2, 2)]
@@ -92,11 +92,11 @@ def test_row_slicing_cuts_large_tables_into_one_block_of_rows_per_rank():
     assert plan.reads(2, data_parallel_input=True) == TableReads((0, 1, 2, 3, 4), global_batch=False)
     text = plan.describe()
     assert "row-sliced over every rank: tables [0, 2]" in text and "table 0[rows 334:667] (333 rows)" in text
-    every = plan_sharding([1000, 500], 4, 2, "basic", row_slice_threshold=1)  # no model-parallel table left
+    every = plan_sharding([1000, 500], (4,) * 2, 2, "basic", row_slice_threshold=1)  # no model-parallel table left
     assert every.row_sliced == [0, 1] and not every.pieces
-    assert not plan_sharding([1000], 4, 1, row_slice_threshold=1).row_sliced  # one process: tables stay whole
+    assert not plan_sharding([1000], (4,), 1, row_slice_threshold=1).row_sliced  # one process: tables stay whole
     with pytest.raises(ShardingError, match="--row_slice_threshold must be >= 1"):
-        plan_sharding([1000], 4, 2, row_slice_threshold=0)
+        plan_sharding([1000], (4,), 2, row_slice_threshold=0)
 
 
 CASES = [
@@ -221,7 +221,7 @@ def test_per_rank_cpu_offload_keeps_the_largest_pieces_in_cpu_memory():
 
     tf.keras.utils.set_random_seed(0)
     budget = MemoryBudget(device_bytes=(10 + 40) * 8 * 4)
-    plan = plan_sharding([1000, 10, 500, 40], 8, 1, "basic", budget=budget)
+    plan = plan_sharding([1000, 10, 500, 40], (8,) * 4, 1, "basic", budget=budget)
     layer = HybridEmbedding(plan, 0, plan.reads(0))
     layer.build(None)
     assert layer.placement() == ["cpu", "device", "cpu", "device"]
@@ -237,7 +237,7 @@ def test_the_layer_refuses_ids_other_than_the_plan_decided():
 
     from recsys.sparse.hybrid_embedding import HybridEmbedding
 
-    plan = plan_sharding([1000, 10, 500, 5], 4, 2, "basic", data_parallel_threshold=40)
+    plan = plan_sharding([1000, 10, 500, 5], (4,) * 4, 2, "basic", data_parallel_threshold=40)
     with pytest.raises(ValueError, match=r"rank 0 is given ids of tables \[0, 1\] .* not what the sharding plan"):
         HybridEmbedding(plan, 0, TableReads((0, 1), global_batch=True))
     layer = HybridEmbedding(plan, 0, plan.reads(0))
@@ -315,7 +315,8 @@ def test_memory_tiers_count_tables_slots_and_update_transients(variant, world_si
     plans = {}
     for optimizer, slots in (("sgd", 0), ("adam", 2)):
         budget = MemoryBudget(device_bytes=device_budget, optimizer_slots=slots, update_rows=65536)
-        plan = plan_sharding(cardinalities, 128, world_size, "memory_balanced", 10**10, budget=budget)
+        plan = plan_sharding(cardinalities, (128,) * len(cardinalities), world_size, "memory_balanced", 10**10,
+                             budget=budget)
         usage = plan.memory_per_rank()
         host_total = sum(host for _, host in usage)
         for rank, (device, host) in enumerate(usage):

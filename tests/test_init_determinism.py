@@ -23,7 +23,7 @@ DIM = 8
 
 
 def _config(**overrides) -> DlrmConfig:
-    return DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=DIM,
+    return DlrmConfig(num_numerical_features=5, cardinalities=CARDINALITIES, embedding_dim=(DIM,) * len(CARDINALITIES),
                       bottom_mlp_dims=[16, DIM], top_mlp_dims=[16, 1], seed=11, **overrides)
 
 
@@ -54,7 +54,7 @@ def test_every_layout_starts_from_the_same_tables_and_mlps():
 
 def test_column_slices_row_blocks_and_replicas_on_any_rank_hold_the_same_values():
     reference = _tables(_model(_config()))
-    plan = plan_sharding(CARDINALITIES, DIM, 4, "memory_balanced", column_slice_threshold=100,
+    plan = plan_sharding(CARDINALITIES, (DIM,) * len(CARDINALITIES), 4, "memory_balanced", column_slice_threshold=100,
                          data_parallel_threshold=30, row_slice_threshold=300)
     assert plan.replicated and any(p.width < DIM for p in plan.pieces) and plan.row_sliced == [0]
     blocks = []

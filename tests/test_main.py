@@ -90,7 +90,7 @@ def test_modes_eval_inference_deploy_and_saved_model_predictions(tmp_path):
 
     from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
     from recsys.training.model_config import DlrmConfig
-    config = DlrmConfig(num_numerical_features=5, cardinalities=[50, 20, 7, 30], embedding_dim=8,
+    config = DlrmConfig(num_numerical_features=5, cardinalities=[50, 20, 7, 30], embedding_dim=(8,) * 4,
                         bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="tensorflow")
     tf.keras.utils.set_random_seed(0)
     live = single_process_model(config)

@@ -93,7 +93,7 @@ def _batch(config, batch=5, seed=0):
 
 
 def _config(**overrides):
-    base = dict(num_numerical_features=5, cardinalities=[7, 30, 3, 12], embedding_dim=8,
+    base = dict(num_numerical_features=5, cardinalities=[7, 30, 3, 12], embedding_dim=(8,) * 4,
                 bottom_mlp_dims=[16, 8], top_mlp_dims=[16, 1], interaction="tensorflow")
     base.update(overrides)
     return DlrmConfig(**base)

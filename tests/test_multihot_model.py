@@ -19,7 +19,7 @@ from recsys.sparse.tables import pooled_lookup
 from factory import ModelOptions, build_trainer
 from recsys.training.model_config import DlrmSettings, TrainingSettings
 from recsys.sparse.hybrid_embedding import HybridEmbedding
-from recsys.training.model_config import DlrmConfig
+from recsys.training.model_config import DlrmConfig, table_widths
 from multiproc import require
 from recsys.training.optimizers import SGD, Adagrad, Adam
 from recsys.sparse.sharding import plan_sharding
@@ -68,11 +68,12 @@ def numpy_pooled(tables, rows):
 
 def layers():
     """Every layer type over the same tables: multitable, fused, the CPU tier, the hybrid layer."""
-    plan = plan_sharding(CARDINALITIES, DIM, 1, hotness=HOTNESS, poolings=POOLINGS)
+    plan = plan_sharding(CARDINALITIES, (DIM,) * len(CARDINALITIES), 1, hotness=HOTNESS, poolings=POOLINGS)
     return {"multitable": MultiTableEmbedding(CARDINALITIES, DIM, poolings=POOLINGS),
             "fused": FusedEmbedding(CARDINALITIES, DIM, poolings=POOLINGS),
-            "cpu_tier": DualEmbeddingGroup(CARDINALITIES, DIM, host_tables=[1, 2], poolings=POOLINGS,
-                                           device_embedding_type="fused", cpu_embedding_type="multitable"),
+            "cpu_tier": DualEmbeddingGroup(CARDINALITIES, (DIM,) * len(CARDINALITIES), host_tables=[1, 2],
+                                           poolings=POOLINGS, device_embedding_type="fused",
+                                           cpu_embedding_type="multitable"),
             "hybrid": HybridEmbedding(plan, 0, plan.reads(0))}
 
 
@@ -167,7 +168,7 @@ def test_the_plan_counts_hotness_in_memory_and_exchanged_ids():
     from recsys.sparse.sharding import MemoryBudget
 
     budget = MemoryBudget(None, optimizer_slots=1, update_rows=64)
-    plan = plan_sharding([1000, 1000], 8, 2, "basic", budget=budget, hotness=[1, 5], poolings=["sum", "mean"])
+    plan = plan_sharding([1000, 1000], (8,) * 2, 2, "basic", budget=budget, hotness=[1, 5], poolings=["sum", "mean"])
     one_hot, multi_hot = (plan.item_footprint(p) for p in sorted(plan.pieces, key=lambda p: p.table))
     assert multi_hot - one_hot == (5 - 1) * 64 * 8 * 4 * 3  # the update transient of 5x the ids
     outputs = exchange_bytes_per_step(plan, 64, 4)
@@ -175,7 +176,7 @@ def test_the_plan_counts_hotness_in_memory_and_exchanged_ids():
     assert exchange_bytes_per_step(plan, 64, 4, data_parallel_input=True) == outputs + 32 * (1 + 5) * 4
     assert "multi-hot: table 1 (5 ids, mean)" in plan.describe()
     with pytest.raises(ValueError, match="one pooling of"):
-        plan_sharding([10], 8, 1, poolings=["max"])
+        plan_sharding([10], (8,), 1, poolings=["max"])
 
 
 def multihot_batch(rng: np.random.Generator, batch: int = BATCH):
@@ -185,7 +186,7 @@ def multihot_batch(rng: np.random.Generator, batch: int = BATCH):
 
 
 def multihot_trainer(embedding_type: str = "fused"):
-    plan = plan_sharding(CARDINALITIES, DIM, 1, hotness=HOTNESS, poolings=POOLINGS)
+    plan = plan_sharding(CARDINALITIES, (DIM,) * len(CARDINALITIES), 1, hotness=HOTNESS, poolings=POOLINGS)
     return build_trainer(plan, 0, plan.reads(0), ModelOptions(
         num_numerical_features=3,
         model=DlrmSettings(bottom_mlp_dims=[8, DIM], top_mlp_dims=[8, 1], interaction="cross",
@@ -245,7 +246,8 @@ def test_mlperf_dcnv2_preset_sets_the_recipe_under_explicit_flags():
         assert FLAGS.top_mlp_dims == ["1024", "1024", "512", "256", "1"]
         assert FLAGS.learning_rate == 0.01  # given explicitly: kept
         config = DlrmConfig(num_numerical_features=13, cardinalities=[40_000_000] * 26,
-                            embedding_dim=main.embedding_dims(FLAGS.embedding_dim),
+                            embedding_dim=table_widths(main.embedding_dims(FLAGS.embedding_dim), 26, cross=True,
+                                                       bottom_mlp_width=int(FLAGS.bottom_mlp_dims[-1])),
                             bottom_mlp_dims=[int(v) for v in FLAGS.bottom_mlp_dims],
                             top_mlp_dims=[int(v) for v in FLAGS.top_mlp_dims], interaction=FLAGS.interaction,
                             num_cross_layers=FLAGS.num_cross_layers,

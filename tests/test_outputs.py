@@ -106,7 +106,7 @@ def test_logger_creates_its_file_at_the_first_record_and_appends_only_to_logs(tm
 
 
 def _tiny_model():
-    model = single_process_model(DlrmConfig(num_numerical_features=3, cardinalities=[11, 5], embedding_dim=4,
+    model = single_process_model(DlrmConfig(num_numerical_features=3, cardinalities=[11, 5], embedding_dim=(4, 4),
                             bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1], interaction="tensorflow"))
     model.build_weights()
     return model

@@ -24,7 +24,7 @@ the same one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from recsys.data.batch import TableReads
 from recsys.data.feature_spec import POOLINGS
@@ -69,14 +69,13 @@ class ShardingError(ValueError):
     """The tables cannot be spread over the ranks as asked."""
 
 
-def table_dims(dim: Union[int, Sequence[int]], num_tables: int) -> List[int]:
-    """The width of every table: one width for all, or one per table (V5 `--embedding_dim` lists)."""
-    dims = [int(dim)] * num_tables if isinstance(dim, int) else [int(d) for d in dim]
+def check_table_widths(dims: Sequence[int], num_tables: int) -> None:
+    """Refuse widths that are not one positive integer per table (--embedding_dim's rules that the
+    planner relies on; model_config.table_widths applies them, with the model's, before any plan)."""
     if len(dims) != num_tables:
         raise ShardingError(f"--embedding_dim lists {len(dims)} widths for {num_tables} tables")
     if any(d < 1 for d in dims):
-        raise ShardingError(f"--embedding_dim widths must be >= 1, got {dims}")
-    return dims
+        raise ShardingError(f"--embedding_dim must be >= 1, got {describe_dims(dims)}")
 
 
 @dataclass(frozen=True)
@@ -302,7 +301,7 @@ def _host_items(plan: ShardingPlan) -> FrozenSet[Tuple[int, int, int]]:
     return frozenset(host)
 
 
-def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], world_size: int,
+def plan_sharding(cardinalities: Sequence[int], dims: Sequence[int], world_size: int,
                   strategy: str = "memory_balanced",
                   column_slice_threshold: Optional[int] = None,
                   data_parallel_threshold: Optional[int] = None,
@@ -311,8 +310,8 @@ def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], 
                   hotness: Optional[Sequence[int]] = None,
                   poolings: Optional[Sequence[str]] = None) -> ShardingPlan:
     """Place every table (or column slice, or row block) on a rank and in a memory tier; see the
-    module docstring. `hotness` and `poolings` (FeatureSpec `hotness`, `poolings`) default to
-    one-hot sum pooling."""
+    module docstring. `dims` holds one width per table (model_config.table_widths resolves them);
+    `hotness` and `poolings` (FeatureSpec `hotness`, `poolings`) default to one-hot sum pooling."""
     if strategy not in STRATEGIES:
         raise ShardingError(f"--dist_strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if world_size < 1:
@@ -320,7 +319,8 @@ def plan_sharding(cardinalities: Sequence[int], dim: Union[int, Sequence[int]], 
     if row_slice_threshold is not None and row_slice_threshold < 1:
         raise ShardingError(f"--row_slice_threshold must be >= 1 (elements), got {row_slice_threshold}")
     cardinalities = [int(c) for c in cardinalities]
-    dims = table_dims(dim, len(cardinalities))
+    check_table_widths(dims, len(cardinalities))
+    dims = [int(d) for d in dims]
     hotness = [int(h) for h in hotness] if hotness is not None else [1] * len(cardinalities)
     poolings = list(poolings) if poolings is not None else [POOLINGS[0]] * len(cardinalities)
     if len(hotness) != len(cardinalities) or min(hotness, default=1) < 1:

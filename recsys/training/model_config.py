@@ -9,14 +9,15 @@ Configuration).
   widths, hotness and pooling, the host-memory tier); the model is built from it, and its
   `shape_fields` (the fields marked `SHAPE`, and the cross network's when it is used) go into every
   checkpoint manifest.
+- `table_widths`: --embedding_dim as one width per table, and the one check of every rule on it.
 Plain Python, no TensorFlow: main.py reads the defaults before TensorFlow loads.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from recsys.sparse.sharding import describe_dims, table_dims
+from recsys.sparse.sharding import check_table_widths, describe_dims
 
 CROSS = "cross"
 SHAPE = "shape"  # metadata key: the field fixes the weights' shapes
@@ -54,6 +55,24 @@ class TrainingSettings:
     fp16_allreduce: bool = False  # the dense gradients' allreduce sent as float16 (Horovod's compression)
 
 
+def table_widths(embedding_dim: Union[int, Sequence[int]], num_tables: int, *, cross: bool,
+                 bottom_mlp_width: int) -> Tuple[int, ...]:
+    """Every table's width, one integer per table in feature order, from --embedding_dim's value
+    (one integer for every table, or one per table). The one place every rule on the widths is
+    checked, each error naming --embedding_dim: one positive width per table, and, with the dot
+    interaction, one width for all equal to the bottom MLP's last layer (`bottom_mlp_width`), whose
+    output is dotted with the embedding vectors. main.py resolves the widths with it as soon as the
+    feature spec gives the number of tables, before any plan or pipeline; the planner, DlrmConfig
+    and the embedding layers take the tuple."""
+    widths = (embedding_dim,) * num_tables if isinstance(embedding_dim, int) else tuple(embedding_dim)
+    check_table_widths(widths, num_tables)
+    if not cross and set(widths) != {bottom_mlp_width}:
+        raise ValueError(f"the dot interaction needs every table of one width equal to the last "
+                         f"--bottom_mlp_dims entry ({bottom_mlp_width}), got --embedding_dim "
+                         f"{describe_dims(widths)}; use --interaction cross for mixed widths")
+    return widths
+
+
 def flag_name(setting: Any) -> str:
     """The main.py flag that sets a dataclass field."""
     return setting.metadata.get(FLAG, setting.name)
@@ -69,15 +88,15 @@ class DlrmConfig(DlrmSettings):
     """The settings plus what the dataset and the plan decide; everything the model is built from."""
     num_numerical_features: int = field(metadata={SHAPE: True})
     cardinalities: List[int] = field(metadata={SHAPE: True})
-    embedding_dim: Union[int, List[int]] = field(default=128, metadata={SHAPE: True})  # one width, or one per table
+    embedding_dim: Tuple[int, ...] = field(metadata={SHAPE: True})  # one width per table (`table_widths`)
     host_tables: List[int] = field(default_factory=list)  # offloaded to host memory (the plan decides)
     hotness: List[int] = field(default_factory=list)  # ids per sample of every feature (empty: all one-hot)
     poolings: List[str] = field(default_factory=list)  # 'sum' or 'mean' per feature (empty: all 'sum')
 
     @property
     def dims(self) -> List[int]:
-        """The width of every table."""
-        return table_dims(self.embedding_dim, len(self.cardinalities))
+        """The width of every table, as a list."""
+        return list(self.embedding_dim)
 
     @property
     def feature_hotness(self) -> List[int]:
@@ -102,23 +121,24 @@ class DlrmConfig(DlrmSettings):
             raise ValueError("the model needs at least one categorical feature")
         if not self.bottom_mlp_dims:
             raise ValueError("--bottom_mlp_dims needs at least one layer")
-        dims = self.dims
-        if not self.cross and (len(set(dims)) != 1 or self.bottom_mlp_dims[-1] != dims[0]):
-            raise ValueError(f"the dot interaction needs every table of one width equal to the last "
-                             f"--bottom_mlp_dims entry ({self.bottom_mlp_dims[-1]}), got --embedding_dim "
-                             f"{describe_dims(dims)}; use --interaction cross for mixed widths")
+        table_widths(self.embedding_dim, len(self.cardinalities), cross=self.cross,
+                     bottom_mlp_width=self.bottom_mlp_dims[-1])
         if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
             raise ValueError(f"the last --top_mlp_dims entry must be 1 (one logit), got {self.top_mlp_dims}")
-        if any(d < 1 for d in self.bottom_mlp_dims + self.top_mlp_dims + dims):
-            raise ValueError("layer widths and --embedding_dim must be positive")
+        if any(d < 1 for d in self.bottom_mlp_dims + self.top_mlp_dims):
+            raise ValueError("layer widths must be positive")
         if self.cross and (self.num_cross_layers < 1 or self.cross_layer_projection_dim < 0):
             raise ValueError(f"the cross network needs --num_cross_layers >= 1 and --cross_layer_projection_dim "
                              f">= 0, got {self.num_cross_layers} and {self.cross_layer_projection_dim}")
 
     def shape_fields(self) -> Dict[str, Any]:
         """The fields two checkpoints must agree on to hold the same weights: those marked SHAPE, and
-        the cross network's when it is used (a dot model's fields stay as they were before it existed)."""
+        the cross network's when it is used (a dot model's fields stay as they were before it existed).
+        `embedding_dim` keeps the manifests' JSON form: one integer when every table has that width
+        (as before per-table widths existed), else the list."""
         values = asdict(self)
+        widths = self.embedding_dim
+        values["embedding_dim"] = widths[0] if len(set(widths)) == 1 else list(widths)
         return {f.name: values[f.name] for f in fields(self)
                 if f.metadata.get(SHAPE) is True or (self.cross and f.metadata.get(SHAPE) == CROSS_SHAPE)}
 
