@@ -1,7 +1,7 @@
 """V5 (DLRM_and_DCNv2) entry point of DCNv2: main.py's flags and code with V5's DCNv2 defaults
 (Adam, the cross interaction, learning rate 1e-4 after 100 warmup steps).
 
-`python dcnv2.py --dataset_path /data/preprocessed ...`, or under `horovodrun` (README, V5).
+`python dcnv2.py --dataset_path /data/preprocessed ...`, or under `horovodrun` (docs/v5.md).
 """
 import main
 

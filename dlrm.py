@@ -1,6 +1,6 @@
 """V5 (DLRM_and_DCNv2) entry point of DLRM: main.py's flags and code with V5's DLRM defaults.
 
-`python dlrm.py --dataset_path /data/preprocessed ...`, or under `horovodrun` (README, V5).
+`python dlrm.py --dataset_path /data/preprocessed ...`, or under `horovodrun` (docs/v5.md).
 """
 import main
 
