@@ -166,6 +166,23 @@ def test_bad_split_binary_data_is_one_error_naming_the_file(datasets, tmp_path, 
     assert "Traceback" not in result.stderr
 
 
+def test_the_shared_reader_checks_float32_numericals_naming_the_file(datasets, tmp_path):
+    """W&D's split-binary files are read by DLRM's SplitBinaryReader: a NaN among the float32 numericals
+    is DLRM's DataError naming file, feature and row; the split serves the error, not the rows."""
+    def set_nan(copy):
+        with open(copy / "train" / "numerical.bin", "r+b") as f:
+            f.seek((4096 + 5) * 13 * 4 + 2 * 4)  # record 1, row 5, numerical 2
+            f.write(np.float32(np.nan).tobytes())
+    copy = _bad_copy(datasets, tmp_path, set_nan)
+    train, _ = wd_data.open_splits("split_binary", str(copy), {})
+    assert len(train.reader.read_batch(0)[0]) == 4096
+    with pytest.raises(data_errors.DataError, match=f"{copy}/train/numerical.bin: numerical feature "
+                       f"'{F.NUMERIC_FEATURES[2]}' \\(mapping 'train'\\) is nan at sample 4101"):
+        train.reader.read_batch(1)
+    *_, error = train.read(np.array([0, 1]), F.BUCKETS)
+    assert error != 0
+
+
 def test_a_flag_another_format_owns_is_refused(datasets, tmp_path):
     folder, binary = datasets
     result = wd(["--dataset_type", "split_binary", "--transformed_metadata_path", binary,

@@ -15,8 +15,11 @@ The layout (feature_spec.py's conventions; mapping `test` is W&D's eval split):
 The spec's feature names, order and cardinalities must be W&D's (features.py). Rows are stored in the
 TFRecords' record order (file order, then row order), so record i, rows [4096 i, 4096 (i + 1)), is the
 same rows in both formats: the same record shares (wd_data) read the same batches and train the same
-weights. A rank reads its records' row ranges from every file with positioned reads and checks their
-values (data_errors: labels 0 or 1, finite numericals, ids inside the buckets), naming file, feature and row.
+weights. Reading and writing are DLRM's (recsys/data/split_binary.py): record i is batch i of a
+`SplitBinaryReader` with batches of 4096 rows (positioned reads of every file, values checked as DLRM's:
+labels 0 or 1, finite numericals, ids inside the spec's cardinalities, naming file, feature and row), the
+display ids its `ExtraColumn`; the converter appends through a `SplitBinaryWriter`. What stays here is W&D's:
+the spec's layout, the display-id entry, the `wd_data.Split` contract, the converter's orchestration.
 
 The converter, `convert` (the command: `python -m wide_and_deep.to_split_binary --transformed_metadata_path
 SRC --output_path DST`), reads the TFRecords (metadata.json, `SRC/train/part*` and `SRC/eval/part*` unless the patterns are given)
@@ -30,11 +33,11 @@ from typing import Any, Dict, Iterator, List, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from recsys.data import data_errors
 from recsys.data import data_formats
 from recsys.data import feature_spec as fs
 from recsys.data.data_errors import DataError
 from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check
+from recsys.data.split_binary import ExtraColumn, SplitBinaryReader, SplitBinaryWriter
 from wide_and_deep import features as F
 from wide_and_deep import wd_data
 
@@ -86,62 +89,37 @@ def load_spec(folder: str, spec_file_name: str, options: Mapping[str, Any]) -> f
     return spec
 
 
+def display_id_column(spec: fs.FeatureSpec) -> ExtraColumn:
+    """The display ids as the shared reader and writer's extra column: int64, the files the spec's
+    metadata entry names."""
+    return ExtraColumn(F.DISPLAY_ID_KEY, np.dtype(np.int64), spec.metadata[DISPLAY_ID_ENTRY])
+
+
 class BinarySplit:
-    """One split of a W&D split-binary dataset, a `wd_data.Split`: records of 4096 rows read from
-    every file with positioned reads, checked, as the batch dict."""
+    """One split of a W&D split-binary dataset, a `wd_data.Split`: record i is batch i of the shared
+    `SplitBinaryReader` with batches of 4096 rows (positioned reads of every file, checked, the
+    display ids as its extra column), served as the batch dict."""
 
     def __init__(self, spec: fs.FeatureSpec, split: str) -> None:
         self.mapping = MAPPINGS[split]
         self.buckets = dict(zip(spec.categorical_names, spec.cardinalities))
-        self.rows = spec.check_files([self.mapping])[self.mapping]
-        self.paths = {name: spec.file_of(self.mapping, name) for name in
-                      (F.LABEL_KEY, F.NUMERIC_FEATURES[0], *F.CATEGORICAL_NAMES)}
-        self.paths[F.DISPLAY_ID_KEY] = spec.resolve(spec.metadata[DISPLAY_ID_ENTRY][self.mapping])
-        self.dtypes = {name: spec.dtype_of(name) for name in (F.LABEL_KEY, *F.CATEGORICAL_NAMES)}
-        self.dtypes[F.NUMERIC_FEATURES[0]] = np.dtype((np.float32, len(F.NUMERIC_FEATURES)))
-        self.dtypes[F.DISPLAY_ID_KEY] = np.dtype(np.int64)
-        display_path = self.paths[F.DISPLAY_ID_KEY]
-        problem = fs.file_kind_problem(display_path)
-        if problem or os.path.getsize(display_path) != 8 * self.rows:
-            raise DataError(f"{display_path}: the display_id file of mapping '{self.mapping}' "
-                            f"{problem or f'must hold {self.rows} int64 values, one per row of label.bin'}")
-        self.fds = {name: os.open(path, os.O_RDONLY) for name, path in self.paths.items()}
+        self.reader = SplitBinaryReader(spec, self.mapping, F.PREBATCH_SIZE, drop_remainder=False, read_op=False,
+                                        extra_columns=[display_id_column(spec)])
+        self.rows = self.reader.num_samples
 
     def __len__(self) -> int:
-        return -(-self.rows // F.PREBATCH_SIZE)
-
-    def _read_record(self, name: str, record: int) -> np.ndarray:
-        start = record * F.PREBATCH_SIZE
-        count = min(F.PREBATCH_SIZE, self.rows - start)
-        dtype = self.dtypes[name]
-        raw = os.pread(self.fds[name], count * dtype.itemsize, start * dtype.itemsize)
-        if len(raw) != count * dtype.itemsize:
-            raise data_errors.truncated_error(self.paths[name], start * dtype.itemsize + len(raw))
-        return np.frombuffer(raw, dtype)
-
-    def _check(self, record: int, labels: np.ndarray, numeric: np.ndarray, ids: np.ndarray,
-               cardinalities: np.ndarray) -> None:
-        first = record * F.PREBATCH_SIZE
-        data_errors.check_labels(labels, self.paths[F.LABEL_KEY], F.LABEL_KEY, self.mapping, first)
-        if not np.isfinite(numeric).all():
-            row, column = (int(i) for i in np.argwhere(~np.isfinite(numeric))[0])
-            raise data_errors.numerical_error(self.paths[F.NUMERIC_FEATURES[0]], F.NUMERIC_FEATURES[column],
-                                              self.mapping, first + row, numeric[row, column])
-        data_errors.check_ids(ids, cardinalities, [self.paths[n] for n in F.CATEGORICAL_NAMES],
-                              F.CATEGORICAL_NAMES, self.mapping, first)
+        return len(self.reader)
 
     def read(self, records: np.ndarray, buckets: Dict[str, int]):
-        """The rows of `records`, in order: (categorical, numeric, label, display_id, row, error number)."""
-        cardinalities = data_errors.unsigned_cardinalities([buckets[n] for n in F.CATEGORICAL_NAMES], np.int64)
+        """The rows of `records`, in order: (categorical, numeric, label, display_id, row, error number).
+        The ids are checked against the spec's cardinalities, the buckets its tables are built with."""
         parts: List[List[np.ndarray]] = [[], [], [], [], []]
         try:
             for record in records:
-                labels = self._read_record(F.LABEL_KEY, record)
-                numeric = self._read_record(F.NUMERIC_FEATURES[0], record)
-                ids = np.stack([self._read_record(n, record).astype(np.int64) for n in F.CATEGORICAL_NAMES])
-                self._check(record, labels, numeric, ids, cardinalities)
-                for part, values in zip(parts, (ids.T, numeric, labels.astype(np.float32),
-                                                self._read_record(F.DISPLAY_ID_KEY, record),
+                arrays = self.reader.read_batch(int(record))
+                labels, numeric, display_ids = arrays[:3]
+                ids = np.stack(self.reader.feature_ids(arrays), axis=1).astype(np.int64)
+                for part, values in zip(parts, (ids, numeric, labels.astype(np.float32), display_ids,
                                                 wd_data.row_ids(record, len(labels)))):
                     part.append(values)
         except DataError as error:
@@ -176,40 +154,32 @@ data_formats.register_format("split_binary", training=True, model="wide_and_deep
 
 def convert(source: str, destination: str, train_pattern: Sequence[str], eval_pattern: Sequence[str]) -> Dict[str, int]:
     """Write the W&D TFRecords of `source` (metadata.json, the files the patterns match) as a split-binary
-    dataset in the new folder `destination`, whole or not at all; returns the rows per split."""
-    from recsys.runtime.safe_io import atomic_directory, refuse_overlap
+    dataset in the new folder `destination` with the shared `SplitBinaryWriter`, whole or not at all;
+    returns the rows per split."""
+    from recsys.runtime.safe_io import OutputPathError, refuse_overlap
 
     refuse_overlap(destination, "--output_path", {"--transformed_metadata_path": source})
+    if os.path.lexists(destination):  # the converter never replaces a folder, not even an empty one
+        raise OutputPathError(f"{os.path.abspath(destination)} already exists; refusing to overwrite it")
     options = {"train_data_pattern": list(train_pattern), "eval_data_pattern": list(eval_pattern)}
     splits = wd_data.open_splits("tfrecords", source, options)
+    spec = layout_spec(destination, splits[0].buckets)
     rows = {}
-    with atomic_directory(destination) as staged:
-        spec = layout_spec(staged, splits[0].buckets)
+    with SplitBinaryWriter(spec, output_name="--output_path", numerical_dtype=NUMERICAL_DTYPE,
+                           extra_columns=[display_id_column(spec)]) as writer:
         for split, records in zip(wd_data.SPLITS, splits):
-            rows[split] = _write_split(spec, MAPPINGS[split], records)
-        spec.base_directory = destination
-        spec.to_yaml(os.path.join(staged, fs.DEFAULT_SPEC_NAME))
+            rows[split] = _write_split(writer, MAPPINGS[split], records)
+        writer.commit()
     return rows
 
 
-def _write_split(spec: fs.FeatureSpec, mapping: str, records: wd_data.Split) -> int:
+def _write_split(writer: SplitBinaryWriter, mapping: str, records: wd_data.Split) -> int:
     """Every record of `records` in order, appended to the mapping's files; returns the rows written."""
-    os.makedirs(os.path.join(spec.base_directory, mapping))
-    names = (F.LABEL_KEY, F.NUMERIC_FEATURES[0], *F.CATEGORICAL_NAMES)
-    files = {name: open(spec.file_of(mapping, name), "wb") for name in names}
-    files[F.DISPLAY_ID_KEY] = open(spec.resolve(spec.metadata[DISPLAY_ID_ENTRY][mapping]), "wb")
     written = 0
-    try:
-        for batch in records.dataset(iter(np.array_split(np.arange(len(records)), max(1, len(records) // 16))),
-                                     records.buckets):
-            files[F.LABEL_KEY].write(batch["label"].numpy().astype(np.bool_).tobytes())
-            files[F.NUMERIC_FEATURES[0]].write(batch["numeric"].numpy().astype(np.float32).tobytes())
-            for i, name in enumerate(F.CATEGORICAL_NAMES):
-                files[name].write(batch["categorical"].numpy()[:, i].astype(spec.dtype_of(name)).tobytes())
-            files[F.DISPLAY_ID_KEY].write(batch["display_id"].numpy().astype(np.int64).tobytes())
-            written += len(batch["label"])
-    finally:
-        for f in files.values():
-            f.close()
+    for batch in records.dataset(iter(np.array_split(np.arange(len(records)), max(1, len(records) // 16))),
+                                 records.buckets):
+        labels = batch["label"].numpy()
+        writer.append(mapping, batch["numeric"].numpy(), labels, list(batch["categorical"].numpy().T),
+                      extra={F.DISPLAY_ID_KEY: batch["display_id"].numpy()})
+        written += len(labels)
     return written
-

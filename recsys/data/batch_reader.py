@@ -46,6 +46,9 @@ class BatchReader:
     fewer rows (evaluation covers every sample).
     """
 
+    _numerical_stored = np.dtype(np.float16)  # the numericals' dtype in `_read`'s arrays
+    _extra_dtypes: Sequence[np.dtype] = ()  # a subclass's per-row columns after the numericals
+
     def __init__(self, num_samples: int, global_batch_size: int, *, rank: int, world_size: int,
                  reads: TableReads, drop_remainder: bool, numerical_dtype: tf.DType,
                  categorical_features: Sequence[str], num_numerical: int,
@@ -88,7 +91,8 @@ class BatchReader:
         return (hotness,) if hotness != 1 else ()
 
     def read_batch(self, batch_index: int) -> List[np.ndarray]:
-        """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), then one
+        """Raw arrays of one batch: labels [n], numericals [n, n_num] (if any), a subclass's extra
+        columns [n] (`_extra_dtypes`), then one
         [features, rows] (or [features, rows, h]) block per categorical group. Bad data raises
         DataError."""
         arrays, error = self._read(batch_index)
@@ -108,11 +112,16 @@ class BatchReader:
         [rows, h] for a multi-hot feature). Bad data raises DataError."""
         arrays = self.read_batch(batch_index)
         labels, numerical = arrays[0], (arrays[1] if self.num_numerical else None)
+        return numerical, labels, self.feature_ids(arrays)
+
+    def feature_ids(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+        """The ids of `read_batch`'s `arrays` per feature read, in `categorical_features` order
+        ([rows], or [rows, h] for a multi-hot feature): the groups' blocks are its last arrays."""
         ids: List[np.ndarray] = [np.empty(0)] * len(self.categorical_features)
         for (_, members), block in zip(self._groups, arrays[len(arrays) - len(self._groups):]):
             for position, row in zip(members, block):
                 ids[position] = row
-        return numerical, labels, ids
+        return ids
 
     def batches(self) -> Iterator[Samples]:
         """Every batch in order, as `read_samples` gives it (what `dataloading.transcribe` copies)."""
@@ -161,11 +170,16 @@ class BatchReader:
         return (order.map(self._load_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
                 .prefetch(PREFETCH_BATCHES).with_options(options))
 
+    def _raw_types(self) -> List[tf.DType]:
+        """The dtypes of `_read`'s arrays: labels, numericals (if any), a subclass's extra columns
+        (`_extra_dtypes`, before the blocks, which `_decode` leaves out), the groups' blocks."""
+        return ([tf.bool] + ([tf.as_dtype(self._numerical_stored)] if self.num_numerical else [])
+                + [tf.as_dtype(dtype) for dtype in self._extra_dtypes]
+                + [tf.as_dtype(dtype) for dtype, _ in self._groups])
+
     def _load_batch(self, batch_index: tf.Tensor):
         """The (features, labels) element of global batch `batch_index`, read by `_read` in Python."""
-        raw_types = [tf.bool] + ([tf.float16] if self.num_numerical else [])
-        raw_types += [tf.as_dtype(dtype) for dtype, _ in self._groups]
         *raw, error_number = tf.numpy_function(self._read_and_file_error, [batch_index],
-                                               raw_types + [tf.int64], stateful=False)
+                                               self._raw_types() + [tf.int64], stateful=False)
         with tf.control_dependencies([pipeline_error_check(error_number)]):
             return self._decode([tf.identity(array) for array in raw])

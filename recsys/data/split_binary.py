@@ -13,7 +13,9 @@ label bytes are 0 or 1, numericals are finite, ids lie in [0, cardinality). A ba
 pipeline with a DataError naming the file, feature, sample and value; since TensorFlow turns errors
 inside the pipeline into its own, `pipeline_errors.surface_data_errors` turns them back where batches
 are consumed. It registers the `tf_raw` format (`data_formats`): training, transcribe source and
-destination. The shared data layer lives beside it: `data_errors` (DataError, the value checks),
+destination. Wide & Deep's split-binary files (`wide_and_deep/wd_split_binary.py`) are read and
+written by the same classes: float32 numericals (Python reads) and its display ids as an
+`ExtraColumn`. The shared data layer lives beside it: `data_errors` (DataError, the value checks),
 `pipeline_errors`, `batch_reader.BatchReader`, `staged_writer.StagedWriter`, `batch.RaggedIds`.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import sys
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,12 +37,22 @@ from recsys.data import data_formats
 from recsys.data.data_errors import (DataError, check_ids, check_labels, check_numericals, id_error, label_error,
                          numerical_error, truncated_error, unsigned_cardinalities)
 from recsys.data.feature_spec import (DEFAULT_SPEC_NAME, FEATURES_SELECTOR, FILES_SELECTOR, LABEL_DTYPE,
-                          NUMERICAL_DTYPE, SPLIT_BINARY, FeatureSpec, load_folder_spec)
+                          NUMERICAL_DTYPE, SPLIT_BINARY, FeatureSpec, file_kind_problem, load_folder_spec)
 from recsys.data.pipeline_errors import file_read_tag
 from recsys.runtime.safe_io import OutputPathError, check_replaceable
 from recsys.data.staged_writer import StagedWriter
 
 BUFFER_ALIGNMENT = 64  # TensorFlow adopts numpy buffers aligned to this without copying
+
+
+@dataclass(frozen=True)
+class ExtraColumn:
+    """A per-row column that is no model input, stored beside a dataset's features: one file per
+    mapping (relative to the spec's folder) of `dtype` values, one per row (Wide & Deep's display
+    ids). The reader serves it unchecked after the numericals; the writer appends it."""
+    name: str
+    dtype: np.dtype
+    files: Mapping[str, str]  # mapping -> file, relative to the spec's folder
 
 
 class _ArenaPool:
@@ -86,16 +99,27 @@ class SplitBinaryReader(BatchReader):
     one-hot, [features, rows, h] multi-hot). With `check_values` (the default) every value read is
     checked, with the same rules and messages either way (`check_labels`, `check_numericals`,
     `check_ids`); turning it off only serves to measure what it costs.
+
+    The numericals are read in the spec's dtype (float16; Wide & Deep's float32 only in Python, the
+    op converts halves). `extra_columns` (Python reads only) adds one [rows] array per column of the
+    local rows to `read_batch`'s arrays, after the numericals; the pipeline's element leaves them out.
+    A file of one whose size is not one value per row is a DataError naming it.
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, global_batch_size: int, *,
                  rank: int = 0, world_size: int = 1,
                  reads: Optional[TableReads] = None, drop_remainder: bool = True,
                  numerical_dtype: tf.DType = tf.float32, num_samples: Optional[int] = None,
-                 check_values: bool = True, read_op: Optional[bool] = None):
+                 check_values: bool = True, read_op: Optional[bool] = None,
+                 extra_columns: Sequence[ExtraColumn] = ()):
         self.mapping = mapping
         self.check_values = check_values
-        self.read_op = op_package.is_built() if read_op is None else read_op
+        self._numerical_stored = (spec.dtype_of(spec.numerical_names[0]) if spec.numerical_names
+                                  else np.dtype(NUMERICAL_DTYPE))
+        op_reads = self._numerical_stored == np.dtype(NUMERICAL_DTYPE) and not extra_columns
+        if read_op and not op_reads:
+            raise ValueError("the ReadFileRows op reads float16 numericals and no extra columns")
+        self.read_op = op_reads and (op_package.is_built() if read_op is None else read_op)
         reads = reads or TableReads.every_table(len(spec.categorical_names))
         reads.check(len(spec.categorical_names))
         names = spec.categorical_names
@@ -123,14 +147,22 @@ class SplitBinaryReader(BatchReader):
         self._group_cardinalities = [
             unsigned_cardinalities([cardinalities[self.categorical_features[p]] for p in members], dtype)
             for dtype, members in self._groups]
+        self._extra_columns = list(extra_columns)
+        self._extra_dtypes = [np.dtype(column.dtype) for column in self._extra_columns]
+        self._extra_paths = [spec.resolve(column.files[mapping]) for column in self._extra_columns]
+        for column, path in zip(self._extra_columns, self._extra_paths):
+            _check_column_file(column, path, mapping, spec.num_samples(mapping), self._label_path)
         self._fds = {path: os.open(path, os.O_RDONLY)
-                     for path in [self._label_path, self._numerical_path, *self._categorical_paths]
+                     for path in [self._label_path, self._numerical_path, *self._categorical_paths,
+                                  *self._extra_paths]
                      if path is not None}
         weakref.finalize(self, _close_all, list(self._fds.values()))
 
         largest_local = max(local_sizes(global_batch_size, world_size))
         largest_categorical = largest_local if not self.reads.global_batch else global_batch_size
-        arena_bytes = (_round_up(largest_local) + _round_up(largest_local * self.num_numerical * 2)
+        arena_bytes = (_round_up(largest_local)
+                       + _round_up(largest_local * self.num_numerical * self._numerical_stored.itemsize)
+                       + sum(_round_up(largest_local * dtype.itemsize) for dtype in self._extra_dtypes)
                        + sum(_round_up(len(members) * largest_categorical * self.hotness[members[0]] * dtype.itemsize)
                              for dtype, members in self._groups))
         self._pool = _ArenaPool(arena_bytes + BUFFER_ALIGNMENT)
@@ -148,15 +180,18 @@ class SplitBinaryReader(BatchReader):
             return view
 
         labels = carve((local_rows,), np.dtype(LABEL_DTYPE))
-        numerical = (carve((local_rows, self.num_numerical), np.dtype(NUMERICAL_DTYPE))
+        numerical = (carve((local_rows, self.num_numerical), self._numerical_stored)
                      if self.num_numerical else None)
+        extras = [carve((local_rows,), dtype) for dtype in self._extra_dtypes]
         blocks = [carve((len(members), categorical_rows) + self._id_shape(members), dtype)
                   for dtype, members in self._groups]
-        arrays = [labels] + ([numerical] if numerical is not None else []) + blocks
+        arrays = [labels] + ([numerical] if numerical is not None else []) + extras + blocks
         try:
             self._pread(self._label_path, labels, local_first)
             if numerical is not None:
                 self._pread(self._numerical_path, numerical, local_first)
+            for path, extra in zip(self._extra_paths, extras):
+                self._pread(path, extra, local_first)
             for (_, members), block in zip(self._groups, blocks):
                 for row, position in zip(block, members):
                     self._pread(self._categorical_paths[position], row, categorical_first)
@@ -242,6 +277,16 @@ class SplitBinaryReader(BatchReader):
                         self.hotness[feature] if self.hotness[feature] != 1 else None)
 
 
+def _check_column_file(column: ExtraColumn, path: str, mapping: str, rows: int, label_path: str) -> None:
+    """DataError naming `path` unless it is a file of `rows` values of the column's dtype."""
+    dtype = np.dtype(column.dtype)
+    problem = file_kind_problem(path)
+    if not problem and os.path.getsize(path) != dtype.itemsize * rows:
+        problem = f"must hold {rows} {dtype} values, one per row of {os.path.basename(label_path)}"
+    if problem:
+        raise DataError(f"{path}: the {column.name} file of mapping '{mapping}' {problem}")
+
+
 def _round_up(nbytes: int) -> int:
     return -(-nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
@@ -299,25 +344,33 @@ class SplitBinaryWriter(StagedWriter):
     and leaves the destination as it was. A destination holding anything is refused unless
     `overwrite`, and even then when it holds entries the new dataset would not replace
     (`safe_io.check_replaceable`). `output_name` names the destination in errors (e.g. a flag).
+    `numerical_dtype` is the numericals' stored dtype (float16; Wide & Deep's float32), and each of
+    `extra_columns` gets one file per mapping, filled from `append`'s `extra`.
     """
 
     def __init__(self, spec: FeatureSpec, overwrite: bool = False,
-                 spec_file_name: str = DEFAULT_SPEC_NAME, output_name: str = "output folder"):
+                 spec_file_name: str = DEFAULT_SPEC_NAME, output_name: str = "output folder", *,
+                 numerical_dtype: str = NUMERICAL_DTYPE, extra_columns: Sequence[ExtraColumn] = ()):
         self.spec = spec
         self.spec_file_name = spec_file_name
+        self.numerical_dtype = np.dtype(numerical_dtype)
+        self.extra_columns = list(extra_columns)
         self.destination = os.path.abspath(spec.base_directory)
-        replace = self.check_destination(spec, overwrite, spec_file_name, output_name)
-        self._relative_paths = _dataset_files(spec)
+        replace = self.check_destination(spec, overwrite, spec_file_name, output_name,
+                                         numerical_dtype=numerical_dtype, extra_columns=extra_columns)
+        self._relative_paths = _dataset_files(spec, extra_columns)
         super().__init__(self.destination, replace)
 
     @staticmethod
     def check_destination(spec: FeatureSpec, overwrite: bool = False,
                           spec_file_name: str = DEFAULT_SPEC_NAME,
-                          output_name: str = "output folder") -> bool:
+                          output_name: str = "output folder", *, numerical_dtype: str = NUMERICAL_DTYPE,
+                          extra_columns: Sequence[ExtraColumn] = ()) -> bool:
         """Raise unless the dataset of `spec` may be written to its folder; return whether that
         folder exists (it is then replaced). Callers may check before expensive work."""
-        spec.check_feature_spec()  # among others: every file inside the folder, one file per chunk
-        entries = {relative.split(os.sep)[0] for relative in _dataset_files(spec)}
+        # among others: every file inside the folder, one file per chunk
+        spec.check_feature_spec(numerical_dtype=numerical_dtype)
+        entries = {relative.split(os.sep)[0] for relative in _dataset_files(spec, extra_columns)}
         if (spec_file_name in entries | {"", os.curdir, os.pardir}
                 or os.path.basename(spec_file_name) != spec_file_name):
             raise OutputPathError(f"spec file name {spec_file_name!r} must be a plain file name that "
@@ -326,9 +379,12 @@ class SplitBinaryWriter(StagedWriter):
                                  entries | {spec_file_name}, overwrite)
 
     def _file(self, mapping: str, feature: str) -> BinaryIO:
-        relative = os.path.normpath(next(chunk[FILES_SELECTOR][0]
-                                         for chunk in self.spec.source_spec[mapping]
-                                         if feature in chunk[FEATURES_SELECTOR]))
+        return self._open(next(chunk[FILES_SELECTOR][0] for chunk in self.spec.source_spec[mapping]
+                               if feature in chunk[FEATURES_SELECTOR]))
+
+    def _open(self, relative: str) -> BinaryIO:
+        """The staged file of `relative` (a path in the spec's folder), opened on first use."""
+        relative = os.path.normpath(relative)
         if relative not in self._files:
             path = os.path.join(self._staging, relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -336,16 +392,24 @@ class SplitBinaryWriter(StagedWriter):
         return self._files[relative]
 
     def append(self, mapping: str, numerical: np.ndarray, labels: np.ndarray,
-               categoricals: Sequence[Ids]) -> None:
+               categoricals: Sequence[Ids], extra: Optional[Mapping[str, np.ndarray]] = None) -> None:
         """Append samples: numerical [n, n_num], labels [n] (0/1), one id array per categorical:
         [n] for a one-hot feature, [n, h] (or RaggedIds of exactly h ids per sample) for one of
-        hotness h; another shape is a ValueError naming the feature."""
+        hotness h; another shape is a ValueError naming the feature. `extra`: each extra column's
+        [n] values by its name."""
         spec = self.spec
         labels = np.asarray(labels)
         fixed = [fixed_ids(ids, spec.values_per_sample(name), name, len(labels))
                  for name, ids in zip(spec.categorical_names, categoricals, strict=True)]
+        columns = [np.asarray((extra or {})[column.name], dtype=column.dtype) for column in self.extra_columns]
+        for column, values in zip(self.extra_columns, columns):
+            if values.shape != labels.shape:
+                raise ValueError(f"column '{column.name}' needs values of shape {list(labels.shape)}, "
+                                 f"got {list(values.shape)}")
+        for column, values in zip(self.extra_columns, columns):
+            values.tofile(self._open(column.files[mapping]))
         if spec.numerical_names:
-            numerical = np.ascontiguousarray(numerical, dtype=NUMERICAL_DTYPE)
+            numerical = np.ascontiguousarray(numerical, dtype=self.numerical_dtype)
             numerical.tofile(self._file(mapping, spec.numerical_names[0]))
         labels.astype(LABEL_DTYPE).tofile(self._file(mapping, spec.label_name))
         for name, ids in zip(spec.categorical_names, fixed):
@@ -378,10 +442,11 @@ def fixed_ids(ids: Ids, hotness: int, feature: str, num_samples: int) -> np.ndar
     return ids
 
 
-def _dataset_files(spec: FeatureSpec) -> List[str]:
-    """The spec's data files, relative to its folder."""
+def _dataset_files(spec: FeatureSpec, extra_columns: Sequence[ExtraColumn] = ()) -> List[str]:
+    """The spec's data files and those of `extra_columns`, relative to its folder."""
     return sorted({os.path.normpath(chunk[FILES_SELECTOR][0])
-                   for chunks in spec.source_spec.values() for chunk in chunks})
+                   for chunks in spec.source_spec.values() for chunk in chunks}
+                  | {os.path.normpath(path) for column in extra_columns for path in column.files.values()})
 
 
 def load_spec(dataset_path: Optional[str], spec_file_name: str, options: Mapping[str, Any]) -> FeatureSpec:
