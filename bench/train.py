@@ -133,7 +133,8 @@ def bench_pipelines(batch_size: int, train_batches: int, precision: str = "fp32"
     """The cpu-bench synthetic pipelines (in memory), numericals in the compute dtype of `precision`."""
     import tensorflow as tf
 
-    from dataloader import PipelineConfig, create_input_pipelines, load_feature_spec
+    from dataloader import PipelineConfig, create_input_pipelines
+    from datasets import load_feature_spec
 
     spec = load_feature_spec(dataset_type="synthetic", num_numerical_features=NUM_NUMERICAL,
                              cardinalities=CARDINALITIES)

@@ -219,7 +219,7 @@ def test_prepare_synthetic_dataset_takes_a_generated_spec(tmp_path):
 def test_a_feature_spec_outside_the_dataset_folder_is_refused_unless_allowed(tf_raw_dataset, tmp_path):
     """Its files would be read relative to the spec's own folder, not --dataset_path: silently
     another dataset. Refused, naming both folders; --allow_external_data_paths reads them there."""
-    from dataloader import load_feature_spec
+    from datasets import load_feature_spec
 
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
