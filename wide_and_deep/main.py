@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
 from recsys.data import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
-from recsys.runtime.cli import ArgumentParser, bad_input
+from recsys.runtime.cli import ArgumentParser
 from recsys.runtime.cpu_affinity import MODES as AFFINITIES
 
 PRINT_FREQ = 100
@@ -457,72 +457,53 @@ def write_args(args: argparse.Namespace, world_size: int) -> None:
         json.dump(vars(args) | {"world_size": world_size}, f, indent=1)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse, check, build and run; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    from recsys.runtime.stop_signals import STOP, StopNow
-
-    STOP.install()
-    try:
-        return _main(args)
-    except StopNow as stop:
-        return stop.report()
-    finally:
-        STOP.ignore_further()
-
-
-def _main(args: argparse.Namespace) -> int:
-    # oneDNN on every CPU, as DLRM's main.py sets it (TensorFlow 2.15 turns it on by itself only on
-    # AVX-512 CPUs); a value the user set wins. Before the first TensorFlow import.
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    from recsys.runtime import distributed as dist
-    from recsys.runtime import folder_lock
-    from recsys.training.checkpoint import CheckpointError
-    from recsys.runtime.cpu_affinity import apply_affinity
+def user_errors() -> tuple:
+    """Exceptions caused by bad input: one `error:` line and exit 2 (run_shell), not a traceback."""
     from recsys.data.data_errors import DataError
     from recsys.data.feature_spec import FeatureSpecError
     from recsys.runtime.safe_io import OutputPathError
-    from recsys.runtime.logger import DllLogger, print_rank0
+    from recsys.training.checkpoint import CheckpointError
+
+    return UsageError, DataError, FeatureSpecError, CheckpointError, OutputPathError, FileNotFoundError
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse, then check, build and run inside the run shell (recsys/runtime/run_shell.py); returns
+    the exit code."""
+    from recsys.runtime import run_shell
+
+    args = build_parser().parse_args(argv)
+    shell = run_shell.ShellConfig(log_path=os.path.join(args.results_dir, args.log_filename), user_errors=user_errors)
+    return run_shell.run(shell, lambda session: run_job(args, session))
+
+
+def run_job(args: argparse.Namespace, session) -> int:
+    """The flags checked, this rank's CPUs, the outputs claimed (run_shell.Session), then the model
+    built and trained or evaluated."""
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.cpu_affinity import apply_affinity
+    from recsys.runtime.logger import print_rank0
     from wide_and_deep.wd_data import surface_record_errors
 
-    dist.init()
-    rank, world_size = dist.rank(), dist.size()
-    logger = DllLogger(os.path.join(args.results_dir, args.log_filename), enabled=rank == 0)
-    lock = None
-    try:
-        validate(args, world_size)
-        # every rank says its CPUs, each line in one write (unbuffered, print() writes the newline apart, and
-        # the launcher can put another rank's line between the two)
-        sys.stdout.write(apply_affinity(args.affinity, dist.local_rank(), dist.local_size()) + "\n")
-        sys.stdout.flush()
-        message = None
-        if rank == 0:
-            try:
-                check_outputs(args)
-                if saves_checkpoints(args):
-                    lock = folder_lock.acquire(args.model_dir, "--model_dir")
-            except (OutputPathError, folder_lock.FolderLockedError) as error:
-                message = str(error)
-        message = dist.broadcast_object(message, root_rank=0)
-        if message:
-            raise UsageError(message)
-        dtype, loss_scaling, precision_line = configure_tensorflow(args, dist.local_rank())
-        print_rank0(precision_line, rank=rank)
-        run = build(args, rank, world_size, logger, loss_scaling)
-        log_formats(logger)
-        logger.log_parameters(vars(args) | {"world_size": world_size})
-        if rank == 0:
-            write_args(args, world_size)
-        with surface_record_errors():
-            code = run_evaluate(run) if args.evaluate else train(run)
-        dist.barrier()
-        return code
-    except (UsageError, DataError, FeatureSpecError, CheckpointError, OutputPathError, FileNotFoundError) as error:
-        return bad_input(error)
-    finally:
-        logger.close()
-        if lock is not None:
-            lock.release()
+    rank, world_size, logger = session.rank, session.world_size, session.logger
+    validate(args, world_size)
+    # every rank says its CPUs, each line in one write (unbuffered, print() writes the newline apart, and
+    # the launcher can put another rank's line between the two)
+    sys.stdout.write(apply_affinity(args.affinity, session.local_rank, session.local_size) + "\n")
+    sys.stdout.flush()
+    session.claim_outputs(lambda: check_outputs(args), args.model_dir if saves_checkpoints(args) else None,
+                          "--model_dir")
+    dtype, loss_scaling, precision_line = configure_tensorflow(args, session.local_rank)
+    print_rank0(precision_line, rank=rank)
+    run = build(args, rank, world_size, logger, loss_scaling)
+    log_formats(logger)
+    logger.log_parameters(vars(args) | {"world_size": world_size})
+    if rank == 0:
+        write_args(args, world_size)
+    with surface_record_errors():
+        code = run_evaluate(run) if args.evaluate else train(run)
+    dist.barrier()
+    return code
 
 
 if __name__ == "__main__":
