@@ -23,13 +23,13 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
 from recsys.data import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
 from recsys.runtime.cli import ArgumentParser
 from recsys.runtime.cpu_affinity import MODES as AFFINITIES
+from recsys.runtime.logger import StepTimer
 
 PRINT_FREQ = 100
 EVENT_FILES = "event_files"  # the TensorBoard folder inside --results_dir (the reference's name, in --model_dir)
@@ -275,32 +275,28 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
     return run
 
 
-class Throughput:
-    """The reference's benchmark clock: starts at step max(warmup, 1), logs each later step's samples/s,
-    and at `steps` the mean over the measured steps."""
+class Benchmark:
+    """--benchmark's length and clock: the project's StepTimer, started after step max(warmup, 1) as
+    the reference's clock was; each later step's samples/s, and at `steps` their mean."""
 
     def __init__(self, warmup: int, steps: int, batch: int) -> None:
-        self.start_at, self.steps, self.batch = max(warmup, 1), steps, batch
-        self.started: Optional[float] = None
-        self.last = 0.0
+        self.steps, self.batch = steps, batch
+        self.timer = StepTimer(warmup_steps=max(warmup, 1))
 
     def tick(self, done: int) -> Optional[float]:
         """After `done` steps: the last step's samples/s once the clock runs (None before)."""
-        now = time.perf_counter()
-        previous, self.last = self.last, now
-        if done == self.start_at:
-            self.started = now
-            return None
-        return self.batch / (now - previous) if self.started is not None else None
+        seconds = self.timer.step_done(done - 1)
+        return None if seconds is None else self.batch / seconds
 
     def finished(self, done: int) -> bool:
         return done >= self.steps
 
-    def mean(self, done: int) -> float:
-        return self.batch * (done - self.start_at) / (self.last - self.started)
+    def mean(self) -> float:
+        """Samples/s over the measured steps."""
+        return self.batch / self.timer.mean_step_time()
 
 
-def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[str, float]:
+def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None) -> Dict[str, float]:
     """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
     averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss."""
     import numpy as np
@@ -322,7 +318,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
                 if speed is not None:
                     run.logger.log(step=(done,), data={"batch_samplesps": speed * run.world_size})
                 if endless_benchmark.finished(done):
-                    return {"validation_throughput": endless_benchmark.mean(done) * run.world_size}
+                    return {"validation_throughput": endless_benchmark.mean() * run.world_size}
                 continue
             labels, ids = batch["label"].numpy(), batch["display_id"].numpy()
             total, count = wd_metrics.map12_sums(ids, labels, probabilities)
@@ -379,7 +375,7 @@ def _train(run: Run, tensorboard) -> int:
         if tensorboard is not None:
             tensorboard.write(step, group, scalars)
     trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed, args.xla)
-    bench = Throughput(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
+    bench = Benchmark(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
         if args.benchmark else None
 
     def save() -> None:
@@ -405,7 +401,7 @@ def _train(run: Run, tensorboard) -> int:
                 if speed is not None:
                     run.logger.log(step=(step,), data={"batch_samplesps": speed})
                 if bench.finished(done):
-                    result = {"train_throughput": bench.mean(done)}
+                    result = {"train_throughput": bench.mean()}
                     run.logger.log(step=(), data=result)
                     return 0
             elif step % PRINT_FREQ == 0:
@@ -434,7 +430,7 @@ def run_evaluate(run: Run) -> int:
     args = run.args
     if args.benchmark:
         per_rank = args.eval_batch_size // run.world_size
-        result = evaluate(run, Throughput(args.benchmark_warmup_steps, args.benchmark_steps, per_rank))
+        result = evaluate(run, Benchmark(args.benchmark_warmup_steps, args.benchmark_steps, per_rank))
     else:
         result = evaluate(run)
     run.logger.log(step=(), data=result)
