@@ -264,6 +264,16 @@ def test_defaults_are_the_reference_ones():
     assert (args.model_dir, args.results_dir, args.log_filename) == ("/outbrain/checkpoints", "/results", "log.json")
 
 
+def test_options_hold_every_flag_in_the_parsers_order_and_which_were_given():
+    """The job reads typed Options: the same flags and values as the parser's (args.json keeps its keys
+    and order), and which flags the command line gave (a default value given explicitly counts)."""
+    main = wd_main_module()
+    argv = ["--num_epochs", "3", "--training_set_size=59761827", "--deep_hidden_units", "8", "4"]
+    options, namespace = main.parse_options(argv), main.build_parser().parse_args(argv)
+    assert list(options.flags().items()) == list(vars(namespace).items())
+    assert options.given == {"num_epochs", "training_set_size", "deep_hidden_units"}
+
+
 def test_the_reference_model_has_its_weight_count():
     from wide_and_deep import wd_model
 

@@ -23,8 +23,8 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 from recsys.data import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
 from recsys.runtime.cli import ArgumentParser
@@ -83,7 +83,52 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def validate(args: argparse.Namespace, world_size: int) -> None:
+@dataclass(frozen=True)
+class Options:
+    """The run's flags as typed values (build_parser's, in its order); the job reads only these."""
+    train_data_pattern: List[str]
+    eval_data_pattern: List[str]
+    transformed_metadata_path: str
+    dataset_type: str
+    use_checkpoint: bool
+    model_dir: str
+    results_dir: str
+    log_filename: str
+    training_set_size: int
+    global_batch_size: int
+    eval_batch_size: int
+    num_epochs: int
+    amp: bool
+    xla: bool
+    linear_learning_rate: float
+    deep_learning_rate: float
+    deep_warmup_epochs: float
+    deep_hidden_units: List[int]
+    deep_dropout: float
+    evaluate: bool
+    benchmark: bool
+    benchmark_warmup_steps: int
+    benchmark_steps: int
+    affinity: str
+    cpu: bool
+    seed: int
+    given: FrozenSet[str] = frozenset()  # the flags the command line set (a default's value is not given)
+
+    def flags(self) -> Dict[str, Any]:
+        """Every flag and its value, as args.json and the log's parameters record them."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "given"}
+
+
+def parse_options(argv: Optional[Sequence[str]] = None) -> Options:
+    """The command line (sys.argv's when None) as Options; a bad flag is one `error:` line and exit 2."""
+    namespace = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    given = frozenset(name for name in vars(namespace)
+                      if any(w == f"--{name}" or w.startswith(f"--{name}=") for w in words))
+    return Options(**vars(namespace), given=given)
+
+
+def validate(args: Options, world_size: int) -> None:
     """The reference's asserts and this implementation's limits; each failure names its flag."""
     from wide_and_deep.features import PREBATCH_SIZE
 
@@ -120,7 +165,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                              f"{PREBATCH_SIZE} rows (a multiple of {world_size * PREBATCH_SIZE})")
 
 
-def check_outputs(args: argparse.Namespace) -> None:
+def check_outputs(args: Options) -> None:
     """The log, args.json and checkpoint folder can be written and touch no input (OutputPathError)."""
     from recsys.training import checkpoint
     from recsys.runtime.safe_io import check_output_dir, refuse_overlap
@@ -140,7 +185,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output_dir(os.path.join(args.results_dir, EVENT_FILES), "--results_dir's TensorBoard folder")
 
 
-def saves_checkpoints(args: argparse.Namespace) -> bool:
+def saves_checkpoints(args: Options) -> bool:
     return not args.evaluate and not args.benchmark
 
 
@@ -155,11 +200,7 @@ class Data:
     eval_records_per_rank: int
 
 
-def _given(flag: str) -> bool:
-    return any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in sys.argv[1:])
-
-
-def open_data(args: argparse.Namespace, world_size: int) -> Data:
+def open_data(args: Options, world_size: int) -> Data:
     """The --dataset_type format's description of the data and both splits' records (through the
     registry, wd_data.open_splits), checked against each other and the flags."""
     from wide_and_deep import wd_data
@@ -167,11 +208,11 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
 
     options = {flag: getattr(args, flag) for flag in ("train_data_pattern", "eval_data_pattern")}
     try:
-        data_formats.check_options(args.dataset_type, {k: v if _given(k) else None for k, v in options.items()})
+        data_formats.check_options(args.dataset_type, {k: v if k in args.given else None for k, v in options.items()})
     except ValueError as error:
         raise UsageError(str(error)) from None
     train, evaluation = wd_data.open_splits(args.dataset_type, args.transformed_metadata_path, options)
-    if _given("training_set_size") and args.training_set_size != train.rows:
+    if "training_set_size" in args.given and args.training_set_size != train.rows:
         raise UsageError(f"--training_set_size {args.training_set_size} differs from the {train.rows} train rows "
                          f"of the --dataset_type {args.dataset_type} data in {args.transformed_metadata_path}")
     records_per_step = args.global_batch_size // PREBATCH_SIZE
@@ -185,7 +226,7 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
     return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
 
 
-def configure_tensorflow(args: argparse.Namespace, local_rank: int):
+def configure_tensorflow(args: Options, local_rank: int):
     """Devices and precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
     import tensorflow as tf
 
@@ -209,7 +250,7 @@ def configure_tensorflow(args: argparse.Namespace, local_rank: int):
 @dataclass
 class Run:
     """Everything a mode needs, built once the inputs are checked."""
-    args: argparse.Namespace
+    args: Options
     rank: int
     world_size: int
     logger: Any
@@ -227,7 +268,7 @@ class Run:
         return self.args.num_epochs * self.data.steps_per_epoch
 
 
-def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_scaling: bool) -> Run:
+def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool) -> Run:
     """Data index, save-folder check, model and optimizers, restored weights: in that order, so that
     every input is checked before anything heavy runs or anything is written."""
     import tensorflow as tf
@@ -445,12 +486,12 @@ def log_formats(logger) -> None:
         logger.metadata(metric, {"unit": "samples/s", "format": ":.1f"})
 
 
-def write_args(args: argparse.Namespace, world_size: int) -> None:
+def write_args(args: Options, world_size: int) -> None:
     """The run's flags as args.json in --results_dir (rank 0), written whole or not at all."""
     from recsys.runtime.safe_io import atomic_file
 
     with atomic_file(os.path.join(args.results_dir, "args.json")) as f:
-        json.dump(vars(args) | {"world_size": world_size}, f, indent=1)
+        json.dump(args.flags() | {"world_size": world_size}, f, indent=1)
 
 
 def user_errors() -> tuple:
@@ -468,12 +509,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     the exit code."""
     from recsys.runtime import run_shell
 
-    args = build_parser().parse_args(argv)
+    args = parse_options(argv)
     shell = run_shell.ShellConfig(log_path=os.path.join(args.results_dir, args.log_filename), user_errors=user_errors)
     return run_shell.run(shell, lambda session: run_job(args, session))
 
 
-def run_job(args: argparse.Namespace, session) -> int:
+def run_job(args: Options, session) -> int:
     """The flags checked, this rank's CPUs, the outputs claimed (run_shell.Session), then the model
     built and trained or evaluated."""
     from recsys.runtime import distributed as dist
@@ -493,7 +534,7 @@ def run_job(args: argparse.Namespace, session) -> int:
     print_rank0(precision_line, rank=rank)
     run = build(args, rank, world_size, logger, loss_scaling)
     log_formats(logger)
-    logger.log_parameters(vars(args) | {"world_size": world_size})
+    logger.log_parameters(args.flags() | {"world_size": world_size})
     if rank == 0:
         write_args(args, world_size)
     with surface_record_errors():
