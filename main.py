@@ -454,24 +454,6 @@ def check_output_paths(opts: Any) -> None:
         check_export_target(opts.saved_model_output_path, "--saved_model_output_path")
 
 
-def output_paths_verdict(opts: Any, rank: int) -> Optional[str]:
-    """Rank 0's error about the output paths (None: usable), returned on every rank.
-
-    Rank 0 writes every output, so it checks them; every rank gets its verdict, so the whole job
-    stops with one message instead of the other ranks hanging in a collective.
-    """
-    from recsys.runtime import distributed as dist
-    from recsys.runtime.safe_io import OutputPathError
-
-    message = None
-    if rank == 0:
-        try:
-            check_output_paths(opts)
-        except OutputPathError as error:
-            message = str(error)
-    return dist.broadcast_object(message, root_rank=0)
-
-
 def _ints(values) -> list:
     return [int(v) for v in values]
 
@@ -650,28 +632,12 @@ def resume_source(rank: int) -> Optional[str]:
     return FLAGS.restore_checkpoint_path
 
 
-def hold_save_folder(rank: int):
-    """Rank 0 takes --save_checkpoint_path's lock for the run's lifetime (folder_lock), so a second
-    run saving there stops at once; every rank gets the verdict. Returns the lock (rank 0) or None."""
-    from recsys.runtime import distributed as dist
-    from recsys.runtime import folder_lock
-    from recsys.runtime.logger import print_rank0
-
+def save_folder() -> Tuple[Optional[str], str]:
+    """The folder this run saves checkpoints into, held for its lifetime (run_shell), and its flag:
+    --save_checkpoint_path in --mode train, else none."""
     if FLAGS.mode != "train" or not FLAGS.save_checkpoint_path:
-        return None
-    lock, message = None, None
-    if rank == 0:
-        try:
-            lock = folder_lock.acquire(FLAGS.save_checkpoint_path, "--save_checkpoint_path")
-        except folder_lock.FolderLockedError as error:
-            message = str(error)
-    message = dist.broadcast_object(message, root_rank=0)
-    if message:
-        raise folder_lock.FolderLockedError(message)
-    if lock is not None and lock.took_over is not None:
-        print_rank0(f"--save_checkpoint_path {FLAGS.save_checkpoint_path} was held by a run that ended without "
-                    f"giving it back ({lock.took_over.describe()}); taking it over", rank=rank)
-    return lock
+        return None, "--save_checkpoint_path"
+    return FLAGS.save_checkpoint_path, "--save_checkpoint_path"
 
 
 def log_parameters(logger, world_size: int) -> None:
@@ -958,59 +924,27 @@ def user_error_types() -> tuple:
             FolderLockedError, ValueError, FileNotFoundError)
 
 
-def report_error(error: Any) -> int:
-    """One line on stderr for bad input; the exit code of such runs (cli.py)."""
-    from recsys.runtime.cli import bad_input
-
-    return bad_input(error)
-
-
 def run(argv) -> int:
-    """The whole run under the stop-signal handlers; returns the exit code (README, Exit codes)."""
-    from recsys.runtime.stop_signals import STOP, StopNow
+    """The whole run inside the run shell (recsys/runtime/run_shell.py); returns the exit code (README,
+    Exit codes)."""
+    from recsys.runtime import run_shell
 
     del argv
-    STOP.install()
-    try:
-        return _run()
-    except StopNow as stop:
-        return stop.report()
-    finally:
-        STOP.ignore_further()
-
-
-def _run() -> int:
-    if FLAGS.xla:
+    if FLAGS.xla:  # before the first TensorFlow import (in the shell)
         os.environ["TF_XLA_FLAGS"] = ("--tf_xla_auto_jit=fusible" + (" --tf_xla_cpu_global_jit" if FLAGS.cpu else "")
                                       + " " + os.environ.get("TF_XLA_FLAGS", "")).strip()
-    # oneDNN on every CPU, not only on AVX-512 ones as TensorFlow 2.15 decides by itself: measured faster
-    # on both kinds (bench/train.py --only onednn); a value the user set wins.
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    from recsys.runtime import distributed as dist  # the first TensorFlow import: after TF_XLA_FLAGS is set
-    from recsys.runtime.logger import DllLogger
+    return run_shell.run(run_shell.ShellConfig(log_path=FLAGS.log_path, user_errors=user_error_types), run_job)
 
-    dist.init()
-    rank, world_size = dist.rank(), dist.size()
-    logger = DllLogger(FLAGS.log_path, enabled=rank == 0)  # opens the file at its first record
-    save_lock = None
-    try:
-        apply_preset(FLAGS)
-        announce_sok_aliases(rank)
-        validate_flags(FLAGS, world_size)
-        precision = configure_tensorflow(dist.local_rank())
-        verdict = output_paths_verdict(FLAGS, rank)
-        if verdict:
-            code = report_error(verdict)
-            dist.barrier()  # every rank has said why before any exits: horovodrun kills the rest at the first exit
-            return code
-        save_lock = hold_save_folder(rank)
-        return run_mode(rank, world_size, logger, precision)
-    except user_error_types() as error:
-        return report_error(error)
-    finally:
-        logger.close()
-        if save_lock is not None:
-            save_lock.release()
+
+def run_job(session) -> int:
+    """The flags checked and applied, the outputs claimed (run_shell.Session), then --mode."""
+    rank, world_size = session.rank, session.world_size
+    apply_preset(FLAGS)
+    announce_sok_aliases(rank)
+    validate_flags(FLAGS, world_size)
+    precision = configure_tensorflow(session.local_rank)
+    session.claim_outputs(lambda: check_output_paths(FLAGS), *save_folder())
+    return run_mode(rank, world_size, session.logger, precision)
 
 
 # --help's sections: V5's entry points define the model's flags and main.py the common ones; the

@@ -72,3 +72,16 @@ def test_step_timer_measures_a_run_shorter_than_its_warmup_whole():
         time.sleep(0.01)
         short.step_done(step)
     assert 0.01 <= short.mean_step_time() < 0.5 and short.measured_steps == 0
+
+
+def test_step_timer_returns_each_measured_steps_seconds_after_its_warmup():
+    """Wide & Deep's --benchmark logs each step's samples/s from the step after max(warmup, 1) on:
+    the timer says nothing before its clock runs, then each step's own duration."""
+    timer = StepTimer(warmup_steps=2)
+    assert timer.step_done(0) is None and timer.step_done(1) is None  # the clock starts after step 2
+    time.sleep(0.02)
+    first = timer.step_done(2)
+    second = timer.step_done(3)
+    assert first is not None and 0.02 <= first < 1
+    assert second is not None and 0 <= second < first
+    assert timer.measured_steps == 0 and 0.01 <= timer.mean_step_time() < 1 and timer.measured_steps == 2

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -263,6 +264,16 @@ def test_defaults_are_the_reference_ones():
     assert (args.model_dir, args.results_dir, args.log_filename) == ("/outbrain/checkpoints", "/results", "log.json")
 
 
+def test_options_hold_every_flag_in_the_parsers_order_and_which_were_given():
+    """The job reads typed Options: the same flags and values as the parser's (args.json keeps its keys
+    and order), and which flags the command line gave (a default value given explicitly counts)."""
+    main = wd_main_module()
+    argv = ["--num_epochs", "3", "--training_set_size=59761827", "--deep_hidden_units", "8", "4"]
+    options, namespace = main.parse_options(argv), main.build_parser().parse_args(argv)
+    assert list(options.flags().items()) == list(vars(namespace).items())
+    assert options.given == {"num_epochs", "training_set_size", "deep_hidden_units"}
+
+
 def test_the_reference_model_has_its_weight_count():
     from wide_and_deep import wd_model
 
@@ -439,3 +450,43 @@ def test_batch_not_dividing_into_two_ranks_is_one_error(data, tmp_path):
     assert result.returncode != 0
     assert "--global_batch_size 12288 must divide into 2 rank(s)" in result.stderr + result.stdout
     assert ">:Traceback" not in result.stderr + result.stdout  # no rank's traceback (horovodrun prints its own)
+
+
+# ---- the run shell (recsys/runtime/run_shell.py): the same start and refusals as DLRM's main.py ----
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_message(data, tmp_path):
+    """As tests/test_stopping.py's DLRM counterpart: a --model_dir whose lock a dead run still names is
+    taken over, and the run says so."""
+    from recsys.runtime import folder_lock
+
+    folder, _ = data
+    model_dir = tmp_path / "ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", "import os, signal\nfrom recsys.runtime import folder_lock\n"
+                               f"folder_lock.acquire({str(model_dir)!r}, '--model_dir')\n"
+                               "os.kill(os.getpid(), signal.SIGKILL)"], cwd=REPO_ROOT, env=launch_env())
+    assert holder.wait(timeout=60) == -signal.SIGKILL
+    assert folder_lock.read_holder(str(model_dir / folder_lock.LOCK_NAME)).pid == holder.pid
+    result = wd(run_flags(folder, tmp_path, *BASELINE))
+    assert_ok(result)
+    assert (f"--model_dir {model_dir} was held by a run that ended without giving it back "
+            f"(host {os.uname().nodename}, pid {holder.pid}") in result.stdout, result.stdout[-3000:]
+    assert checkpoint.resolve(str(model_dir)).endswith("step_000000012")
+    assert not os.path.exists(model_dir / folder_lock.LOCK_NAME), "the lock is given back"
+
+
+def test_a_refused_output_stops_every_rank_each_saying_why(data, tmp_path):
+    """As tests/test_outputs.py's DLRM counterpart: rank 0's verdict on the outputs reaches every rank,
+    and each rank prints the one error line before any exits (horovodrun kills the rest at the first exit)."""
+    folder, _ = data
+    results = tmp_path / "results"
+    results.write_text("a file, not a folder")
+    before = snapshot(tmp_path)
+    result = wd(run_flags(folder, tmp_path), np_=2)
+    assert result.returncode != 0
+    assert "exit with status code 2" in result.stdout  # the first rank to exit; horovodrun then stops the other
+    rank_lines = [line for line in result.stderr.splitlines() if line.startswith(("[0]", "[1]"))]
+    message = f"error: --results_dir {results} exists and is not a directory"
+    assert sorted(line for line in rank_lines if "error:" in line) == [f"[0]<stderr>:{message}",
+                                                                       f"[1]<stderr>:{message}"]
+    assert not any("Traceback" in line for line in rank_lines) and snapshot(tmp_path) == before

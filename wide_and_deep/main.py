@@ -23,13 +23,13 @@ import json
 import math
 import os
 import sys
-import time
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 from recsys.data import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
-from recsys.runtime.cli import ArgumentParser, bad_input
+from recsys.runtime.cli import ArgumentParser
 from recsys.runtime.cpu_affinity import MODES as AFFINITIES
+from recsys.runtime.logger import StepTimer
 
 PRINT_FREQ = 100
 EVENT_FILES = "event_files"  # the TensorBoard folder inside --results_dir (the reference's name, in --model_dir)
@@ -83,7 +83,52 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def validate(args: argparse.Namespace, world_size: int) -> None:
+@dataclass(frozen=True)
+class Options:
+    """The run's flags as typed values (build_parser's, in its order); the job reads only these."""
+    train_data_pattern: List[str]
+    eval_data_pattern: List[str]
+    transformed_metadata_path: str
+    dataset_type: str
+    use_checkpoint: bool
+    model_dir: str
+    results_dir: str
+    log_filename: str
+    training_set_size: int
+    global_batch_size: int
+    eval_batch_size: int
+    num_epochs: int
+    amp: bool
+    xla: bool
+    linear_learning_rate: float
+    deep_learning_rate: float
+    deep_warmup_epochs: float
+    deep_hidden_units: List[int]
+    deep_dropout: float
+    evaluate: bool
+    benchmark: bool
+    benchmark_warmup_steps: int
+    benchmark_steps: int
+    affinity: str
+    cpu: bool
+    seed: int
+    given: FrozenSet[str] = frozenset()  # the flags the command line set (a default's value is not given)
+
+    def flags(self) -> Dict[str, Any]:
+        """Every flag and its value, as args.json and the log's parameters record them."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "given"}
+
+
+def parse_options(argv: Optional[Sequence[str]] = None) -> Options:
+    """The command line (sys.argv's when None) as Options; a bad flag is one `error:` line and exit 2."""
+    namespace = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    given = frozenset(name for name in vars(namespace)
+                      if any(w == f"--{name}" or w.startswith(f"--{name}=") for w in words))
+    return Options(**vars(namespace), given=given)
+
+
+def validate(args: Options, world_size: int) -> None:
     """The reference's asserts and this implementation's limits; each failure names its flag."""
     from wide_and_deep.features import PREBATCH_SIZE
 
@@ -120,7 +165,7 @@ def validate(args: argparse.Namespace, world_size: int) -> None:
                              f"{PREBATCH_SIZE} rows (a multiple of {world_size * PREBATCH_SIZE})")
 
 
-def check_outputs(args: argparse.Namespace) -> None:
+def check_outputs(args: Options) -> None:
     """The log, args.json and checkpoint folder can be written and touch no input (OutputPathError)."""
     from recsys.training import checkpoint
     from recsys.runtime.safe_io import check_output_dir, refuse_overlap
@@ -140,7 +185,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output_dir(os.path.join(args.results_dir, EVENT_FILES), "--results_dir's TensorBoard folder")
 
 
-def saves_checkpoints(args: argparse.Namespace) -> bool:
+def saves_checkpoints(args: Options) -> bool:
     return not args.evaluate and not args.benchmark
 
 
@@ -155,11 +200,7 @@ class Data:
     eval_records_per_rank: int
 
 
-def _given(flag: str) -> bool:
-    return any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in sys.argv[1:])
-
-
-def open_data(args: argparse.Namespace, world_size: int) -> Data:
+def open_data(args: Options, world_size: int) -> Data:
     """The --dataset_type format's description of the data and both splits' records (through the
     registry, wd_data.open_splits), checked against each other and the flags."""
     from wide_and_deep import wd_data
@@ -167,11 +208,11 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
 
     options = {flag: getattr(args, flag) for flag in ("train_data_pattern", "eval_data_pattern")}
     try:
-        data_formats.check_options(args.dataset_type, {k: v if _given(k) else None for k, v in options.items()})
+        data_formats.check_options(args.dataset_type, {k: v if k in args.given else None for k, v in options.items()})
     except ValueError as error:
         raise UsageError(str(error)) from None
     train, evaluation = wd_data.open_splits(args.dataset_type, args.transformed_metadata_path, options)
-    if _given("training_set_size") and args.training_set_size != train.rows:
+    if "training_set_size" in args.given and args.training_set_size != train.rows:
         raise UsageError(f"--training_set_size {args.training_set_size} differs from the {train.rows} train rows "
                          f"of the --dataset_type {args.dataset_type} data in {args.transformed_metadata_path}")
     records_per_step = args.global_batch_size // PREBATCH_SIZE
@@ -185,7 +226,7 @@ def open_data(args: argparse.Namespace, world_size: int) -> Data:
     return Data(train, evaluation, steps, records_per_step, args.eval_batch_size // world_size // PREBATCH_SIZE)
 
 
-def configure_tensorflow(args: argparse.Namespace, local_rank: int):
+def configure_tensorflow(args: Options, local_rank: int):
     """Devices and precision policy; returns (compute dtype, fp16 loss scaling?, the precision line)."""
     import tensorflow as tf
 
@@ -209,7 +250,7 @@ def configure_tensorflow(args: argparse.Namespace, local_rank: int):
 @dataclass
 class Run:
     """Everything a mode needs, built once the inputs are checked."""
-    args: argparse.Namespace
+    args: Options
     rank: int
     world_size: int
     logger: Any
@@ -227,7 +268,7 @@ class Run:
         return self.args.num_epochs * self.data.steps_per_epoch
 
 
-def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_scaling: bool) -> Run:
+def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool) -> Run:
     """Data index, save-folder check, model and optimizers, restored weights: in that order, so that
     every input is checked before anything heavy runs or anything is written."""
     import tensorflow as tf
@@ -275,32 +316,28 @@ def build(args: argparse.Namespace, rank: int, world_size: int, logger, loss_sca
     return run
 
 
-class Throughput:
-    """The reference's benchmark clock: starts at step max(warmup, 1), logs each later step's samples/s,
-    and at `steps` the mean over the measured steps."""
+class Benchmark:
+    """--benchmark's length and clock: the project's StepTimer, started after step max(warmup, 1) as
+    the reference's clock was; each later step's samples/s, and at `steps` their mean."""
 
     def __init__(self, warmup: int, steps: int, batch: int) -> None:
-        self.start_at, self.steps, self.batch = max(warmup, 1), steps, batch
-        self.started: Optional[float] = None
-        self.last = 0.0
+        self.steps, self.batch = steps, batch
+        self.timer = StepTimer(warmup_steps=max(warmup, 1))
 
     def tick(self, done: int) -> Optional[float]:
         """After `done` steps: the last step's samples/s once the clock runs (None before)."""
-        now = time.perf_counter()
-        previous, self.last = self.last, now
-        if done == self.start_at:
-            self.started = now
-            return None
-        return self.batch / (now - previous) if self.started is not None else None
+        seconds = self.timer.step_done(done - 1)
+        return None if seconds is None else self.batch / seconds
 
     def finished(self, done: int) -> bool:
         return done >= self.steps
 
-    def mean(self, done: int) -> float:
-        return self.batch * (done - self.start_at) / (self.last - self.started)
+    def mean(self) -> float:
+        """Samples/s over the measured steps."""
+        return self.batch / self.timer.mean_step_time()
 
 
-def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[str, float]:
+def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None) -> Dict[str, float]:
     """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
     averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss."""
     import numpy as np
@@ -322,7 +359,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Throughput] = None) -> Dict[s
                 if speed is not None:
                     run.logger.log(step=(done,), data={"batch_samplesps": speed * run.world_size})
                 if endless_benchmark.finished(done):
-                    return {"validation_throughput": endless_benchmark.mean(done) * run.world_size}
+                    return {"validation_throughput": endless_benchmark.mean() * run.world_size}
                 continue
             labels, ids = batch["label"].numpy(), batch["display_id"].numpy()
             total, count = wd_metrics.map12_sums(ids, labels, probabilities)
@@ -379,7 +416,7 @@ def _train(run: Run, tensorboard) -> int:
         if tensorboard is not None:
             tensorboard.write(step, group, scalars)
     trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed, args.xla)
-    bench = Throughput(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
+    bench = Benchmark(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
         if args.benchmark else None
 
     def save() -> None:
@@ -405,7 +442,7 @@ def _train(run: Run, tensorboard) -> int:
                 if speed is not None:
                     run.logger.log(step=(step,), data={"batch_samplesps": speed})
                 if bench.finished(done):
-                    result = {"train_throughput": bench.mean(done)}
+                    result = {"train_throughput": bench.mean()}
                     run.logger.log(step=(), data=result)
                     return 0
             elif step % PRINT_FREQ == 0:
@@ -434,7 +471,7 @@ def run_evaluate(run: Run) -> int:
     args = run.args
     if args.benchmark:
         per_rank = args.eval_batch_size // run.world_size
-        result = evaluate(run, Throughput(args.benchmark_warmup_steps, args.benchmark_steps, per_rank))
+        result = evaluate(run, Benchmark(args.benchmark_warmup_steps, args.benchmark_steps, per_rank))
     else:
         result = evaluate(run)
     run.logger.log(step=(), data=result)
@@ -449,80 +486,61 @@ def log_formats(logger) -> None:
         logger.metadata(metric, {"unit": "samples/s", "format": ":.1f"})
 
 
-def write_args(args: argparse.Namespace, world_size: int) -> None:
+def write_args(args: Options, world_size: int) -> None:
     """The run's flags as args.json in --results_dir (rank 0), written whole or not at all."""
     from recsys.runtime.safe_io import atomic_file
 
     with atomic_file(os.path.join(args.results_dir, "args.json")) as f:
-        json.dump(vars(args) | {"world_size": world_size}, f, indent=1)
+        json.dump(args.flags() | {"world_size": world_size}, f, indent=1)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse, check, build and run; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    from recsys.runtime.stop_signals import STOP, StopNow
-
-    STOP.install()
-    try:
-        return _main(args)
-    except StopNow as stop:
-        return stop.report()
-    finally:
-        STOP.ignore_further()
-
-
-def _main(args: argparse.Namespace) -> int:
-    # oneDNN on every CPU, as DLRM's main.py sets it (TensorFlow 2.15 turns it on by itself only on
-    # AVX-512 CPUs); a value the user set wins. Before the first TensorFlow import.
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    from recsys.runtime import distributed as dist
-    from recsys.runtime import folder_lock
-    from recsys.training.checkpoint import CheckpointError
-    from recsys.runtime.cpu_affinity import apply_affinity
+def user_errors() -> tuple:
+    """Exceptions caused by bad input: one `error:` line and exit 2 (run_shell), not a traceback."""
     from recsys.data.data_errors import DataError
     from recsys.data.feature_spec import FeatureSpecError
     from recsys.runtime.safe_io import OutputPathError
-    from recsys.runtime.logger import DllLogger, print_rank0
+    from recsys.training.checkpoint import CheckpointError
+
+    return UsageError, DataError, FeatureSpecError, CheckpointError, OutputPathError, FileNotFoundError
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse, then check, build and run inside the run shell (recsys/runtime/run_shell.py); returns
+    the exit code."""
+    from recsys.runtime import run_shell
+
+    args = parse_options(argv)
+    shell = run_shell.ShellConfig(log_path=os.path.join(args.results_dir, args.log_filename), user_errors=user_errors)
+    return run_shell.run(shell, lambda session: run_job(args, session))
+
+
+def run_job(args: Options, session) -> int:
+    """The flags checked, this rank's CPUs, the outputs claimed (run_shell.Session), then the model
+    built and trained or evaluated."""
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.cpu_affinity import apply_affinity
+    from recsys.runtime.logger import print_rank0
     from wide_and_deep.wd_data import surface_record_errors
 
-    dist.init()
-    rank, world_size = dist.rank(), dist.size()
-    logger = DllLogger(os.path.join(args.results_dir, args.log_filename), enabled=rank == 0)
-    lock = None
-    try:
-        validate(args, world_size)
-        # every rank says its CPUs, each line in one write (unbuffered, print() writes the newline apart, and
-        # the launcher can put another rank's line between the two)
-        sys.stdout.write(apply_affinity(args.affinity, dist.local_rank(), dist.local_size()) + "\n")
-        sys.stdout.flush()
-        message = None
-        if rank == 0:
-            try:
-                check_outputs(args)
-                if saves_checkpoints(args):
-                    lock = folder_lock.acquire(args.model_dir, "--model_dir")
-            except (OutputPathError, folder_lock.FolderLockedError) as error:
-                message = str(error)
-        message = dist.broadcast_object(message, root_rank=0)
-        if message:
-            raise UsageError(message)
-        dtype, loss_scaling, precision_line = configure_tensorflow(args, dist.local_rank())
-        print_rank0(precision_line, rank=rank)
-        run = build(args, rank, world_size, logger, loss_scaling)
-        log_formats(logger)
-        logger.log_parameters(vars(args) | {"world_size": world_size})
-        if rank == 0:
-            write_args(args, world_size)
-        with surface_record_errors():
-            code = run_evaluate(run) if args.evaluate else train(run)
-        dist.barrier()
-        return code
-    except (UsageError, DataError, FeatureSpecError, CheckpointError, OutputPathError, FileNotFoundError) as error:
-        return bad_input(error)
-    finally:
-        logger.close()
-        if lock is not None:
-            lock.release()
+    rank, world_size, logger = session.rank, session.world_size, session.logger
+    validate(args, world_size)
+    # every rank says its CPUs, each line in one write (unbuffered, print() writes the newline apart, and
+    # the launcher can put another rank's line between the two)
+    sys.stdout.write(apply_affinity(args.affinity, session.local_rank, session.local_size) + "\n")
+    sys.stdout.flush()
+    session.claim_outputs(lambda: check_outputs(args), args.model_dir if saves_checkpoints(args) else None,
+                          "--model_dir")
+    dtype, loss_scaling, precision_line = configure_tensorflow(args, session.local_rank)
+    print_rank0(precision_line, rank=rank)
+    run = build(args, rank, world_size, logger, loss_scaling)
+    log_formats(logger)
+    logger.log_parameters(args.flags() | {"world_size": world_size})
+    if rank == 0:
+        write_args(args, world_size)
+    with surface_record_errors():
+        code = run_evaluate(run) if args.evaluate else train(run)
+    dist.barrier()
+    return code
 
 
 if __name__ == "__main__":

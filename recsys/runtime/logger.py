@@ -136,7 +136,8 @@ def print_rank0(*args: Any, rank: int = 0, **kwargs: Any) -> None:
 
 
 class StepTimer:
-    """Measures mean step time over windows after a warm-up, as the reference's progress lines do."""
+    """Measures mean step time over windows after a warm-up, as the reference's progress lines do;
+    the one step clock of both models (DLRM's progress lines, Wide & Deep's --benchmark)."""
 
     def __init__(self, warmup_steps: int) -> None:
         self.warmup_steps = warmup_steps
@@ -149,18 +150,22 @@ class StepTimer:
         self._last_done = self._created
         self._steps_done = 0
 
-    def step_done(self, step: int) -> None:
-        """Call after every step (0-based); steps before the warm-up are not measured."""
-        self._last_done = time.perf_counter()
+    def step_done(self, step: int) -> Optional[float]:
+        """Call after every step (0-based); steps before the warm-up are not measured. Returns a
+        measured step's seconds (since the previous call; None before the clock runs), which a
+        benchmark logs per step (Wide & Deep's samples/s)."""
+        previous, self._last_done = self._last_done, time.perf_counter()
         self._steps_done += 1
         if self._first_done is None:
             self._first_done = self._last_done
         if step + 1 == self.warmup_steps or (self._window_start is None and step + 1 > self.warmup_steps):
             self._window_start = time.perf_counter()
             self._window_steps = 0
-            return
-        if self._window_start is not None:
-            self._window_steps += 1
+            return None
+        if self._window_start is None:
+            return None
+        self._window_steps += 1
+        return self._last_done - previous
 
     def close_window(self) -> Optional[float]:
         """End the current window; return its mean step time in seconds (None if empty)."""

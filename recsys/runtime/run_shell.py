@@ -1,0 +1,111 @@
+"""The run shell: the choreography every entry point's run goes through (main.py and so dlrm.py and
+dcnv2.py, wide_and_deep/main.py), written once so the entry points cannot drift apart.
+
+Around the entry point's job it
+  - sets TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow's first import (oneDNN on every CPU, not only on
+    AVX-512 ones as TensorFlow 2.15 decides by itself; a value the user set wins),
+  - installs the stop-signal handlers for the run and ignores further signals after it; a StopNow
+    (a signal outside graceful training) is its one line and exit code 128+N,
+  - starts Horovod (distributed.init) and the dllogger (rank 0 writes), closed at the end,
+  - checks the outputs and takes the save folder's lock on rank 0 (Session.claim_outputs), with the
+    verdict agreed on every rank: refused, every rank says why and waits for the others before it
+    exits (a launcher kills the other ranks at the first exit); a dead run's lock is taken over
+    with a message,
+  - maps the entry point's bad-input errors to one `error:` line and exit 2 (cli.py's convention),
+  - gives the lock back at the end, however the run ends.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Tuple, Type
+
+
+class OutputsRefused(Exception):
+    """Rank 0 refused an output or the save folder's lock; raised on every rank with its message."""
+
+
+@dataclass(frozen=True)
+class ShellConfig:
+    """What the shell needs from an entry point, as plain values.
+
+    `log_path`: the dllogger file (rank 0 writes it; empty or None: stdout only).
+    `user_errors`: returns the exception types caused by bad input (reported as one line, exit 2);
+    a function, because importing them imports TensorFlow, which must wait for the environment.
+    """
+    log_path: Optional[str]
+    user_errors: Callable[[], Tuple[Type[BaseException], ...]] = lambda: ()
+
+
+@dataclass
+class Session:
+    """The run's place in the job and its logger, handed to the entry point's job."""
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int
+    logger: Any  # logger.DllLogger
+    lock: Any = field(default=None)  # folder_lock.FolderLock held by rank 0, released by the shell
+
+    def claim_outputs(self, check: Callable[[], None], save_folder: Optional[str] = None,
+                      save_flag: str = "") -> None:
+        """Rank 0 runs `check` (raises OutputPathError naming the flag) and then holds `save_folder`
+        (named `save_flag` in messages) for the run's lifetime; every rank gets the verdict, so a
+        refusal stops the whole job with one message instead of leaving ranks in a collective.
+        Raises OutputsRefused on every rank when refused."""
+        from recsys.runtime import distributed as dist
+        from recsys.runtime import folder_lock
+        from recsys.runtime.logger import print_rank0
+        from recsys.runtime.safe_io import OutputPathError
+
+        message = None
+        if self.rank == 0:
+            try:
+                check()
+                if save_folder:
+                    self.lock = folder_lock.acquire(save_folder, save_flag)
+            except (OutputPathError, folder_lock.FolderLockedError) as error:
+                message = str(error)
+        message = dist.broadcast_object(message, root_rank=0)
+        if message:
+            raise OutputsRefused(message)
+        if self.lock is not None and self.lock.took_over is not None:
+            print_rank0(f"{save_flag} {save_folder} was held by a run that ended without giving it back "
+                        f"({self.lock.took_over.describe()}); taking it over", rank=self.rank)
+
+
+def run(config: ShellConfig, job: Callable[[Session], int]) -> int:
+    """Run `job` inside the shell (this module's docstring); returns the exit code for sys.exit."""
+    from recsys.runtime.stop_signals import STOP, StopNow
+
+    STOP.install()
+    try:
+        return _run(config, job)
+    except StopNow as stop:
+        return stop.report()
+    finally:
+        STOP.ignore_further()
+
+
+def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # before the first TensorFlow import (just below)
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.cli import bad_input
+    from recsys.runtime.logger import DllLogger
+
+    dist.init()
+    session = Session(dist.rank(), dist.size(), dist.local_rank(), dist.local_size(),
+                      DllLogger(config.log_path, enabled=dist.rank() == 0))  # the file opens at its first record
+    try:
+        try:
+            return job(session)
+        except OutputsRefused as refused:
+            code = bad_input(refused)
+            dist.barrier()  # every rank has said why before any exits: a launcher kills the rest at the first exit
+            return code
+        except config.user_errors() as error:
+            return bad_input(error)
+    finally:
+        session.logger.close()
+        if session.lock is not None:
+            session.lock.release()
