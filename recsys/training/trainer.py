@@ -1,4 +1,5 @@
-"""Training step, evaluation and the epoch loop (reference §2.11, §7).
+"""Training step, evaluation and DLRM's epoch loop (reference §2.11, §7): `train_loop` runs the
+shared loop (loop.run_epochs) with DLRM's step, progress line, evaluations and saves.
 
 The step runs data parallel: each rank computes its local batch's loss; dense gradients are
 averaged over ranks with one fused allreduce. The embedding layer routes its own gradients
@@ -19,9 +20,10 @@ import tensorflow as tf
 from recsys.runtime import distributed as dist
 from recsys.runtime import metrics
 from recsys.training.checkpoint import STEP_COUNTER, TrainingState
+from recsys.training.loop import Cadence, run_epochs
 from recsys.training.optimizers import Optimizer
 from recsys.data.pipeline_errors import surface_data_errors
-from recsys.runtime.stop_signals import STOP_SIGNALS, StopRequest, agreed_signal, vote
+from recsys.runtime.stop_signals import STOP_SIGNALS, StopRequest
 from recsys.runtime.logger import StepTimer, print_rank0
 
 
@@ -314,94 +316,107 @@ def progress_line(step: int, total_steps: int, epoch: int, total_epochs: int, sc
             f"learning_rate={scalars['learning_rate']:.4f}, loss={scalars['loss']:.8f}, eta={duration_text(eta_s)}")
 
 
+class _DlrmLoopParts:
+    """DLRM's side of the epoch loop (loop.LoopParts): the in-graph step over the prefetched epoch,
+    the reference's progress line, evaluations with the target-AUC stop, and the non-finite-loss
+    check before every host read, evaluation and checkpoint."""
+
+    def __init__(self, trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset,
+                 test_dataset: tf.data.Dataset, config: LoopConfig, save_checkpoint: Optional[Callable[[int], None]],
+                 record_scalars: Optional[ScalarRecorder]) -> None:
+        self.trainer, self.evaluator, self.config = trainer, evaluator, config
+        self.train_dataset, self.test_dataset = train_dataset, test_dataset
+        self.save_checkpoint, self.record_scalars = save_checkpoint, record_scalars
+        self.rank = dist.rank()
+        self.total_epochs = math.ceil(config.total_steps / config.steps_per_epoch)
+        self.loss: Optional[tf.Tensor] = None  # the last step's, read on the host only at progress lines and the end
+        self.learning_rate: Optional[tf.Tensor] = None
+        self.evaluations: List[EvalResult] = []
+        self.evaluated_at: Optional[int] = None
+        self.reached_at: Optional[int] = None  # the step whose evaluation reached config.target_auc
+
+    def open_epoch(self, epoch: int, offset: int, steps: int) -> tf.data.Iterator:
+        return iter(prefetch_to_device(self.train_dataset.skip(offset).take(steps)))
+
+    def step(self, batches: tf.data.Iterator, step: int, stop_vote: tf.Tensor) -> Optional[tf.Tensor]:
+        _maybe_profile(self.config, step, self.rank)
+        try:
+            self.loss, self.learning_rate, stop_votes = self.trainer.train_next(batches, stop_vote)
+        except tf.errors.OutOfRangeError:
+            return None
+        return stop_votes
+
+    def progress(self, step: int, timer: StepTimer) -> None:
+        """The progress line (and `record_scalars`) once the timer has a window; the loss read is the
+        window's one host synchronisation, so the window closes after it."""
+        self.trainer.check_finite()
+        train_loss = float(self.loss.numpy())
+        window = timer.close_window()
+        if window is None:
+            return
+        total_steps = self.config.total_steps
+        scalars = {"loss": train_loss, "learning_rate": float(self.learning_rate),
+                   "throughput": self.config.global_batch_size / window, "step_time_ms": window * 1000}
+        eta_s = (total_steps - step) * timer.mean_step_time()
+        epoch = (step - 1) // self.config.steps_per_epoch + 1
+        print_rank0(progress_line(step, total_steps, epoch, self.total_epochs, scalars, eta_s), rank=self.rank)
+        if self.record_scalars:
+            self.record_scalars(step, "train", scalars)
+
+    def evaluate(self, step: int) -> bool:
+        """Evaluate after `step` steps; True when the AUC reached the target."""
+        self.trainer.check_finite()
+        result = self.evaluator.evaluate(self.test_dataset)
+        self.evaluations.append(result)
+        self.evaluated_at = step
+        print_rank0(f"Evaluation completed, AUC: {result.auc:.6f}, test_loss: {result.loss:.6f}, "
+                    f"step: {step}, samples: {result.num_samples}", rank=self.rank)
+        if self.record_scalars:
+            self.record_scalars(step, "eval", {"auc": result.auc, "validation_loss": result.loss})
+        target = self.config.target_auc
+        if target is None or not result.auc >= target:  # NaN (one label class) never reaches
+            return False
+        print_rank0(f"target AUC {target} reached at step {step} (AUC {result.auc:.6f}): training stops",
+                    rank=self.rank)
+        self.reached_at = step
+        return True
+
+    def save(self, step: int) -> None:
+        self.trainer.check_finite()
+        self.save_checkpoint(step)
+
+
 @surface_data_errors()
 def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset, test_dataset: tf.data.Dataset,
                config: LoopConfig, save_checkpoint: Optional[Callable[[int], None]] = None,
                record_scalars: Optional[ScalarRecorder] = None, stop: Optional[StopRequest] = None) -> TrainResult:
-    """Run epochs from the scheduler's current step (so a restored run resumes in place).
+    """Run epochs from the scheduler's current step (so a restored run resumes in place), in the
+    shared epoch loop (loop.run_epochs) with DLRM's parts (`_DlrmLoopParts`).
 
     A signal `stop` records ends the loop after the step in which every rank learns of it (the
-    votes ride the step's loss allreduce), before that step's evaluation or checkpoint; the
-    result's `stopped_by` names it and the caller saves.
+    votes ride the step's loss allreduce), before that step's progress line, evaluation or
+    checkpoint; the result's `stopped_by` names it and the caller saves.
 
     Progress lines (and `record_scalars`) come every `print_freq` steps after the timer's warm-up,
     where the host reads the loss anyway: they add no synchronisation to the steps between. The
     ETA is the steps left at the mean step time so far (whose windows include the evaluations and
     checkpoints that ran in them).
     """
-    rank = dist.rank()
-    total_steps = config.total_steps
-    total_epochs = math.ceil(total_steps / config.steps_per_epoch)
+    parts = _DlrmLoopParts(trainer, evaluator, train_dataset, test_dataset, config, save_checkpoint, record_scalars)
     start_step = int(trainer.scheduler.step.numpy())
-    timer = StepTimer(warmup_steps=start_step + 2 * config.print_freq)
-    evaluations: List[EvalResult] = []
-    points = set(eval_points(config.steps_per_epoch, config.evals_per_epoch))
-    train_loss = float("nan")
-    step = start_step
-    stopped_by = None
-    reached_at: Optional[int] = None
-
-    def evaluate(at_step: int) -> Optional[int]:
-        """Evaluate after `at_step` steps; returns the step when the AUC reached the target."""
-        trainer.check_finite()
-        result = evaluator.evaluate(test_dataset)
-        evaluations.append(result)
-        print_rank0(f"Evaluation completed, AUC: {result.auc:.6f}, test_loss: {result.loss:.6f}, "
-                    f"step: {at_step}, samples: {result.num_samples}", rank=rank)
-        if record_scalars:
-            record_scalars(at_step, "eval", {"auc": result.auc, "validation_loss": result.loss})
-        if config.target_auc is None or not result.auc >= config.target_auc:  # NaN (one label class) never reaches
-            return None
-        print_rank0(f"target AUC {config.target_auc} reached at step {at_step} (AUC {result.auc:.6f}): "
-                    f"training stops", rank=rank)
-        return at_step
-
-    evaluated_at = None
-    while step < total_steps and stopped_by is None and reached_at is None:
-        epoch, offset = divmod(step, config.steps_per_epoch)
-        epoch_start = step
-        epoch_steps = min(config.steps_per_epoch - offset, total_steps - step)
-        batches = iter(prefetch_to_device(train_dataset.skip(offset).take(epoch_steps)))
-        for _ in range(epoch_steps):
-            _maybe_profile(config, step, rank)
-            try:
-                loss, learning_rate, stop_votes = trainer.train_next(
-                    batches, tf.constant(vote(stop.signum if stop else None), tf.float32))
-            except tf.errors.OutOfRangeError:
-                break
-            timer.step_done(step)
-            in_epoch = step - epoch * config.steps_per_epoch
-            step += 1
-            stopped_by = agreed_signal(stop_votes.numpy())
-            if stopped_by is not None:
-                break
-            if config.print_freq > 0 and step % config.print_freq == 0:
-                trainer.check_finite()
-                train_loss = float(loss.numpy())  # the window's one host synchronisation
-                window = timer.close_window()
-                if window is not None:
-                    scalars = {"loss": train_loss, "learning_rate": float(learning_rate),
-                               "throughput": config.global_batch_size / window, "step_time_ms": window * 1000}
-                    eta_s = (total_steps - step) * timer.mean_step_time()
-                    print_rank0(progress_line(step, total_steps, epoch + 1, total_epochs, scalars, eta_s), rank=rank)
-                    if record_scalars:
-                        record_scalars(step, "train", scalars)
-            if in_epoch in points:
-                reached_at, evaluated_at = evaluate(step), step
-                if reached_at is not None:
-                    break
-            if save_checkpoint and config.checkpoint_every_n_steps > 0 and step % config.checkpoint_every_n_steps == 0:
-                trainer.check_finite()
-                save_checkpoint(step)
-        if step == epoch_start:
-            raise RuntimeError(f"the training data yielded no batch at step {step} (epoch {epoch}, batch {offset})")
+    cadence = Cadence(
+        steps_per_epoch=config.steps_per_epoch, end_step=config.total_steps, print_freq=config.print_freq,
+        eval_points=frozenset(eval_points(config.steps_per_epoch, config.evals_per_epoch)),
+        checkpoint_every_n_steps=config.checkpoint_every_n_steps if save_checkpoint else 0,
+        timer_warmup_steps=2 * config.print_freq)
+    end = run_epochs(parts, cadence, start_step, stop)
     trainer.check_finite()
-    if config.evaluate_at_end and stopped_by is None and reached_at is None and evaluated_at != step:
-        reached_at = evaluate(step)
-    if step > start_step:
-        train_loss = float(loss.numpy())
-    return TrainResult(steps=step, mean_step_time_s=timer.mean_step_time(), train_loss=train_loss,
-                       evaluations=evaluations, stopped_by=stopped_by, target_reached_at=reached_at)
+    if (config.evaluate_at_end and end.stopped_by is None and not end.ended_by_evaluation
+            and parts.evaluated_at != end.step):
+        parts.evaluate(end.step)
+    train_loss = float(parts.loss.numpy()) if end.step > start_step else float("nan")
+    return TrainResult(steps=end.step, mean_step_time_s=end.timer.mean_step_time(), train_loss=train_loss,
+                       evaluations=parts.evaluations, stopped_by=end.stopped_by, target_reached_at=parts.reached_at)
 
 
 def prefetch_to_device(dataset: tf.data.Dataset) -> tf.data.Dataset:
