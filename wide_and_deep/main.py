@@ -397,72 +397,43 @@ def train(run: Run) -> int:
 
 
 def _train(run: Run, tensorboard) -> int:
-    """The epochs from the restored step: steps with the schedule's deep rate, a progress record every
-    100 steps, evaluation and a checkpoint after each epoch; a stop signal saves and exits 128+N."""
-    import tensorflow as tf
-
-    from recsys.training import checkpoint
-    from recsys.runtime import distributed as dist
-    from recsys.runtime.metrics import exact_auc
+    """The epochs from the restored step in the shared epoch loop (recsys/training/loop.py) with W&D's
+    parts (wd_loop.WideDeepLoopParts): a progress record every 100 steps, evaluation and a checkpoint
+    after each epoch; a stop signal saves and exits 128+N. --benchmark runs --benchmark_steps steps
+    across epochs, logging each one's samples/s and then their mean; it neither evaluates nor saves,
+    and only a second stop signal ends it (at once)."""
     from recsys.runtime.cli import signal_exit_code
-    from recsys.runtime.stop_signals import STOP, agreed_signal, signal_name, vote
     from recsys.runtime.logger import print_rank0
-    from wide_and_deep import wd_data, wd_metrics, wd_model
+    from recsys.runtime.stop_signals import STOP, signal_name
+    from recsys.training.loop import Cadence, run_epochs
+    from wide_and_deep.wd_loop import WideDeepLoopParts
 
-    args, data = run.args, run.data
+    args, steps_per_epoch = run.args, run.data.steps_per_epoch
 
     def record(step: int, group: str, scalars: Dict[str, float]) -> None:
         run.logger.log(step=(step, run.total_steps), data=scalars)
         if tensorboard is not None:
             tensorboard.write(step, group, scalars)
-    trainer = wd_model.TrainStep(run.model, run.optimizers, args.seed, args.xla)
+    start = int(run.step.numpy())
     bench = Benchmark(args.benchmark_warmup_steps, args.benchmark_steps, args.global_batch_size) \
         if args.benchmark else None
-
-    def save() -> None:
-        path = checkpoint.save(args.model_dir, int(run.step.numpy()), run.state, run.lineage, keep=1,
-                               writer=run.rank == 0)
-        dist.barrier()
-        print_rank0(f"checkpoint saved: {path}", rank=run.rank)
-
-    done, step, result = 0, int(run.step.numpy()), {}
+    parts = WideDeepLoopParts(run, lambda: evaluate(run), record, bench.tick if bench else None, start)
     STOP.graceful = True
-    epoch = step // data.steps_per_epoch
-    while bench is not None or epoch < args.num_epochs:
-        groups = wd_data.train_record_groups(len(data.train), data.train_records_per_step, run.rank, run.world_size,
-                                             args.seed, epoch, step % data.steps_per_epoch)
-        for batch in data.train.dataset(groups, run.config.buckets):
-            run.optimizers.deep_lr.assign(wd_model.deep_learning_rate(step, data.steps_per_epoch, run.config))
-            loss, probabilities, votes = trainer.step(batch, tf.constant(step, tf.int64),
-                                                      tf.constant(vote(STOP.signum), tf.float32))
-            step, done = step + 1, done + 1
-            run.step.assign(step)
-            if bench is not None:
-                speed = bench.tick(done)
-                if speed is not None:
-                    run.logger.log(step=(step,), data={"batch_samplesps": speed})
-                if bench.finished(done):
-                    result = {"train_throughput": bench.mean()}
-                    run.logger.log(step=(), data=result)
-                    return 0
-            elif step % PRINT_FREQ == 0:
-                labels, predicted = batch["label"].numpy(), probabilities.numpy()
-                record(step, "train", {
-                    "binary_accuracy": wd_metrics.binary_accuracy(labels, predicted),
-                    "auc": exact_auc(labels, predicted), "loss": float(loss.numpy())})
-            stopped = agreed_signal(votes.numpy())
-            if stopped is not None and bench is None:
-                save()
-                print_rank0(f"stopped by {signal_name(stopped)} after step {step} of {run.total_steps}; checkpoint "
-                            f"saved in {args.model_dir}: run the same command with --use_checkpoint to resume",
-                            rank=run.rank)
-                return signal_exit_code(stopped)
-        epoch += 1
-        if bench is None:
-            result = evaluate(run)
-            record(step, "eval", result)
-            save()
-    run.logger.log(step=(), data=result)
+    if bench is not None:
+        run_epochs(parts, Cadence(steps_per_epoch=steps_per_epoch, end_step=start + args.benchmark_steps), start,
+                   stop=None)
+        run.logger.log(step=(), data={"train_throughput": bench.mean()})
+        return 0
+    cadence = Cadence(steps_per_epoch=steps_per_epoch, end_step=run.total_steps, print_freq=PRINT_FREQ,
+                      eval_points=frozenset({steps_per_epoch - 1}), checkpoint_every_n_steps=steps_per_epoch)
+    end = run_epochs(parts, cadence, start, stop=STOP)
+    if end.stopped_by is not None:
+        parts.save(end.step)
+        print_rank0(f"stopped by {signal_name(end.stopped_by)} after step {end.step} of {run.total_steps}; "
+                    f"checkpoint saved in {args.model_dir}: run the same command with --use_checkpoint to resume",
+                    rank=run.rank)
+        return signal_exit_code(end.stopped_by)
+    run.logger.log(step=(), data=parts.evaluation)
     return 0
 
 

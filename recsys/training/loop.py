@@ -12,12 +12,16 @@ checkpoint): the caller saves and says how to resume.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Optional, Protocol
+from typing import AbstractSet, Any, Callable, Dict, Optional, Protocol
 
 import tensorflow as tf
 
 from recsys.runtime.logger import StepTimer
 from recsys.runtime.stop_signals import StopRequest, agreed_signal, vote
+
+# Takes a group of scalars at a global step ("train" at progress reports, "eval" after evaluations) for
+# the log and TensorBoard; each model names its own scalars.
+ScalarRecorder = Callable[[int, str, Dict[str, float]], None]
 
 
 @dataclass(frozen=True)

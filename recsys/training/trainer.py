@@ -20,7 +20,7 @@ import tensorflow as tf
 from recsys.runtime import distributed as dist
 from recsys.runtime import metrics
 from recsys.training.checkpoint import STEP_COUNTER, TrainingState
-from recsys.training.loop import Cadence, run_epochs
+from recsys.training.loop import Cadence, ScalarRecorder, run_epochs
 from recsys.training.optimizers import Optimizer
 from recsys.data.pipeline_errors import surface_data_errors
 from recsys.runtime.stop_signals import STOP_SIGNALS, StopRequest
@@ -289,11 +289,6 @@ class LoopConfig:
         return total if self.max_steps < 0 else min(total, self.max_steps)
 
 
-# Receives (global step, group, scalars) at each progress line (group "train": loss, learning_rate,
-# throughput in samples/s, step_time_ms) and after each evaluation (group "eval": auc, validation_loss).
-ScalarRecorder = Callable[[int, str, Dict[str, float]], None]
-
-
 def duration_text(seconds: float) -> str:
     """H:MM:SS of a duration in seconds."""
     return str(datetime.timedelta(seconds=round(seconds)))
@@ -319,7 +314,9 @@ def progress_line(step: int, total_steps: int, epoch: int, total_epochs: int, sc
 class _DlrmLoopParts:
     """DLRM's side of the epoch loop (loop.LoopParts): the in-graph step over the prefetched epoch,
     the reference's progress line, evaluations with the target-AUC stop, and the non-finite-loss
-    check before every host read, evaluation and checkpoint."""
+    check before every host read, evaluation and checkpoint. `record_scalars` gets group "train"
+    (loss, learning_rate, throughput in samples/s, step_time_ms) at each progress line and group
+    "eval" (auc, validation_loss) after each evaluation."""
 
     def __init__(self, trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset,
                  test_dataset: tf.data.Dataset, config: LoopConfig, save_checkpoint: Optional[Callable[[int], None]],
