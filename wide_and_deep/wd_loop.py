@@ -3,7 +3,9 @@
 What stays the reference's: the step with the schedule's deep rate, a progress record of the step's
 own batch (accuracy, AUC, loss: the reference logs no timing there), the evaluation after each epoch
 (MAP@12 among its metrics, main.evaluate) followed by a checkpoint, and under --benchmark each
-step's samples/s. main._train picks the cadence of each mode and ends the run.
+step's samples/s, from main.Benchmark's own clock (its warm-up is --benchmark_warmup_steps, and it
+also times --evaluate --benchmark), not the loop's. main._train picks the cadence of each mode and
+ends the run.
 """
 from __future__ import annotations
 

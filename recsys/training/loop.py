@@ -8,6 +8,13 @@ does at each point (its step, progress text, evaluation, save) is its `LoopParts
 
 A stop agreed after a step ends the loop before anything else of that step (progress, evaluation,
 checkpoint): the caller saves and says how to resume.
+
+Left to each model, as they differ in meaning: how an epoch's batches are read (DLRM takes them
+inside its step's graph; W&D reads a seeded per-epoch record order in Python), what a progress
+report holds (DLRM: the step clock's throughput and ETA; W&D: the reference's metrics of the step's
+batch, no timing), the end of a run (DLRM: a last evaluation and the non-finite-loss check; W&D:
+the last evaluation repeated as the final record, or --benchmark's mean), and the save on a stop
+(each entry point names its own resume flags).
 """
 from __future__ import annotations
 
