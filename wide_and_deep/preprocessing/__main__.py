@@ -48,6 +48,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dropped = ", ".join(f"{k}: {v}" for k, v in counts.items()
                             if v and k not in ("lines", "used", "header", "train", "eval"))
         print(f"{stem}: {counts['lines']} lines" + (f" ({dropped})" if dropped else ""))
+    for split, counts in summary["displays"].items():
+        if counts["without_click"]:
+            print(f"{split}: {counts['without_click']} of {counts['displays']} displays have no clicked ad; "
+                  f"MAP@12 leaves them out")
     print(f"wrote {summary['rows']['train']} train and {summary['rows']['eval']} eval rows to {args.output}")
     return 0
 
