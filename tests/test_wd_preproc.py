@@ -7,7 +7,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -320,6 +323,30 @@ def test_bad_input_is_one_error_naming_the_file(tiny, tmp_path, capsys, problem)
     err = capsys.readouterr().err
     assert err.count("error: ") == 1 and all(part in err for part in expected), err
     assert sorted(os.listdir(tmp_path)) == ["in", "keep"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_is_one_line_and_leaves_nothing(tmp_path, signum):
+    """A real signal to a real `python -m wide_and_deep.preprocessing` while its temporary output folder
+    exists: one line naming the signal, exit 128 + N (DLRM's convention), no traceback, the temporary folder
+    removed; and a killed run's stale temporary (a dead PID's) is removed too, a live process's kept."""
+    generate(str(tmp_path / "in"), 3000, 1)
+    stale, live = tmp_path / ".out.tmp-999999999", tmp_path / f".out.tmp-{os.getpid()}"
+    (stale / "train").mkdir(parents=True)
+    live.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "wide_and_deep.preprocessing", "--input", str(tmp_path / "in"),
+                                "--output", str(tmp_path / "out"), "--threads", "2", "--num_train_files", "1",
+                                "--num_eval_files", "1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    staging = tmp_path / f".out.tmp-{process.pid}"
+    while not staging.exists() and process.poll() is None:
+        time.sleep(0.002)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, err[-3000:]
+    assert err.splitlines() == [f"stopped by {signal.Signals(signum).name}: the run ended before finishing; outputs "
+                                f"already on disk are complete, nothing half-written remains"], err[-3000:]
+    assert sorted(os.listdir(tmp_path)) == sorted(["in", live.name])
 
 
 def test_existing_output_is_refused_and_kept(tiny, tmp_path, capsys):

@@ -7,6 +7,8 @@ Output folder: `train/part-r-NNNNN`, `eval/part-r-NNNNN` (TFRecords of 4096-row 
 accounted for: per file its lines by reason, per split its rows, its displays and those without a
 clicked ad, which MAP@12 leaves out; the settings). Both engines write the same bytes in every file.
 A header line repeated inside a file (a file pasted twice) is refused: its rows would count twice.
+A stop signal removes the temporary folder (the entry point's `run_stopping_at_once`); one a killed
+run left is removed by the next run.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recsys.runtime.safe_io import atomic_directory
+from recsys.runtime.safe_io import atomic_directory, remove_stale_temporaries
 from wide_and_deep.outbrain_rules import ASPECTS, INPUT_FILES
 from wide_and_deep.preprocessing import records, sql
 
@@ -191,6 +193,7 @@ def preprocess(engine, input_dir: str, output: str, seed: int = 0, num_train_fil
         raise ValueError("the numbers of output files must be at least 1")
     paths = input_paths(input_dir)
     d = engine.dialect
+    remove_stale_temporaries(output)  # a killed run's (a stop signal removes its own)
     with atomic_directory(output) as staging:
         for stem, path in paths.items():
             engine.lines(f"raw_{stem}", path)
