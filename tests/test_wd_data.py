@@ -259,10 +259,10 @@ def _int64_numerical(copy):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (_zero_bytes, "train/part-r-00001 record 1: the record's data does not match its CRC; the file is damaged"),
-    (_nan_numerical, f"train/part-r-00001 record 1: numerical feature '{F.NUMERIC_FEATURES[3]}' (mapping 'train') "
+    (_zero_bytes, "train/part-r-00001: record 1: corrupt or truncated TFRecord file (its data does not match its CRC)"),
+    (_nan_numerical, f"train/part-r-00001: record 1: numerical feature '{F.NUMERIC_FEATURES[3]}' (mapping 'train') "
                      f"is nan at sample 17; numerical features must be finite"),
-    (_int64_numerical, f"train/part-r-00001 record 1: key '{F.NUMERIC_FEATURES[0]}' is stored as int64 values; "
+    (_int64_numerical, f"train/part-r-00001: record 1: key '{F.NUMERIC_FEATURES[0]}' is stored as int64 values; "
                        f"the reader expects float"),
 ], ids=["zeroed-bytes", "nan", "wrong-dtype"])
 def test_bad_tfrecords_are_one_error_naming_file_record_and_feature(small_records, tmp_path, edit, words):

@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import data_formats
-from recsys.data.data_errors import DataError, check_numericals
+from recsys.data.data_errors import DataError, check_numericals, damaged_record_error
 from recsys.data.feature_spec import DEFAULT_SPEC_NAME
 from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check, surface_data_errors
 from wide_and_deep import features as F
@@ -190,8 +190,8 @@ def index_records(files: Sequence[str], rows: int, split: str, buckets: Dict[str
                     raise DataError(f"{path}: truncated TFRecord header at byte {position}")
                 (length,) = struct.unpack("<Q", header[:8])
                 if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
-                    raise DataError(f"{path}: record {len(offsets) - first} (at byte {position}): its length "
-                                    f"does not match its CRC; the file is damaged")
+                    raise damaged_record_error(path, len(offsets) - first,
+                                               f"its length at byte {position} does not match its CRC")
                 end = position + _HEADER + length + 4
                 if end > size:
                     raise DataError(f"{path}: the record at byte {position} runs past the end of the file")
@@ -217,8 +217,9 @@ class _RecordSource:
         self.in_file = np.arange(len(index)) - np.searchsorted(index.file_ids, index.file_ids)
 
     def name(self, record: int) -> str:
-        """Where record `record` lies, as error messages name it: '<file> record <number in the file>'."""
-        return f"{self.index.files[self.index.file_ids[record]]} record {self.in_file[record]}"
+        """Where record `record` lies, as error messages name it (as DLRM's readers do): '<file>: record
+        <number in the file>'."""
+        return f"{self.index.files[self.index.file_ids[record]]}: record {self.in_file[record]}"
 
     def read(self, records: np.ndarray) -> Tuple[np.ndarray, str, np.ndarray, np.ndarray, str, np.int64]:
         """The serialized records, where they lie (their files), their numbers, their names, the split,
@@ -229,7 +230,8 @@ class _RecordSource:
             framed = os.pread(self.fds[index.file_ids[r]], int(index.lengths[r]) + 4, int(index.offsets[r]))
             data = framed[:-4]
             if len(framed) != index.lengths[r] + 4 or struct.unpack("<I", framed[-4:])[0] != masked_crc32c(data):
-                error = DataError(f"{self.name(r)}: the record's data does not match its CRC; the file is damaged")
+                error = damaged_record_error(self.index.files[index.file_ids[r]], int(self.in_file[r]),
+                                             "its data does not match its CRC")
                 return (np.array([], dtype=object), "", np.array([], np.int64), np.array([], dtype=object),
                         index.split, file_pipeline_error(error))
             serialized.append(data)
