@@ -17,6 +17,7 @@ seconds later.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -117,12 +118,12 @@ def run_stopping_at_once(body: Callable[[], int]) -> int:
     conversion): the first stop signal raises StopNow, which unwinds every atomic writer (their
     temporaries removed) and ends as one line and exit 128 + N. Main thread only."""
     STOP.install()
-    try:
-        return body()
-    except StopNow as stop:
-        return stop.report()
-    finally:
-        STOP.ignore_further()
+    with contextlib.ExitStack() as leaving:
+        leaving.callback(STOP.ignore_further)  # however it ends: a launcher's later signals print nothing
+        try:
+            return body()
+        except StopNow as stop:
+            return stop.report()
 
 
 def vote(signum: Optional[int]) -> list:
