@@ -40,10 +40,10 @@ THRESHOLD=15
 BATCH=1024
 RAW="${DEMO_DIR}/raw"
 DATA="${DEMO_DIR}/data"
-MARKER="${DEMO_DIR}/.dlrm_demo_output"
+MANIFEST="${DEMO_DIR}/.dlrm_demo_output"  # what the demo wrote (demo_fresh_dir)
 # inference times 20 batches of 512 from the test split, the first half of the last day
 demo_require_integer DEMO_LINES_PER_DAY "${LINES_PER_DAY}" 21000
-demo_fresh_dir "${DEMO_DIR}" "${MARKER}"
+demo_fresh_dir "${DEMO_DIR}" "${MANIFEST}"
 
 # shellcheck disable=SC2054  # the commas are inside flag values (64,16), not array separators
 MODEL=(--embedding_dim 16 --bottom_mlp_dims 64,16 --top_mlp_dims 128,64,1 --optimizer adam

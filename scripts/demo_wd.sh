@@ -33,11 +33,11 @@ DEMO_DIR="${DEMO_DIR:-${REPO_DIR}/demo_output_wd}"
 DISPLAYS="${DEMO_DISPLAYS:-120000}"
 EPOCHS="${DEMO_EPOCHS:-3}"
 NP="${DEMO_NP:-2}"
-MARKER="${DEMO_DIR}/.wd_demo_output"
+MANIFEST="${DEMO_DIR}/.wd_demo_output"  # what the demo wrote (demo_fresh_dir)
 demo_require_integer DEMO_DISPLAYS "${DISPLAYS}" 20000
 demo_require_integer DEMO_EPOCHS "${EPOCHS}" 1
 demo_require_integer DEMO_NP "${NP}" 1
-demo_fresh_dir "${DEMO_DIR}" "${MARKER}"
+demo_fresh_dir "${DEMO_DIR}" "${MANIFEST}"
 CSV="${DEMO_DIR}/outbrain"
 RECORDS="${DEMO_DIR}/tfrecords"
 

@@ -304,3 +304,48 @@ def test_a_full_disk_during_deploy_is_one_line_and_leaves_nothing(tmp_path):
                             capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
     assert_one_error(result, f"{exported}: cannot write the SavedModel:", code=2)
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("script", ["scripts/demo.sh", "scripts/demo_wd.sh"])
+def test_a_demo_rerun_removes_only_what_it_wrote(tmp_path, script):
+    """A demo records what it wrote (its manifest, written when it exits, here on SIGTERM); a rerun refuses,
+    naming the file and deleting nothing, while DEMO_DIR holds a file it did not write (a copied checkpoint
+    in one of its folders), and once that is gone removes the earlier run's output and starts afresh."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    demo = tmp_path / "demo"
+    env = dict(os.environ, DEMO_DIR=str(demo), DEMO_LINES_PER_DAY="21000", DEMO_DISPLAYS="20000",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(stop_after_first_step):
+        process = subprocess.Popen(["bash", script], cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        if stop_after_first_step:  # as step 2 begins: step 1's folder is whole
+            for line in process.stdout:
+                if line.startswith("== 2"):
+                    os.killpg(process.pid, signal.SIGTERM)
+                    break
+        out, err = process.communicate(timeout=120)
+        return process.returncode, err
+
+    returncode, err = run(stop_after_first_step=True)
+    assert returncode == 143 and not [line for line in err.splitlines() if line.startswith("error:")], err[-3000:]
+    manifest = [p for p in demo.iterdir() if p.name.endswith("_demo_output")]
+    assert len(manifest) == 1 and manifest[0].read_bytes()
+    folder = sorted(p for p in demo.iterdir() if p.is_dir())[0]
+    (folder / "copied_checkpoint.npy").write_bytes(b"mine")
+    before = snapshot(demo)
+    returncode, err = run(stop_after_first_step=False)
+    assert returncode == 2 and err.splitlines() == [
+        f"error: DEMO_DIR {demo} holds {folder}/copied_checkpoint.npy, which no earlier run of this demo wrote; "
+        f"refusing to delete anything (move it away or choose another DEMO_DIR)"], err[-3000:]
+    assert snapshot(demo) == before
+    os.remove(folder / "copied_checkpoint.npy")
+    started = time.time()
+    returncode, err = run(stop_after_first_step=True)
+    old = [str(p) for p in demo.rglob("*") if p.is_file() and p.stat().st_mtime < started]
+    assert returncode == 143 and not old, (old, err[-3000:])

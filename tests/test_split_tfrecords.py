@@ -156,6 +156,17 @@ def _flip_byte(path, offset):
     open(path, "wb").write(bytes(data))
 
 
+def _zero_record_bytes(path, number, count):
+    """`count` zeroed bytes inside record `number`'s data (its CRCs untouched), as W&D's test damages its files."""
+    data, start = bytearray(open(path, "rb").read()), 0
+    for _ in range(number):
+        start += 12 + int.from_bytes(data[start:start + 8], "little") + 4
+    length = int.from_bytes(data[start:start + 8], "little")
+    assert length > count
+    data[start + 12 + length // 2 - count // 2:start + 12 + length // 2 - count // 2 + count] = bytes(count)
+    open(path, "wb").write(bytes(data))
+
+
 def _truncate(path, size):
     data = open(path, "rb").read()
     open(path, "wb").write(data[:size])
@@ -164,6 +175,8 @@ def _truncate(path, size):
 BAD_DATA = {
     "corrupt file": ("train/categorical_2/data_0.tfrecords", lambda p: _flip_byte(p, 40),
                      "corrupt or truncated TFRecord file (corrupted record at"),
+    "zeroed bytes": ("train/numerical/data_0.tfrecords", lambda p: _zero_record_bytes(p, 1, 100),
+                     "record 1: corrupt or truncated TFRecord file (corrupted record at"),
     "truncated file": ("train/numerical/data_0.tfrecords", lambda p: _truncate(p, os.path.getsize(p) - 9),
                        "corrupt or truncated TFRecord file"),
     "missing record": ("train/label/data_0.tfrecords",

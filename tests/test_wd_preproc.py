@@ -7,7 +7,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -248,6 +251,27 @@ def test_malformed_lines_and_unknown_ids_are_counted(tiny, tmp_path):
             (tmp_path / "clean" / name / "part-r-00000").read_bytes()
 
 
+def test_displays_without_a_click_are_counted_and_reported(tiny, tmp_path, capsys):
+    """MAP@12 scores a display by its clicked ad: a display whose clicks are all 0 is left out of it, and
+    preproc_summary.json and the printed summary say how many such displays each split has."""
+    folder = copy_input(tiny, tmp_path)
+    assert run_cli("--input", folder, "--output", tmp_path / "clean") == 0
+    clicks = pd.read_csv(folder / "clicks_train.csv", dtype=str)
+    clicks.loc[clicks["display_id"] == clicks["display_id"].iloc[0], "clicked"] = "0"
+    clicks.to_csv(folder / "clicks_train.csv", index=False)
+    capsys.readouterr()
+    assert run_cli("--input", folder, "--output", tmp_path / "out") == 0
+    printed = capsys.readouterr().out
+    clean = json.loads((tmp_path / "clean" / "preproc_summary.json").read_text())["displays"]
+    summary = json.loads((tmp_path / "out" / "preproc_summary.json").read_text())["displays"]
+    assert [summary[s]["displays"] for s in ("train", "eval")] == [clean[s]["displays"] for s in ("train", "eval")]
+    more = {s: summary[s]["without_click"] - clean[s]["without_click"] for s in ("train", "eval")}
+    assert sorted(more.values()) == [0, 1], (clean, summary)
+    split = max(more, key=more.get)
+    assert (f"{split}: {summary[split]['without_click']} of {summary[split]['displays']} displays have no clicked "
+            f"ad; MAP@12 leaves them out") in printed
+
+
 def test_strict_refuses_malformed_lines(tiny, tmp_path, capsys):
     folder = copy_input(tiny, tmp_path)
     with open(folder / "documents_topics.csv", "a") as f:
@@ -258,7 +282,8 @@ def test_strict_refuses_malformed_lines(tiny, tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not glob.glob(str(tmp_path / ".out*"))
 
 
-@pytest.mark.parametrize("problem", ["missing_file", "missing_column", "duplicate_ad", "empty_eval", "not_utf8"])
+@pytest.mark.parametrize("problem", ["missing_file", "missing_column", "duplicate_ad", "empty_eval", "not_utf8",
+                                     "pasted_twice"])
 def test_bad_input_is_one_error_naming_the_file(tiny, tmp_path, capsys, problem):
     folder = copy_input(tiny, tmp_path)
     if problem == "missing_file":
@@ -275,6 +300,10 @@ def test_bad_input_is_one_error_naming_the_file(tiny, tmp_path, capsys, problem)
         with open(folder / "promoted_content.csv", "a") as f:
             f.write(line)
         expected = ("promoted_content.csv", f"ad_id {line.split(',')[0]} occurs 2 times")
+    elif problem == "pasted_twice":  # its rows would count twice
+        text = (folder / "clicks_train.csv").read_text()
+        (folder / "clicks_train.csv").write_text(text + text)
+        expected = ("clicks_train.csv", f"line {text.count(chr(10)) + 1} repeats the header line")
     elif problem == "not_utf8":
         with open(folder / "documents_entities.csv", "ab") as f:
             f.write(b"1,\xff\xfe,0.5\n")
@@ -294,6 +323,30 @@ def test_bad_input_is_one_error_naming_the_file(tiny, tmp_path, capsys, problem)
     err = capsys.readouterr().err
     assert err.count("error: ") == 1 and all(part in err for part in expected), err
     assert sorted(os.listdir(tmp_path)) == ["in", "keep"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_is_one_line_and_leaves_nothing(tmp_path, signum):
+    """A real signal to a real `python -m wide_and_deep.preprocessing` while its temporary output folder
+    exists: one line naming the signal, exit 128 + N (DLRM's convention), no traceback, the temporary folder
+    removed; and a killed run's stale temporary (a dead PID's) is removed too, a live process's kept."""
+    generate(str(tmp_path / "in"), 3000, 1)
+    stale, live = tmp_path / ".out.tmp-999999999", tmp_path / f".out.tmp-{os.getpid()}"
+    (stale / "train").mkdir(parents=True)
+    live.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "wide_and_deep.preprocessing", "--input", str(tmp_path / "in"),
+                                "--output", str(tmp_path / "out"), "--threads", "2", "--num_train_files", "1",
+                                "--num_eval_files", "1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    staging = tmp_path / f".out.tmp-{process.pid}"
+    while not staging.exists() and process.poll() is None:
+        time.sleep(0.002)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, err[-3000:]
+    assert err.splitlines() == [f"stopped by {signal.Signals(signum).name}: the run ended before finishing; outputs "
+                                f"already on disk are complete, nothing half-written remains"], err[-3000:]
+    assert sorted(os.listdir(tmp_path)) == sorted(["in", live.name])
 
 
 def test_existing_output_is_refused_and_kept(tiny, tmp_path, capsys):

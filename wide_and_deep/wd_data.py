@@ -14,8 +14,11 @@ Every W&D format registers itself in `data_formats` with `model="wide_and_deep"`
 tf.train.Example holds up to PREBATCH_SIZE rows, one list per key of features.record_keys();
 `<folder>/metadata.json` records each split's row count; the files (--train_data_pattern,
 --eval_data_pattern) are indexed once (record offsets, from the 12-byte TFRecord headers), so every
-rank reads only its own records with positioned reads. Records whose lists differ in length and ids
-outside a feature's buckets fail the batch with an error naming the key and the records' files.
+rank reads only its own records with positioned reads. Every record's CRCs are checked as TensorFlow's
+reader checks them (the length's when indexing, the data's when read), so damage is found, not trained on.
+Records whose lists differ in length, ids outside a feature's buckets, NaN or Inf numericals (the DLRM
+readers' `check_numericals`) and a key stored in another dtype fail the batch, before any step uses it,
+with one DataError naming the file, the record (its number in the file) and the key or feature.
 
 Record shares, the same for every format:
 
@@ -47,16 +50,20 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.data import data_formats
-from recsys.data.data_errors import DataError
+from recsys.data.data_errors import DataError, check_numericals, damaged_record_error
 from recsys.data.feature_spec import DEFAULT_SPEC_NAME
-from recsys.data.pipeline_errors import surface_data_errors
+from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check, surface_data_errors
 from wide_and_deep import features as F
+from wide_and_deep.preprocessing.tfrecord import masked_crc32c
 
 MODEL = "wide_and_deep"
 SPLITS = ("train", "eval")
 METADATA = "metadata.json"
 FORMAT = "wide_and_deep-tfrecords"
 _HEADER = 12  # uint64 length + uint32 masked crc; the data is followed by a uint32 masked crc
+# parse_example's report of a key stored in another dtype; its Name is the record's (`_RecordSource.read`)
+_DTYPE_MISMATCH = re.compile(r"Name: (.*?), Key: (\w+), Index: \d+\.\s+Data types don't match\. "
+                             r"Expected type: (\w+), Actual type: (\w+)")
 
 
 class Split(Protocol):
@@ -90,11 +97,17 @@ class Metadata:
 @contextlib.contextmanager
 def surface_record_errors() -> Generator[None, None, None]:
     """Inside the block, bad data found while batches are read is raised as one DataError: the errors
-    a format files (pipeline_errors) and the TFRecord checks' failed assertions (their first line)."""
+    a format files (pipeline_errors), a key stored in another dtype than the reader's, and the TFRecord
+    checks' failed assertions (their first line)."""
     try:
         with surface_data_errors():
             yield
     except tf.errors.InvalidArgumentError as error:
+        mismatch = _DTYPE_MISMATCH.search(error.message)
+        if mismatch is not None:
+            record, key, expected, actual = mismatch.groups()
+            raise DataError(f"{record}: key '{key}' is stored as {actual} values; the reader expects "
+                            f"{expected}") from None
         failed = re.search(r"assertion failed: \[([^\]]*)\] \[([^\]]*)\]", error.message.replace("\\'", "'"))
         if failed is None:
             raise
@@ -143,6 +156,7 @@ class RecordIndex:
     lengths: np.ndarray
     rows: int
     buckets: Dict[str, int]
+    split: str = "train"
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -150,19 +164,23 @@ class RecordIndex:
     def dataset(self, groups: Iterator[np.ndarray], buckets: Dict[str, int]) -> tf.data.Dataset:
         """The batches of the record groups `groups` yields (one group per batch), parsed and prefetched."""
         source = _RecordSource(self)
-        records = tf.data.Dataset.from_generator(lambda: (source.read(g) + (g,) for g in groups),
+        records = tf.data.Dataset.from_generator(lambda: (source.read(g) for g in groups),
                                                  output_signature=(tf.TensorSpec([None], tf.string),
                                                                    tf.TensorSpec([], tf.string),
-                                                                   tf.TensorSpec([None], tf.int64)))
+                                                                   tf.TensorSpec([None], tf.int64),
+                                                                   tf.TensorSpec([None], tf.string),
+                                                                   tf.TensorSpec([], tf.string),
+                                                                   tf.TensorSpec([], tf.int64)))
         return records.map(_parser(tuple(sorted(buckets.items()))), num_parallel_calls=2,
                            deterministic=True).prefetch(2)
 
 
 def index_records(files: Sequence[str], rows: int, split: str, buckets: Dict[str, int]) -> RecordIndex:
-    """Scan the record headers of `files`; their count must be ceil(rows / 4096) (metadata.json);
-    `buckets`: metadata.json's."""
+    """Scan the record headers of `files` (each length checked against its CRC); their count must be
+    ceil(rows / 4096) (metadata.json); `buckets`: metadata.json's."""
     file_ids, offsets, lengths = [], [], []
     for number, path in enumerate(files):
+        first = len(offsets)
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             position = 0
@@ -171,6 +189,9 @@ def index_records(files: Sequence[str], rows: int, split: str, buckets: Dict[str
                 if len(header) < _HEADER:
                     raise DataError(f"{path}: truncated TFRecord header at byte {position}")
                 (length,) = struct.unpack("<Q", header[:8])
+                if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+                    raise damaged_record_error(path, len(offsets) - first,
+                                               f"its length at byte {position} does not match its CRC")
                 end = position + _HEADER + length + 4
                 if end > size:
                     raise DataError(f"{path}: the record at byte {position} runs past the end of the file")
@@ -183,22 +204,40 @@ def index_records(files: Sequence[str], rows: int, split: str, buckets: Dict[str
         raise DataError(f"{split} files ({files[0]} ...) hold {len(offsets)} records; metadata.json's {split}_rows "
                         f"{rows} need {expected} of {F.PREBATCH_SIZE} rows")
     return RecordIndex(list(files), np.array(file_ids, np.int64), np.array(offsets, np.int64),
-                       np.array(lengths, np.int64), rows, dict(buckets))
+                       np.array(lengths, np.int64), rows, dict(buckets), split)
 
 
 class _RecordSource:
-    """Positioned reads of records from the index's files (descriptors opened once)."""
+    """Positioned reads of records from the index's files (descriptors opened once), CRC-checked."""
 
     def __init__(self, index: RecordIndex) -> None:
         self.index = index
         self.fds = [os.open(path, os.O_RDONLY) for path in index.files]
+        # each record's number within its file: the record number less its file's first
+        self.in_file = np.arange(len(index)) - np.searchsorted(index.file_ids, index.file_ids)
 
-    def read(self, records: np.ndarray) -> Tuple[np.ndarray, str]:
-        """The serialized records and where they lie (their files, for error messages)."""
-        serialized = np.array([os.pread(self.fds[self.index.file_ids[r]], int(self.index.lengths[r]),
-                                        int(self.index.offsets[r])) for r in records], dtype=object)
-        files = sorted({self.index.files[self.index.file_ids[r]] for r in records})
-        return serialized, "records of " + ", ".join(files)
+    def name(self, record: int) -> str:
+        """Where record `record` lies, as error messages name it (as DLRM's readers do): '<file>: record
+        <number in the file>'."""
+        return f"{self.index.files[self.index.file_ids[record]]}: record {self.in_file[record]}"
+
+    def read(self, records: np.ndarray) -> Tuple[np.ndarray, str, np.ndarray, np.ndarray, str, np.int64]:
+        """The serialized records, where they lie (their files), their numbers, their names, the split,
+        and 0; a record whose data does not match its CRC gives no records and the number of its
+        DataError instead (`pipeline_errors`), so the batch fails before any step uses it."""
+        index, serialized = self.index, []
+        for r in records:
+            framed = os.pread(self.fds[index.file_ids[r]], int(index.lengths[r]) + 4, int(index.offsets[r]))
+            data = framed[:-4]
+            if len(framed) != index.lengths[r] + 4 or struct.unpack("<I", framed[-4:])[0] != masked_crc32c(data):
+                error = damaged_record_error(self.index.files[index.file_ids[r]], int(self.in_file[r]),
+                                             "its data does not match its CRC")
+                return (np.array([], dtype=object), "", np.array([], np.int64), np.array([], dtype=object),
+                        index.split, file_pipeline_error(error))
+            serialized.append(data)
+        files = sorted({index.files[index.file_ids[r]] for r in records})
+        return (np.array(serialized, dtype=object), "records of " + ", ".join(files), np.asarray(records, np.int64),
+                np.array([self.name(r) for r in records], dtype=object), index.split, np.int64(0))
 
 
 def train_steps_per_epoch(num_records: int, records_per_step: int) -> int:
@@ -234,14 +273,35 @@ def eval_record_groups(num_records: int, records_per_rank_batch: int, rank: int,
         yield mine[start:start + records_per_rank_batch]
 
 
-def _parse(serialized: tf.Tensor, where: tf.Tensor, numbers: tf.Tensor, buckets: Dict[str, int]) -> Dict[str, tf.Tensor]:
-    """Records [R] (record numbers `numbers`) -> the batch dict, with the length and id-range checks
-    (their messages name `where`, the records' files)."""
+def _numerical_error(values: np.ndarray, lengths: np.ndarray, names: np.ndarray, split: bytes) -> np.int64:
+    """0 when the batch's numericals [rows, features] are finite, else the number of the DataError
+    (`check_numericals`, DLRM's check) naming the first bad value's record (`names`; `lengths`: each
+    record's rows), feature and row."""
+    if np.isfinite(values).all():
+        return np.int64(0)
+    ends = np.cumsum(lengths)
+    record = int(np.searchsorted(ends, np.argwhere(~np.isfinite(values))[0][0], side="right"))
+    try:
+        check_numericals(values[ends[record] - lengths[record]:ends[record]], names[record].decode(),
+                         F.NUMERIC_FEATURES, split.decode(), 0)
+    except DataError as error:
+        return file_pipeline_error(error)
+    return np.int64(0)
+
+
+def _parse(serialized: tf.Tensor, where: tf.Tensor, numbers: tf.Tensor, names: tf.Tensor, split: tf.Tensor,
+           error: tf.Tensor, buckets: Dict[str, int]) -> Dict[str, tf.Tensor]:
+    """Records [R] (record numbers `numbers`, named `names`) -> the batch dict, with the CRC error
+    `error` of the read, and the length, id-range and finite-numerical checks (messages name `where`,
+    the records' files, or the record)."""
     spec = {key: tf.io.RaggedFeature(tf.int64 if dtype == "int64" else tf.float32)
             for key, dtype in F.record_keys().items()}
-    parsed = tf.io.parse_example(serialized, spec)
+    parsed = tf.io.parse_example(serialized, spec, example_names=names)
     lengths = tf.cast(parsed[F.LABEL_KEY].row_lengths(), tf.int64)
-    checks = []
+    numeric = tf.stack([parsed[n].flat_values for n in F.NUMERIC_FEATURES], axis=1)
+    checks = [pipeline_error_check(error),
+              pipeline_error_check(tf.numpy_function(_numerical_error, [numeric, lengths, names, split], tf.int64,
+                                                     stateful=False))]
     for key, values in parsed.items():
         checks.append(tf.debugging.Assert(tf.reduce_all(tf.equal(tf.cast(values.row_lengths(), tf.int64), lengths)),
                                           [where, f"record key '{key}': list length differs from 'label'"]))
@@ -255,7 +315,7 @@ def _parse(serialized: tf.Tensor, where: tf.Tensor, numbers: tf.Tensor, buckets:
                                           [where, f"feature '{name}': id beyond its {buckets[name]} buckets"]))
     with tf.control_dependencies(checks):
         return {"categorical": tf.identity(ids),
-                "numeric": tf.stack([parsed[n].flat_values for n in F.NUMERIC_FEATURES], axis=1),
+                "numeric": tf.identity(numeric),
                 "label": tf.cast(parsed[F.LABEL_KEY].flat_values, tf.float32),
                 "display_id": tf.identity(parsed[F.DISPLAY_ID_KEY].flat_values),
                 "row": (tf.repeat(numbers * F.PREBATCH_SIZE, lengths) + tf.ragged.range(lengths).flat_values)}
@@ -283,6 +343,7 @@ data_formats.register_format("tfrecords", training=True, model="wide_and_deep",
 def _parser(buckets: Tuple[Tuple[str, int], ...]):
     """_parse for these buckets as one function, traced once: each epoch's and evaluation's dataset reuses it
     (tracing it anew took about a second a dataset)."""
-    return tf.function(lambda serialized, where, numbers: _parse(serialized, where, numbers, dict(buckets)),
+    return tf.function(lambda *read: _parse(*read, dict(buckets)),
                        input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.string),
-                                        tf.TensorSpec([None], tf.int64)])
+                                        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string),
+                                        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64)])

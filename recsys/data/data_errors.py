@@ -37,6 +37,12 @@ def id_error(path: str, feature: str, mapping: str, sample: int, value: int, car
                      f"{sample}{which}, outside [0, {cardinality}) given by its cardinality")
 
 
+def damaged_record_error(path: str, record: int, reason: str) -> DataError:
+    """A TFRecord whose framing or CRC check failed (record: its 0-based number in the file), as
+    both models' TFRecord readers report it."""
+    return DataError(f"{path}: record {record}: corrupt or truncated TFRecord file ({reason})")
+
+
 def truncated_error(path: str, byte: int) -> DataError:
     return DataError(f"{path}: unexpected end of file at byte {byte}; the file was truncated while reading")
 

@@ -53,7 +53,8 @@ from tensorflow.core.framework import tensor_pb2
 from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY, Ids, RaggedIds, Samples, TableReads, local_slice
 from recsys.data.batch_reader import PREFETCH_BATCHES
 from recsys.data.data_formats import register_format
-from recsys.data.data_errors import DataError, check_ids, check_labels, check_numericals, unsigned_cardinalities
+from recsys.data.data_errors import (DataError, check_ids, check_labels, check_numericals, damaged_record_error,
+                                     unsigned_cardinalities)
 from recsys.data.feature_spec import (DEFAULT_SPEC_NAME, DTYPE_SELECTOR, MAPPINGS, NUMERICAL_DTYPE, FeatureSpec,
                           file_kind_problem, load_folder_spec)
 from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check
@@ -347,11 +348,16 @@ class _FolderReader:
 
     @staticmethod
     def _file_records(path: str) -> Iterator[bytes]:
+        """The records of one file; damage TensorFlow's reader finds (a CRC, a cut) is a DataError
+        naming the file and the record."""
+        done = 0
         try:
-            yield from _tf_record_iterator(path)
+            for record in _tf_record_iterator(path):
+                yield record
+                done += 1
         except tf.errors.OpError as error:
             reason = _TF_NOISE.sub("", error.message.splitlines()[0]).strip()
-            raise DataError(f"{path}: corrupt or truncated TFRecord file ({reason})") from None
+            raise damaged_record_error(path, done, reason) from None
 
     @staticmethod
     def _example(path: str, index: int, record: bytes) -> Any:

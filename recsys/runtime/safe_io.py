@@ -136,6 +136,31 @@ def temporary_sibling(final: str) -> str:
     return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp-{os.getpid()}")
 
 
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(final: str) -> list:
+    """Remove the temporary siblings of `final` (`temporary_sibling`, and a publish's `.old`) left by a
+    writer of this machine that no longer runs (killed with SIGKILL, say); returns their paths. Only
+    for outputs one machine writes: a live writer of another machine sharing the folder would look dead."""
+    final = os.path.abspath(final)
+    parent, prefix = os.path.dirname(final), f".{os.path.basename(final)}.tmp-"
+    removed = []
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        pid = name[len(prefix):].removesuffix(".old")
+        if name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not _process_exists(int(pid)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            removed.append(os.path.join(parent, name))
+    return removed
+
+
 def _rename_no_replace(source: str, target: str) -> None:
     """Rename a folder to a path that must not exist. POSIX rename silently replaces an empty
     folder at `target`, so a folder created there since the caller's check is refused instead."""

@@ -17,12 +17,13 @@ seconds later.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from recsys.runtime.cli import signal_exit_code
 
@@ -110,6 +111,19 @@ class StopRequest:
 
 # The process's one request, installed by the entry point (main.run) before any work.
 STOP = StopRequest()
+
+
+def run_stopping_at_once(body: Callable[[], int]) -> int:
+    """`body`'s exit code, run as an entry point with no work worth finishing (a preprocessing, a
+    conversion): the first stop signal raises StopNow, which unwinds every atomic writer (their
+    temporaries removed) and ends as one line and exit 128 + N. Main thread only."""
+    STOP.install()
+    with contextlib.ExitStack() as leaving:
+        leaving.callback(STOP.ignore_further)  # however it ends: a launcher's later signals print nothing
+        try:
+            return body()
+        except StopNow as stop:
+            return stop.report()
 
 
 def vote(signum: Optional[int]) -> list:

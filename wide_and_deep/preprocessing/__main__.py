@@ -3,7 +3,8 @@
 Reads the Outbrain CSVs of --input (clicks_train, events, promoted_content, documents_meta,
 documents_{categories,topics,entities}) and writes the TFRecords of the Wide & Deep reader into the
 new folder --output (see pipeline.py). Bad input: one line "error: ..." naming the file, exit 2,
-nothing written.
+nothing written. SIGINT, SIGTERM or SIGUSR1: one line saying so, exit 128 + N, nothing written
+(recsys/runtime/cli.py's convention, as DLRM's entry points).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from typing import Optional, Sequence
 
 from recsys.runtime.safe_io import OutputPathError
+from recsys.runtime.stop_signals import run_stopping_at_once
 from wide_and_deep.preprocessing.pipeline import InputError, make_engine, preprocess
 
 
@@ -48,9 +50,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dropped = ", ".join(f"{k}: {v}" for k, v in counts.items()
                             if v and k not in ("lines", "used", "header", "train", "eval"))
         print(f"{stem}: {counts['lines']} lines" + (f" ({dropped})" if dropped else ""))
+    for split, counts in summary["displays"].items():
+        if counts["without_click"]:
+            print(f"{split}: {counts['without_click']} of {counts['displays']} displays have no clicked ad; "
+                  f"MAP@12 leaves them out")
     print(f"wrote {summary['rows']['train']} train and {summary['rows']['eval']} eval rows to {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stopping_at_once(main))

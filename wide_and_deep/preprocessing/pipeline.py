@@ -4,8 +4,11 @@ into a new output folder built beside itself and renamed into place.
 
 Output folder: `train/part-r-NNNNN`, `eval/part-r-NNNNN` (TFRecords of 4096-row Examples),
 `metadata.json` (row counts, for the reader) and `preproc_summary.json` (every input line
-accounted for: per file its lines by reason, per split its rows, the settings). Both engines write
-the same bytes in every file.
+accounted for: per file its lines by reason, per split its rows, its displays and those without a
+clicked ad, which MAP@12 leaves out; the settings). Both engines write the same bytes in every file.
+A header line repeated inside a file (a file pasted twice) is refused: its rows would count twice.
+A stop signal removes the temporary folder (the entry point's `run_stopping_at_once`); one a killed
+run left is removed by the next run.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recsys.runtime.safe_io import atomic_directory
+from recsys.runtime.safe_io import atomic_directory, remove_stale_temporaries
 from wide_and_deep.outbrain_rules import ASPECTS, INPUT_FILES
 from wide_and_deep.preprocessing import records, sql
 
@@ -161,6 +164,17 @@ def inverse_document_frequencies(rows: Sequence[tuple]) -> List[Tuple[str, Optio
     return [(aspect, math.log(math.log(n / df)) if n > df else None) for aspect, df, n in sorted(rows)]
 
 
+def repeated_header_line(path: str) -> int:
+    """The 1-based number of the first line after the first that repeats `path`'s header line (0: none);
+    read only once the engine has counted more than one header line, to name it."""
+    with open(path, "rb") as f:
+        header = f.readline().rstrip(b"\r\n")
+        for number, line in enumerate(f, start=2):
+            if line.rstrip(b"\r\n") == header:
+                return number
+    return 0
+
+
 def _line_accounting(engine, stem: str, path: str) -> Dict[str, int]:
     counts = {sql.HEADER: 0, sql.MALFORMED: 0}
     counts.update({reason: 0 for reason in sql.FILE_REASONS.get(stem, ())})
@@ -179,6 +193,7 @@ def preprocess(engine, input_dir: str, output: str, seed: int = 0, num_train_fil
         raise ValueError("the numbers of output files must be at least 1")
     paths = input_paths(input_dir)
     d = engine.dialect
+    remove_stale_temporaries(output)  # a killed run's (a stop signal removes its own)
     with atomic_directory(output) as staging:
         for stem, path in paths.items():
             engine.lines(f"raw_{stem}", path)
@@ -195,6 +210,9 @@ def preprocess(engine, input_dir: str, output: str, seed: int = 0, num_train_fil
                                  f"that are not UTF-8")
         lines = {stem: _line_accounting(engine, stem, path) for stem, path in paths.items()}
         for stem, counts in lines.items():
+            if counts[sql.HEADER] > 1:
+                raise InputError(f"{paths[stem]}: line {repeated_header_line(paths[stem])} repeats the header line "
+                                 f"(two files pasted together?); its rows would count twice")
             if strict and counts[sql.MALFORMED]:
                 raise InputError(f"{paths[stem]}: {counts[sql.MALFORMED]} malformed line(s) (wrong number of fields "
                                  f"or a field of the wrong form); without --strict they are counted and skipped")
@@ -214,6 +232,9 @@ def preprocess(engine, input_dir: str, output: str, seed: int = 0, num_train_fil
             if not clicks[split]:
                 raise InputError(f"{paths['clicks_train']}: the {split} split is empty: no click line joined "
                                  f"with a kept event and a known ad falls in it")
+        displays = {split: {"displays": 0, "without_click": 0} for split in records.SPLITS}
+        for split, total, unclicked in engine.query(sql.display_accounting_sql()):
+            displays[split] = {"displays": int(total), "without_click": int(unclicked or 0)}
         bound_values = engine.query(sql.count_bounds_sql())[0]
         bounds = {column: (float(bound_values[2 * i] or 0), float(bound_values[2 * i + 1] or 0))
                   for i, (_, column) in enumerate(sql.COUNTS)}
@@ -227,7 +248,7 @@ def preprocess(engine, input_dir: str, output: str, seed: int = 0, num_train_fil
                                                bounds)
         shutil.rmtree(work)
         summary = {"files": lines, "rows": {split: clicks[split] for split in records.SPLITS},
-                   "output_files": files, "seed": seed, "strict": strict, "count_bounds": bounds}
+                   "displays": displays, "output_files": files, "seed": seed, "strict": strict, "count_bounds": bounds}
         records.write_json(os.path.join(staging, records.METADATA_NAME),
                            records.metadata(clicks["train"], clicks["eval"]))
         records.write_json(os.path.join(staging, records.SUMMARY_NAME), summary)

@@ -331,3 +331,12 @@ def click_accounting_sql() -> str:
     """(reason or split, rows) of the click lines that parsed."""
     return ("SELECT CASE WHEN row_reject IS NOT NULL THEN row_reject WHEN is_eval THEN 'eval' ELSE 'train' END, "
             "count(*) FROM click_rows GROUP BY 1")
+
+
+def display_accounting_sql() -> str:
+    """(split, displays, displays without a clicked ad) of the used click rows: MAP@12 scores a display
+    by its clicked ad, so those without one are left out of it, and the summary says how many."""
+    return ("SELECT CASE WHEN is_eval THEN 'eval' ELSE 'train' END, count(*), "
+            "sum(CASE WHEN clicks = 0 THEN 1 ELSE 0 END) "
+            "FROM (SELECT display_id, is_eval, max(clicked) AS clicks FROM joined GROUP BY display_id, is_eval) d "
+            "GROUP BY 1")

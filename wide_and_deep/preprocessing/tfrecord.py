@@ -14,7 +14,7 @@ import numpy as np
 
 CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
 MASK_DELTA = 0xA282EAD8
-CHUNKS = 4096
+CHUNKS = 1024
 
 
 def _byte_table() -> np.ndarray:
@@ -44,7 +44,8 @@ ZERO_BYTE = _zero_byte_matrix()
 
 
 def _power(matrix: np.ndarray, n: int) -> np.ndarray:
-    result, base = np.eye(32, dtype=np.int64), matrix
+    """`matrix` to the power `n` over GF(2) (float32 products: exact, faster than integer ones)."""
+    result, base = np.eye(32, dtype=np.float32), matrix.astype(np.float32)
     while n:
         if n & 1:
             result = (result @ base) % 2
@@ -54,9 +55,11 @@ def _power(matrix: np.ndarray, n: int) -> np.ndarray:
 
 
 def _apply(matrix: np.ndarray, registers: np.ndarray) -> np.ndarray:
-    bits = ((registers[:, None] >> BIT_POSITIONS[None, :]) & 1).astype(np.int64)
-    out = ((bits @ matrix.T) % 2).astype(np.uint64) << BIT_POSITIONS.astype(np.uint64)[None, :]
-    return out.sum(axis=1).astype(np.uint32)
+    """`matrix` applied to each register: in float32, whose BLAS product is exact for these sums of at
+    most 32 ones, and several times faster than numpy's integer product (the reader checks every record)."""
+    bits = ((registers[:, None] >> BIT_POSITIONS[None, :]) & 1).astype(np.float32)
+    out = ((bits @ matrix.T.astype(np.float32, copy=False)) % 2).astype(np.uint32) << BIT_POSITIONS[None, :]
+    return np.bitwise_or.reduce(out, axis=1)
 
 
 def crc32c(data: bytes) -> int:
