@@ -4,7 +4,6 @@ Also the import path the venv gives every other program: the project's packages,
 import ast
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
