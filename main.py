@@ -2,7 +2,8 @@
 
 Flags keep the reference's names, types and defaults (V3 set plus V4 additions). They are
 defined before TensorFlow is imported so that `--xla` can set TF_XLA_FLAGS first. Launch with
-`python main.py ...` (one process) or `horovodrun -np N python main.py ...`.
+`python main.py ...` (one process) or `horovodrun -np N python main.py ...`. Once applied and
+validated, the flags are read once into a `JobConfig` (`config_from_flags`), which is all the job sees.
 """
 from __future__ import annotations
 
