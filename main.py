@@ -2,7 +2,8 @@
 
 Flags keep the reference's names, types and defaults (V3 set plus V4 additions). They are
 defined before TensorFlow is imported so that `--xla` can set TF_XLA_FLAGS first. Launch with
-`python main.py ...` (one process) or `horovodrun -np N python main.py ...`.
+`python main.py ...` (one process) or `horovodrun -np N python main.py ...`. Once applied and
+validated, the flags are read once into a `JobConfig` (`config_from_flags`), which is all the job sees.
 """
 from __future__ import annotations
 
@@ -418,7 +419,188 @@ def validate_flags(opts: Any, world_size: int) -> None:
                          "export the checkpoint with `python main.py --mode deploy --restore_checkpoint_path ...`")
 
 
-def check_output_paths(opts: Any) -> None:
+# The run's configuration: the flags read once (config_from_flags), right after they are applied and
+# validated; every function after that takes these values, never FLAGS (tests/test_flags.py checks).
+@dataclass(frozen=True)
+class RunConfig:
+    """What runs and how it reports: the mode, its length, evaluations, progress and logs."""
+    mode: str
+    epochs: int
+    max_steps: int  # -1: all epochs (inference: 1000 batches)
+    evals_per_epoch: int
+    eval_in_last: bool  # (SOK) one evaluation after the last step
+    target_auc: Optional[float]
+    auc_thresholds: Optional[int]  # None: exact AUC
+    print_freq: int
+    log_path: str
+    tensorboard_dir: Optional[str]
+    profiler_start_step: Optional[int]
+    profiled_rank: int
+    seed: int
+    deterministic: bool
+    run_eagerly: bool
+    tfdata_debug: bool
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The dataset, how it is read and the synthetic data's shape; batch sizes are global."""
+    dataset_type: str
+    dataset_path: Optional[str]
+    feature_spec: str  # the spec's file name inside dataset_path
+    allow_external_data_paths: bool
+    batch_size: int
+    valid_batch_size: int
+    shuffle_batch_order: bool
+    validate_data: bool
+    hugectr_cardinalities: Optional[Tuple[int, ...]]
+    hugectr_dense_log: Optional[bool]  # None unless given: a metadata.json's value decides
+    num_embeddings_per_feature: Optional[Tuple[int, ...]]
+    synthetic_use_feature_spec: bool
+    synthetic_train_batches: int
+    synthetic_valid_batches: int
+    synthetic_cardinalities: Tuple[int, ...]
+    synthetic_hotness: Tuple[int, ...]  # one value per synthetic table
+    synthetic_num_numerical_features: int
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where weights come from and go to: checkpoints and SavedModels."""
+    save_checkpoint_path: Optional[str]
+    restore_checkpoint_path: Optional[str]
+    auto_resume: bool
+    checkpoint_every_n_steps: int
+    keep_checkpoints: int
+    saved_model_output_path: Optional[str]
+    saved_model_input_path: Optional[str]
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Precision, device placement and threads."""
+    cpu: bool
+    amp: bool
+    fp16: bool
+    loss_scale: int  # the static loss scale of --amp on a GPU
+    inter_op_parallelism: Optional[int]
+    intra_op_parallelism: Optional[int]
+    embedding_budget_bytes: Optional[int]  # per rank; None: measured from the GPU (memory_budget)
+
+
+@dataclass(frozen=True)
+class ShardingConfig:
+    """How the embedding tables are spread over the ranks (the sharding planner's inputs)."""
+    dist_strategy: str
+    column_slice_threshold: int
+    row_slice_threshold: Optional[int]
+    data_parallel_threshold: Optional[int]
+    data_parallel_input: bool
+    print_sharding_plan: bool
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The model and its optimizers as the user set them (model_config's settings), with what the
+    job still decides: `settings.interaction` is the interaction asked for (chosen_interaction
+    resolves it), `training.loss_scale` is set by model_options once the precision is known, and
+    `embedding_dim` is --embedding_dim's text (embedding_dims and table_widths read it in prepare_job)."""
+    settings: DlrmSettings
+    training: TrainingSettings
+    embedding_dim: str
+    dot_falls_back: bool  # dlrm.py's default dot_custom_cuda, not given: the fastest dot when no GPU is visible
+    preset: Optional[str]
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything a run reads from its flags, grouped; built once by config_from_flags."""
+    run: RunConfig
+    data: DataConfig
+    checkpoints: CheckpointConfig
+    devices: DeviceConfig
+    sharding: ShardingConfig
+    network: NetworkConfig
+    parameters: Dict[str, Any]  # every flag's value: the log's first record (log_parameters)
+    accepted_flags_given: Tuple[str, ...]  # ACCEPTED_FLAGS given on the command line
+    layout_flags_given: Tuple[Tuple[str, str], ...]  # (table layout flag, value) given on the command line
+
+
+def _optional_ints(values: Optional[List[str]]) -> Optional[Tuple[int, ...]]:
+    return tuple(_ints(values)) if values else None
+
+
+def embedding_budget_bytes(gib: Optional[int], gb: Optional[int]) -> Optional[int]:
+    """The per-rank device budget for embedding state in bytes, from --tf_gpu_memory_limit_gb (GiB, V3)
+    or --cpu_offloading_threshold_gb (GB, V5's unit); validate_flags allows at most one. None: neither."""
+    return gib << 30 if gib is not None else gb * 10**9 if gb is not None else None
+
+
+def config_from_flags(opts: Any) -> JobConfig:
+    """The run's configuration from the parsed flags (`opts` is FLAGS), read once, after
+    apply_preset, the SOK aliases and validate_flags; list flags become integers."""
+    requested = opts.dot_interaction if opts.interaction is None else V5_INTERACTIONS[opts.interaction]
+    own_flags = opts.get_flags_for_module(sys.modules[__name__])
+    return JobConfig(
+        run=RunConfig(
+            mode=opts.mode, epochs=opts.epochs, max_steps=opts.max_steps, evals_per_epoch=opts.evals_per_epoch,
+            eval_in_last=opts.eval_in_last, target_auc=opts.target_auc, auc_thresholds=opts.auc_thresholds,
+            print_freq=int(opts.print_freq), log_path=opts.log_path, tensorboard_dir=opts.tensorboard_dir,
+            profiler_start_step=opts.profiler_start_step, profiled_rank=opts.profiled_rank, seed=opts.seed,
+            deterministic=opts.deterministic, run_eagerly=opts.run_eagerly, tfdata_debug=opts.tfdata_debug),
+        data=DataConfig(
+            dataset_type=opts.dataset_type, dataset_path=opts.dataset_path, feature_spec=opts.feature_spec,
+            allow_external_data_paths=opts.allow_external_data_paths, batch_size=opts.batch_size,
+            valid_batch_size=opts.valid_batch_size, shuffle_batch_order=opts.shuffle_batch_order,
+            validate_data=opts.validate_data, hugectr_cardinalities=_optional_ints(opts.hugectr_cardinalities),
+            hugectr_dense_log=opts.hugectr_dense_log if opts["hugectr_dense_log"].present else None,
+            num_embeddings_per_feature=_optional_ints(opts.num_embeddings_per_feature),
+            synthetic_use_feature_spec=opts.synthetic_dataset_use_feature_spec,
+            synthetic_train_batches=opts.synthetic_dataset_train_batches,
+            synthetic_valid_batches=opts.synthetic_dataset_valid_batches,
+            synthetic_cardinalities=tuple(_ints(opts.synthetic_dataset_cardinalities)),
+            synthetic_hotness=tuple(synthetic_hotness(opts.synthetic_dataset_hotness,
+                                                      len(opts.synthetic_dataset_cardinalities))),
+            synthetic_num_numerical_features=opts.synthetic_dataset_num_numerical_features),
+        checkpoints=CheckpointConfig(
+            save_checkpoint_path=opts.save_checkpoint_path, restore_checkpoint_path=opts.restore_checkpoint_path,
+            auto_resume=opts.auto_resume, checkpoint_every_n_steps=opts.checkpoint_every_n_steps,
+            keep_checkpoints=opts.keep_checkpoints, saved_model_output_path=opts.saved_model_output_path,
+            saved_model_input_path=opts.saved_model_input_path),
+        devices=DeviceConfig(
+            cpu=opts.cpu, amp=opts.amp, fp16=opts.fp16, loss_scale=opts.loss_scale,
+            inter_op_parallelism=opts.inter_op_parallelism, intra_op_parallelism=opts.intra_op_parallelism,
+            embedding_budget_bytes=embedding_budget_bytes(opts.tf_gpu_memory_limit_gb,
+                                                          opts.cpu_offloading_threshold_gb)),
+        sharding=ShardingConfig(
+            dist_strategy=opts.dist_strategy, column_slice_threshold=opts.column_slice_threshold,
+            row_slice_threshold=opts.row_slice_threshold, data_parallel_threshold=opts.data_parallel_threshold,
+            data_parallel_input=opts.data_parallel_input, print_sharding_plan=opts.print_sharding_plan),
+        network=NetworkConfig(
+            settings=settings_from_flags(opts, DlrmSettings, interaction=requested,
+                                         table_dtype="float16" if opts.fp16 else "float32"),
+            training=settings_from_flags(opts, TrainingSettings, loss_scale=None),
+            embedding_dim=opts.embedding_dim,
+            dot_falls_back=opts.interaction == "dot_custom_cuda" and not opts["interaction"].present,
+            preset=opts.preset),
+        parameters={flag.name: flag.value for flag in own_flags},
+        accepted_flags_given=tuple(name for name in ACCEPTED_FLAGS if opts[name].present),
+        layout_flags_given=tuple((name, opts[name].value) for name in ("gpu_embedding_type", "cpu_embedding_type")
+                                 if opts[name].present))
+
+
+def settings_from_flags(opts: Any, settings_class: type, **decided: Any) -> Any:
+    """A model_config settings dataclass filled from the flag (of `opts`, FLAGS) named by each field
+    (list flags as integers); `decided` gives the fields the run decides itself."""
+    values = {}
+    for setting in dataclasses.fields(settings_class):
+        if setting.name not in decided:
+            value = opts[flag_name(setting)].value
+            values[setting.name] = _ints(value) if isinstance(value, list) else value
+    return settings_class(**values, **decided)
+
+
+def check_output_paths(config: JobConfig) -> None:
     """Every output can be written and none touches an input; raises OutputPathError naming the flag.
 
     Runs before any work: a bad log, checkpoint or export path costs one error line, not a run.
@@ -429,36 +611,37 @@ def check_output_paths(opts: Any) -> None:
     from saved_model import check_export_target
     from recsys.runtime.logger import check_log_file
 
-    spec_path = os.path.join(opts.dataset_path, opts.feature_spec) if opts.dataset_path else None
-    inputs = {"--dataset_path": opts.dataset_path, "--feature_spec": spec_path,
-              "--saved_model_input_path": opts.saved_model_input_path}
-    restored = {"--restore_checkpoint_path": opts.restore_checkpoint_path}
-    if opts.log_path:  # a log may sit beside checkpoints (e.g. run1/log.json), never inside one
-        refuse_overlap(opts.log_path, "--log_path", inputs)
-        for flag in ("--restore_checkpoint_path", "--save_checkpoint_path"):
-            checkpoint.refuse_inside_checkpoints(opts.log_path, "--log_path", getattr(opts, flag[2:]), flag)
-        check_log_file(opts.log_path, "--log_path")
-    if opts.tensorboard_dir:  # beside checkpoints like the log, never inside one or an input
-        refuse_overlap(opts.tensorboard_dir, "--tensorboard_dir", inputs)
-        for flag in ("--restore_checkpoint_path", "--save_checkpoint_path"):
-            checkpoint.refuse_inside_checkpoints(opts.tensorboard_dir, "--tensorboard_dir", getattr(opts, flag[2:]),
-                                                 flag)
-        check_output_dir(opts.tensorboard_dir, "--tensorboard_dir")
-    if opts.save_checkpoint_path:  # may equal the restored root: a resumed run saves next to it
-        refuse_overlap(opts.save_checkpoint_path, "--save_checkpoint_path", inputs)
-        check_output_dir(opts.save_checkpoint_path, "--save_checkpoint_path")
-    if opts.saved_model_output_path:
-        refuse_overlap(opts.saved_model_output_path, "--saved_model_output_path",
-                       inputs | restored | {"--save_checkpoint_path": opts.save_checkpoint_path,
-                                            "--log_path": opts.log_path})
-        check_export_target(opts.saved_model_output_path, "--saved_model_output_path")
+    data, saved = config.data, config.checkpoints
+    log_path, tensorboard_dir = config.run.log_path, config.run.tensorboard_dir
+    spec_path = os.path.join(data.dataset_path, data.feature_spec) if data.dataset_path else None
+    inputs = {"--dataset_path": data.dataset_path, "--feature_spec": spec_path,
+              "--saved_model_input_path": saved.saved_model_input_path}
+    restored = {"--restore_checkpoint_path": saved.restore_checkpoint_path}
+    checkpoint_roots = restored | {"--save_checkpoint_path": saved.save_checkpoint_path}
+    if log_path:  # a log may sit beside checkpoints (e.g. run1/log.json), never inside one
+        refuse_overlap(log_path, "--log_path", inputs)
+        for flag, root in checkpoint_roots.items():
+            checkpoint.refuse_inside_checkpoints(log_path, "--log_path", root, flag)
+        check_log_file(log_path, "--log_path")
+    if tensorboard_dir:  # beside checkpoints like the log, never inside one or an input
+        refuse_overlap(tensorboard_dir, "--tensorboard_dir", inputs)
+        for flag, root in checkpoint_roots.items():
+            checkpoint.refuse_inside_checkpoints(tensorboard_dir, "--tensorboard_dir", root, flag)
+        check_output_dir(tensorboard_dir, "--tensorboard_dir")
+    if saved.save_checkpoint_path:  # may equal the restored root: a resumed run saves next to it
+        refuse_overlap(saved.save_checkpoint_path, "--save_checkpoint_path", inputs)
+        check_output_dir(saved.save_checkpoint_path, "--save_checkpoint_path")
+    if saved.saved_model_output_path:
+        refuse_overlap(saved.saved_model_output_path, "--saved_model_output_path",
+                       inputs | checkpoint_roots | {"--log_path": log_path})
+        check_export_target(saved.saved_model_output_path, "--saved_model_output_path")
 
 
 def _ints(values) -> list:
     return [int(v) for v in values]
 
 
-def run_precision() -> Precision:
+def run_precision(devices: DeviceConfig) -> Precision:
     """The layers' compute dtype and the start-up line saying why (precision.choose_precision over
     --amp, --fp16, the visible GPU and this CPU's bf16 units). Valid once configure_tensorflow has
     chosen the devices."""
@@ -466,35 +649,36 @@ def run_precision() -> Precision:
 
     from recsys.runtime.precision import choose_precision, host_cpu_bf16_support
 
-    return choose_precision(FLAGS.amp, FLAGS.fp16, bool(tf.config.list_logical_devices("GPU")), FLAGS.loss_scale,
-                            host_cpu_bf16_support())
+    return choose_precision(devices.amp, devices.fp16, bool(tf.config.list_logical_devices("GPU")),
+                            devices.loss_scale, host_cpu_bf16_support())
 
 
-def configure_tensorflow(local_rank: int) -> Precision:
+def configure_tensorflow(config: JobConfig, local_rank: int) -> Precision:
     """Devices, threads, precision policy, eager mode and determinism, before any op runs; returns
     the run's precision (decided here, once the devices are chosen)."""
     import tensorflow as tf
 
-    if FLAGS.cpu:
+    devices, the_run = config.devices, config.run
+    if devices.cpu:
         tf.config.set_visible_devices([], "GPU")
     else:
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
             tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
-    if FLAGS.inter_op_parallelism:
-        tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_parallelism)
-    if FLAGS.intra_op_parallelism:
-        tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_parallelism)
-    precision = run_precision()
+    if devices.inter_op_parallelism:
+        tf.config.threading.set_inter_op_parallelism_threads(devices.inter_op_parallelism)
+    if devices.intra_op_parallelism:
+        tf.config.threading.set_intra_op_parallelism_threads(devices.intra_op_parallelism)
+    precision = run_precision(devices)
     dtype = precision.compute_dtype
     if dtype != tf.float32:
-        tf.keras.mixed_precision.set_global_policy("float16" if FLAGS.fp16 else f"mixed_{dtype.name}")
-    tf.config.run_functions_eagerly(FLAGS.run_eagerly)
-    if FLAGS.tfdata_debug:
+        tf.keras.mixed_precision.set_global_policy("float16" if devices.fp16 else f"mixed_{dtype.name}")
+    tf.config.run_functions_eagerly(the_run.run_eagerly)
+    if the_run.tfdata_debug:
         tf.data.experimental.enable_debug_mode()
-    tf.keras.utils.set_random_seed(FLAGS.seed)
-    if FLAGS.deterministic:
+    tf.keras.utils.set_random_seed(the_run.seed)
+    if the_run.deterministic:
         tf.config.experimental.enable_op_determinism()
     return precision
 
@@ -505,34 +689,35 @@ def synthetic_hotness(values: List[str], num_tables: int) -> List[int]:
     return hotness * num_tables if len(hotness) == 1 else hotness
 
 
-def load_feature_spec():
+def load_feature_spec(data: DataConfig):
     """The dataset's spec, or the default spec of the synthetic-data flags."""
     from datasets import load_feature_spec as load
 
-    return load(dataset_type=FLAGS.dataset_type, dataset_path=FLAGS.dataset_path,
-                feature_spec_name=FLAGS.feature_spec, use_feature_spec=FLAGS.synthetic_dataset_use_feature_spec,
-                num_numerical_features=FLAGS.synthetic_dataset_num_numerical_features,
-                cardinalities=_ints(FLAGS.synthetic_dataset_cardinalities),
-                hotness=synthetic_hotness(FLAGS.synthetic_dataset_hotness, len(FLAGS.synthetic_dataset_cardinalities)),
-                allow_external_paths=FLAGS.allow_external_data_paths,
-                hugectr_cardinalities=_ints(FLAGS.hugectr_cardinalities) if FLAGS.hugectr_cardinalities else None,
-                hugectr_dense_log=FLAGS.hugectr_dense_log if FLAGS["hugectr_dense_log"].present else None,
-                num_embeddings_per_feature=(_ints(FLAGS.num_embeddings_per_feature)
-                                            if FLAGS.num_embeddings_per_feature else None))
+    def as_list(values: Optional[Tuple[int, ...]]) -> Optional[List[int]]:
+        return None if values is None else list(values)
+
+    return load(dataset_type=data.dataset_type, dataset_path=data.dataset_path, feature_spec_name=data.feature_spec,
+                use_feature_spec=data.synthetic_use_feature_spec,
+                num_numerical_features=data.synthetic_num_numerical_features,
+                cardinalities=list(data.synthetic_cardinalities), hotness=list(data.synthetic_hotness),
+                allow_external_paths=data.allow_external_data_paths,
+                hugectr_cardinalities=as_list(data.hugectr_cardinalities), hugectr_dense_log=data.hugectr_dense_log,
+                num_embeddings_per_feature=as_list(data.num_embeddings_per_feature))
 
 
-def build_pipelines(spec, rank: int, world_size: int, reads, compute_dtype):
+def build_pipelines(config: JobConfig, spec, rank: int, world_size: int, reads, compute_dtype):
     """This rank's train and test pipelines, reading what `reads` (the plan's decision) says."""
     from dataloader import PipelineConfig, create_input_pipelines
 
+    data = config.data
     return create_input_pipelines(spec, PipelineConfig(
-        dataset_type=FLAGS.dataset_type, train_batch_size=FLAGS.batch_size, eval_batch_size=FLAGS.valid_batch_size,
-        rank=rank, world_size=world_size, reads=reads, shuffle_batch_order=FLAGS.shuffle_batch_order,
-        seed=FLAGS.seed, compute_dtype=compute_dtype, synthetic_train_batches=FLAGS.synthetic_dataset_train_batches,
-        synthetic_eval_batches=FLAGS.synthetic_dataset_valid_batches, validate_data=FLAGS.validate_data))
+        dataset_type=data.dataset_type, train_batch_size=data.batch_size, eval_batch_size=data.valid_batch_size,
+        rank=rank, world_size=world_size, reads=reads, shuffle_batch_order=data.shuffle_batch_order,
+        seed=config.run.seed, compute_dtype=compute_dtype, synthetic_train_batches=data.synthetic_train_batches,
+        synthetic_eval_batches=data.synthetic_valid_batches, validate_data=data.validate_data))
 
 
-def memory_budget(local_rank: int):
+def memory_budget(config: JobConfig, local_rank: int):
     """The per-rank device budget for embedding state, with what each table costs there (§2.14)."""
     import tensorflow as tf
 
@@ -540,77 +725,66 @@ def memory_budget(local_rank: int):
     from recsys.training.optimizers import embedding_slot_count
     from recsys.sparse.sharding import MemoryBudget, table_budget_from_device
 
+    devices = config.devices
     gpus = tf.config.list_physical_devices("GPU")
-    limit_bytes = (FLAGS.tf_gpu_memory_limit_gb << 30 if FLAGS.tf_gpu_memory_limit_gb is not None  # GiB (V3)
-                   else FLAGS.cpu_offloading_threshold_gb * 10**9 if FLAGS.cpu_offloading_threshold_gb is not None
-                   else None)  # GB (V5); validate_flags allows at most one of the two
-    if FLAGS.cpu:
+    if devices.cpu:
         device_bytes = 0
-    elif limit_bytes is not None:
-        device_bytes = limit_bytes
+    elif devices.embedding_budget_bytes is not None:
+        device_bytes = devices.embedding_budget_bytes
     else:  # the GPU configure_tensorflow gave this rank; no GPU: tables stay where the ops run
         total = gpu_total_memory_bytes(local_rank % len(gpus)) if gpus else None
         device_bytes = None if total is None else table_budget_from_device(total)
-    return MemoryBudget(device_bytes=device_bytes, value_bytes=2 if FLAGS.fp16 else 4,
-                        optimizer_slots=embedding_slot_count(FLAGS.optimizer),
-                        update_rows=FLAGS.batch_size)
+    return MemoryBudget(device_bytes=device_bytes, value_bytes=2 if devices.fp16 else 4,
+                        optimizer_slots=embedding_slot_count(config.network.training.optimizer),
+                        update_rows=config.data.batch_size)
 
 
-def sharding_plan(spec, widths: Tuple[int, ...], rank: int, world_size: int):
+def sharding_plan(config: JobConfig, spec, widths: Tuple[int, ...], rank: int, world_size: int):
     """Which rank holds which table (of `widths`, `table_widths`'), column slice or row block, and
     in which memory tier (--print_sharding_plan)."""
     from recsys.runtime import distributed as dist
     from recsys.sparse.sharding import plan_sharding
     from recsys.runtime.logger import print_rank0
 
-    plan = plan_sharding(spec.cardinalities, widths, world_size, FLAGS.dist_strategy,
-                         FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
-                         memory_budget(dist.local_rank()), FLAGS.row_slice_threshold,
+    sharding = config.sharding
+    plan = plan_sharding(spec.cardinalities, widths, world_size, sharding.dist_strategy,
+                         sharding.column_slice_threshold, sharding.data_parallel_threshold,
+                         memory_budget(config, dist.local_rank()), sharding.row_slice_threshold,
                          hotness=spec.hotness, poolings=spec.poolings)
-    if FLAGS.print_sharding_plan:
+    if sharding.print_sharding_plan:
         print_rank0(plan.describe(), rank=rank)
     return plan
 
 
-def settings_from_flags(settings_class: type, **decided: Any) -> Any:
-    """A model_config settings dataclass filled from the flag named by each field (list flags as
-    integers); `decided` gives the fields the run decides itself."""
-    values = {}
-    for setting in dataclasses.fields(settings_class):
-        if setting.name not in decided:
-            value = FLAGS[flag_name(setting)].value
-            values[setting.name] = _ints(value) if isinstance(value, list) else value
-    return settings_class(**values, **decided)
-
-
-def model_options(spec, interaction_name: str, compute_dtype):
-    """The stack's options from the flags; bfloat16 needs no loss scaling (float32's exponent range)."""
+def model_options(config: JobConfig, spec, interaction_name: str, compute_dtype):
+    """The stack's options from the configuration; bfloat16 needs no loss scaling (float32's exponent range)."""
     import tensorflow as tf
 
     from factory import ModelOptions
 
-    loss_scale = float(FLAGS.loss_scale) if compute_dtype == tf.float16 and FLAGS.amp else None
+    devices, network = config.devices, config.network
+    loss_scale = float(devices.loss_scale) if compute_dtype == tf.float16 and devices.amp else None
     return ModelOptions(
         num_numerical_features=len(spec.numerical_names), compute_dtype=compute_dtype,
-        model=settings_from_flags(DlrmSettings, interaction=interaction_name,
-                                  table_dtype="float16" if FLAGS.fp16 else "float32"),
-        training=settings_from_flags(TrainingSettings, loss_scale=loss_scale))
+        model=dataclasses.replace(network.settings, interaction=interaction_name),
+        training=dataclasses.replace(network.training, loss_scale=loss_scale))
 
 
-def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
+def prepare_checkpoints(config: JobConfig, state, steps_per_epoch: int, rank: int) -> str:
     """Before any training: check --restore_checkpoint_path (in train mode, that steps are left)
     and --save_checkpoint_path (checkpoint.check_save_folder, on every rank), then restore.
     Returns this run's lineage id: the restored checkpoint's, or a new one."""
     from recsys.training import checkpoint
     from recsys.runtime.logger import print_rank0
 
-    source = resume_source(rank)
+    the_run, save_path = config.run, config.checkpoints.save_checkpoint_path
+    source = resume_source(config, rank)
     resumed = checkpoint.open_checkpoint(source) if source else None
     lineage = checkpoint.run_lineage(resumed)
-    if FLAGS.mode == "train" and resumed is not None:
-        checkpoint.check_resume_step(resumed, FLAGS.epochs * steps_per_epoch, FLAGS.max_steps)
-    if FLAGS.mode == "train" and FLAGS.save_checkpoint_path:
-        checkpoint.check_save_folder(FLAGS.save_checkpoint_path, state.model_config, state.feature_names, lineage,
+    if the_run.mode == "train" and resumed is not None:
+        checkpoint.check_resume_step(resumed, the_run.epochs * steps_per_epoch, the_run.max_steps)
+    if the_run.mode == "train" and save_path:
+        checkpoint.check_save_folder(save_path, state.model_config, state.feature_names, lineage,
                                      resumed, "--save_checkpoint_path")
     if resumed is not None:
         checkpoint.restore(resumed, state)
@@ -618,32 +792,33 @@ def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
     return lineage
 
 
-def resume_source(rank: int) -> Optional[str]:
+def resume_source(config: JobConfig, rank: int) -> Optional[str]:
     """The checkpoint (or root) training starts from: with --auto_resume the save folder when it
     holds a checkpoint (its newest is this run's own lineage: check_save_folder keeps other runs'
     out of it), else --restore_checkpoint_path."""
     from recsys.training import checkpoint
     from recsys.runtime.logger import print_rank0
 
-    if FLAGS.auto_resume and FLAGS.mode == "train" and checkpoint.list_checkpoints(FLAGS.save_checkpoint_path):
+    saved = config.checkpoints
+    if saved.auto_resume and config.run.mode == "train" and checkpoint.list_checkpoints(saved.save_checkpoint_path):
         print_rank0(f"--auto_resume: resuming from the newest checkpoint in --save_checkpoint_path "
-                    f"{FLAGS.save_checkpoint_path}", rank=rank)
-        return FLAGS.save_checkpoint_path
-    return FLAGS.restore_checkpoint_path
+                    f"{saved.save_checkpoint_path}", rank=rank)
+        return saved.save_checkpoint_path
+    return saved.restore_checkpoint_path
 
 
-def save_folder() -> Tuple[Optional[str], str]:
+def save_folder(config: JobConfig) -> Tuple[Optional[str], str]:
     """The folder this run saves checkpoints into, held for its lifetime (run_shell), and its flag:
     --save_checkpoint_path in --mode train, else none."""
-    if FLAGS.mode != "train" or not FLAGS.save_checkpoint_path:
+    if config.run.mode != "train" or not config.checkpoints.save_checkpoint_path:
         return None, "--save_checkpoint_path"
-    return FLAGS.save_checkpoint_path, "--save_checkpoint_path"
+    return config.checkpoints.save_checkpoint_path, "--save_checkpoint_path"
 
 
-def log_parameters(logger, world_size: int) -> None:
-    """The run's flags as the log's first record, written once the inputs have been read."""
-    own_flags = FLAGS.get_flags_for_module(sys.modules[__name__])
-    logger.log_parameters({flag.name: flag.value for flag in own_flags} | {"world_size": world_size})
+def log_parameters(logger, parameters: Dict[str, Any], world_size: int) -> None:
+    """The run's flags (`JobConfig.parameters`) as the log's first record, written once the inputs
+    have been read."""
+    logger.log_parameters(parameters | {"world_size": world_size})
 
 
 def inference_batches(max_steps: int, available: int, valid_batch_size: int) -> int:
@@ -663,6 +838,7 @@ def inference_batches(max_steps: int, available: int, valid_batch_size: int) -> 
 @dataclass
 class Job:
     """What a mode runs with, once the inputs are checked and the weights are in place."""
+    config: JobConfig
     rank: int
     logger: DllLogger
     pipelines: InputPipelines
@@ -674,7 +850,7 @@ class Job:
     features: Optional[ServedFeatures] = None  # the dataset's, recorded in an export
 
 
-def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job:
+def prepare_job(config: JobConfig, rank: int, world_size: int, logger, precision: Precision) -> Job:
     """Spec, plan, pipelines and weights (built and restored, or a SavedModel), in that order, so
     that every input is checked before anything is written; layers compute in `precision`."""
     import saved_model
@@ -682,51 +858,54 @@ def prepare_job(rank: int, world_size: int, logger, precision: Precision) -> Job
     from recsys.training.trainer import Evaluator
     from recsys.runtime.logger import print_rank0
 
-    print_rank0(f"precision: as exported in {FLAGS.saved_model_input_path} (its graph fixes it)"
-                if FLAGS.saved_model_input_path else precision.message, rank=rank)
+    network, saved_model_input_path = config.network, config.checkpoints.saved_model_input_path
+    auc_thresholds = config.run.auc_thresholds
+    print_rank0(f"precision: as exported in {saved_model_input_path} (its graph fixes it)"
+                if saved_model_input_path else precision.message, rank=rank)
     dtype = precision.compute_dtype
-    spec = load_feature_spec()
-    check_preset_dataset(FLAGS.preset, spec.hotness, spec.cardinalities, spec.categorical_names)
-    widths = table_widths(embedding_dims(FLAGS.embedding_dim), len(spec.cardinalities),  # before any plan
-                          cross=FLAGS.interaction == "cross", bottom_mlp_width=_ints(FLAGS.bottom_mlp_dims)[-1])
+    spec = load_feature_spec(config.data)
+    check_preset_dataset(network.preset, spec.hotness, spec.cardinalities, spec.categorical_names)
+    widths = table_widths(embedding_dims(network.embedding_dim), len(spec.cardinalities),  # before any plan
+                          cross=network.settings.interaction == "cross",
+                          bottom_mlp_width=network.settings.bottom_mlp_dims[-1])
     features = saved_model.ServedFeatures(spec.numerical_names, spec.categorical_names, spec.hotness)
-    if FLAGS.saved_model_input_path:  # an export made for other features is refused before any batch
-        predict = saved_model.load_predict_fn(FLAGS.saved_model_input_path, features)
-        pipelines = build_pipelines(spec, rank, world_size, None, dtype)
-        return Job(rank, logger, pipelines, inference_batches=_inference_batches(pipelines),
-                   evaluator=Evaluator(predict, FLAGS.auc_thresholds))
-    interaction_name = chosen_interaction(rank)
-    plan = sharding_plan(spec, widths, rank, world_size)
-    reads = plan.reads(rank, FLAGS.data_parallel_input)
-    pipelines = build_pipelines(spec, rank, world_size, reads, dtype)
+    if saved_model_input_path:  # an export made for other features is refused before any batch
+        predict = saved_model.load_predict_fn(saved_model_input_path, features)
+        pipelines = build_pipelines(config, spec, rank, world_size, None, dtype)
+        return Job(config, rank, logger, pipelines, inference_batches=_inference_batches(config, pipelines),
+                   evaluator=Evaluator(predict, auc_thresholds))
+    interaction_name = chosen_interaction(network, rank)
+    plan = sharding_plan(config, spec, widths, rank, world_size)
+    reads = plan.reads(rank, config.sharding.data_parallel_input)
+    pipelines = build_pipelines(config, spec, rank, world_size, reads, dtype)
     if pipelines.teacher_auc is not None:
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
-    batches = _inference_batches(pipelines)
-    trainer = build_trainer(plan, rank, reads, model_options(spec, interaction_name, dtype))
+    batches = _inference_batches(config, pipelines)
+    trainer = build_trainer(plan, rank, reads, model_options(config, spec, interaction_name, dtype))
     placement = trainer.model.embedding.placement()
     counts = ", ".join(f"{placement.count(kind)} {kind}" for kind in ("device", "cpu", "replicated", "remote")
                        if placement.count(kind))
     print_rank0(f"embedding tables on rank {rank}: {counts}", rank=rank)
-    state = trainer.training_state(spec.categorical_names, FLAGS.optimizer)
-    lineage = prepare_checkpoints(state, pipelines.train_steps, rank)
-    return Job(rank, logger, pipelines, Evaluator.for_model(trainer.model, FLAGS.auc_thresholds), batches,
+    state = trainer.training_state(spec.categorical_names, network.training.optimizer)
+    lineage = prepare_checkpoints(config, state, pipelines.train_steps, rank)
+    return Job(config, rank, logger, pipelines, Evaluator.for_model(trainer.model, auc_thresholds), batches,
                trainer, state, lineage, features)
 
 
-def chosen_interaction(rank: int) -> str:
+def chosen_interaction(network: NetworkConfig, rank: int) -> str:
     """The cross network, or the dot implementation that --dot_interaction (or V5 --interaction)
     names, resolved once. dlrm.py's default dot_custom_cuda runs the fastest dot there is when no
     GPU is visible, saying so; asked for on the command line, it needs a GPU."""
     import interaction
     from recsys.runtime.logger import print_rank0
 
-    if FLAGS.interaction == "cross":
-        print_rank0(f"interaction: DCNv2 cross network, {FLAGS.num_cross_layers} layers, projection "
-                    f"{FLAGS.cross_layer_projection_dim or 'full rank'}", rank=rank)
+    settings = network.settings
+    if settings.interaction == "cross":
+        print_rank0(f"interaction: DCNv2 cross network, {settings.num_cross_layers} layers, projection "
+                    f"{settings.cross_layer_projection_dim or 'full rank'}", rank=rank)
         return "cross"
-    requested = FLAGS.dot_interaction if FLAGS.interaction is None else V5_INTERACTIONS[FLAGS.interaction]
-    fallback = (FLAGS.interaction == "dot_custom_cuda" and not FLAGS["interaction"].present
-                and interaction.visible_gpu() is None)
+    requested = settings.interaction
+    fallback = network.dot_falls_back and interaction.visible_gpu() is None
     name = interaction.resolve_interaction_name("auto" if fallback else requested)
     how = (" (auto)" if requested == "auto" else
            " (--interaction dot_custom_cuda needs a GPU and none is visible)" if fallback else "")
@@ -734,19 +913,18 @@ def chosen_interaction(rank: int) -> str:
     return name
 
 
-def announce_accepted_flags(rank: int, world_size: int) -> None:
+def announce_accepted_flags(config: JobConfig, rank: int, world_size: int) -> None:
     """One line for each flag of another version given on the command line: what it means here; and
     for a table layout flag given on several ranks, where the hybrid-parallel layer's slices decide."""
     from recsys.runtime.logger import print_rank0
 
-    for name, (_, version, meaning) in ACCEPTED_FLAGS.items():
-        if FLAGS[name].present:
-            print_rank0(f"--{name} ({version}): {meaning}", rank=rank)
-    for name in ("gpu_embedding_type", "cpu_embedding_type"):
-        if FLAGS[name].present and world_size > 1:
-            print_rank0(f"--{name} {FLAGS[name].value}: on {world_size} ranks each rank keeps its slices of the "
-                        "tables (the sharding plan) as one variable each; the layout flags apply to one process",
-                        rank=rank)
+    for name in config.accepted_flags_given:
+        _, version, meaning = ACCEPTED_FLAGS[name]
+        print_rank0(f"--{name} ({version}): {meaning}", rank=rank)
+    for name, value in config.layout_flags_given if world_size > 1 else ():
+        print_rank0(f"--{name} {value}: on {world_size} ranks each rank keeps its slices of the "
+                    "tables (the sharding plan) as one variable each; the layout flags apply to one process",
+                    rank=rank)
 
 
 def announce_sok_aliases(rank: int) -> None:
@@ -758,20 +936,20 @@ def announce_sok_aliases(rank: int) -> None:
         print_rank0(line, rank=rank)
 
 
-def _inference_batches(pipelines) -> Optional[int]:
-    if FLAGS.mode != "inference":
+def _inference_batches(config: JobConfig, pipelines) -> Optional[int]:
+    if config.run.mode != "inference":
         return None
-    return inference_batches(FLAGS.max_steps, pipelines.eval_steps, FLAGS.valid_batch_size)
+    return inference_batches(config.run.max_steps, pipelines.eval_steps, config.data.valid_batch_size)
 
 
-def announce_evaluations(steps_per_epoch: int, rank: int) -> None:
+def announce_evaluations(evals_per_epoch: int, steps_per_epoch: int, rank: int) -> None:
     """Say so when an epoch is too short for --evals_per_epoch distinct evaluation points."""
     from recsys.training.trainer import eval_points
     from recsys.runtime.logger import print_rank0
 
-    points = len(eval_points(steps_per_epoch, FLAGS.evals_per_epoch))
-    if points < FLAGS.evals_per_epoch:
-        print_rank0(f"--evals_per_epoch {FLAGS.evals_per_epoch}: an epoch has only {steps_per_epoch} steps, so "
+    points = len(eval_points(steps_per_epoch, evals_per_epoch))
+    if points < evals_per_epoch:
+        print_rank0(f"--evals_per_epoch {evals_per_epoch}: an epoch has only {steps_per_epoch} steps, so "
                     f"{points} evaluation(s) run per epoch", rank=rank)
 
 
@@ -787,19 +965,20 @@ def run_train(job: Job) -> int:
     from recsys.training.trainer import LoopConfig, train_loop
     from recsys.runtime.logger import print_rank0
 
-    if FLAGS.max_steps == 0:  # validate_flags allows it only to save the initial weights
+    the_run, saved = job.config.run, job.config.checkpoints
+    if the_run.max_steps == 0:  # validate_flags allows it only to save the initial weights
         print_rank0("--max_steps 0: no training step runs; the checkpoint holds the initial weights", rank=job.rank)
-    announce_evaluations(job.pipelines.train_steps, job.rank)
+    announce_evaluations(the_run.evals_per_epoch, job.pipelines.train_steps, job.rank)
     saved_steps = []
 
     def save(step: int) -> None:
         saved_steps.append(step)
-        path = checkpoint.save(FLAGS.save_checkpoint_path, step, job.state, job.lineage, keep=FLAGS.keep_checkpoints,
+        path = checkpoint.save(saved.save_checkpoint_path, step, job.state, job.lineage, keep=saved.keep_checkpoints,
                                writer=job.rank == 0)
         dist.barrier()
         print_rank0(f"checkpoint saved: {path}", rank=job.rank)
 
-    tensorboard = TensorBoardScalars(FLAGS.tensorboard_dir) if FLAGS.tensorboard_dir and job.rank == 0 else None
+    tensorboard = TensorBoardScalars(the_run.tensorboard_dir) if the_run.tensorboard_dir and job.rank == 0 else None
 
     def record_scalars(step: int, group: str, scalars: Dict[str, float]) -> None:
         job.logger.log(step=step, data=scalars, echo=False)  # the progress line has shown them
@@ -807,25 +986,25 @@ def run_train(job: Job) -> int:
             tensorboard.write(step, group, scalars)
 
     loop_config = LoopConfig(
-        epochs=FLAGS.epochs, steps_per_epoch=job.pipelines.train_steps, global_batch_size=FLAGS.batch_size,
-        max_steps=FLAGS.max_steps, evals_per_epoch=FLAGS.evals_per_epoch, print_freq=int(FLAGS.print_freq),
-        checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps, profiler_start_step=FLAGS.profiler_start_step,
-        profile_this_rank=job.rank == FLAGS.profiled_rank, evaluate_at_end=FLAGS.eval_in_last,
-        target_auc=FLAGS.target_auc)
+        epochs=the_run.epochs, steps_per_epoch=job.pipelines.train_steps, global_batch_size=job.config.data.batch_size,
+        max_steps=the_run.max_steps, evals_per_epoch=the_run.evals_per_epoch, print_freq=the_run.print_freq,
+        checkpoint_every_n_steps=saved.checkpoint_every_n_steps, profiler_start_step=the_run.profiler_start_step,
+        profile_this_rank=job.rank == the_run.profiled_rank, evaluate_at_end=the_run.eval_in_last,
+        target_auc=the_run.target_auc)
     STOP.graceful = True  # from here a signal finishes the step and saves (train_loop, below)
     try:
         result = train_loop(job.trainer, job.evaluator, job.pipelines.train, job.pipelines.test, loop_config,
-                            save_checkpoint=save if FLAGS.save_checkpoint_path else None,
+                            save_checkpoint=save if saved.save_checkpoint_path else None,
                             record_scalars=record_scalars, stop=STOP)
     finally:
         if tensorboard:
             tensorboard.close()
-    if FLAGS.save_checkpoint_path and result.steps not in saved_steps:
+    if saved.save_checkpoint_path and result.steps not in saved_steps:
         save(result.steps)
     if result.stopped_by is not None:
         return stopped_early(result, loop_config, job)
-    if FLAGS.saved_model_output_path:  # single process only (validate_flags)
-        exported = saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, features=job.features)
+    if saved.saved_model_output_path:  # single process only (validate_flags)
+        exported = saved_model.export(job.trainer.model, saved.saved_model_output_path, features=job.features)
         print(f"SavedModel exported to: {exported}", flush=True)
     utils.log_final(job.logger, final_record(result, job))
     return 0
@@ -835,17 +1014,18 @@ def final_record(result, job: Job) -> Dict[str, Any]:
     """The final log record of a training run: speed, the best evaluation, the last loss."""
     from recsys.runtime.logger import print_rank0
 
+    the_run = job.config.run
     mean_step = result.mean_step_time_s
-    record = {"throughput": float("nan") if math.isnan(mean_step) else FLAGS.batch_size / mean_step,
+    record = {"throughput": float("nan") if math.isnan(mean_step) else job.config.data.batch_size / mean_step,
               "mean_step_time_ms": mean_step * 1000}
     if result.evaluations:
         record |= {"auc": result.best_auc, "validation_loss": result.min_validation_loss}
     else:
-        print_rank0(f"no evaluation ran before training ended (--max_steps {FLAGS.max_steps}, --evals_per_epoch "
-                    f"{FLAGS.evals_per_epoch}): the final record has no auc or validation_loss", rank=job.rank)
+        print_rank0(f"no evaluation ran before training ended (--max_steps {the_run.max_steps}, --evals_per_epoch "
+                    f"{the_run.evals_per_epoch}): the final record has no auc or validation_loss", rank=job.rank)
     record |= {"train_loss": result.train_loss, "evaluations": len(result.evaluations)}
     if result.target_reached_at is not None:
-        record |= {"target_auc": FLAGS.target_auc, "target_auc_step": result.target_reached_at}
+        record |= {"target_auc": the_run.target_auc, "target_auc_step": result.target_reached_at}
     teacher_auc = job.pipelines.teacher_auc
     return record | ({"teacher_auc": teacher_auc} if teacher_auc is not None else {})
 
@@ -858,12 +1038,12 @@ def stopped_early(result, loop_config, job: Job) -> int:
     from recsys.runtime.stop_signals import signal_name
     from recsys.runtime.logger import print_rank0
 
-    rank = job.rank
+    rank, save_path = job.rank, job.config.checkpoints.save_checkpoint_path
     job.logger.log(step=(), data={"stopped_by": signal_name(result.stopped_by), "steps": result.steps}, echo=False)
     where = f"stopped by {signal_name(result.stopped_by)} after step {result.steps} of {loop_config.total_steps}"
-    if FLAGS.save_checkpoint_path:
-        print_rank0(f"{where}; checkpoint saved in {FLAGS.save_checkpoint_path}. To resume, run the same command "
-                    f"with --restore_checkpoint_path {FLAGS.save_checkpoint_path} (or add --auto_resume)", rank=rank)
+    if save_path:
+        print_rank0(f"{where}; checkpoint saved in {save_path}. To resume, run the same command "
+                    f"with --restore_checkpoint_path {save_path} (or add --auto_resume)", rank=rank)
     else:
         print_rank0(f"{where}; nothing was saved (no --save_checkpoint_path)", rank=rank)
     dist.barrier()
@@ -883,7 +1063,7 @@ def run_inference(job: Job) -> None:
     latencies, result = job.evaluator.benchmark_inference(job.pipelines.test, job.inference_batches,
                                                           warmup_batches=INFERENCE_WARMUP_BATCHES)
     stats = percentiles(latencies)
-    utils.log_final(job.logger, {"mean_inference_throughput": FLAGS.valid_batch_size / stats["mean"],
+    utils.log_final(job.logger, {"mean_inference_throughput": job.config.data.valid_batch_size / stats["mean"],
                            "mean_inference_latency": stats["mean"], "p50_inference_latency": stats["p50"],
                            "p90_inference_latency": stats["p90"], "p95_inference_latency": stats["p95"],
                            "p99_inference_latency": stats["p99"], "auc": result.auc,
@@ -895,8 +1075,8 @@ def run_deploy(job: Job) -> None:
     import saved_model
     from recsys.runtime.logger import print_rank0
 
-    exported = saved_model.export(job.trainer.model, FLAGS.saved_model_output_path, fp16=FLAGS.fp16,
-                                  features=job.features)
+    exported = saved_model.export(job.trainer.model, job.config.checkpoints.saved_model_output_path,
+                                  fp16=job.config.devices.fp16, features=job.features)
     print_rank0(f"deployed to: {exported}", rank=job.rank)
 
 
@@ -904,12 +1084,12 @@ MODES: Dict[str, Callable[[Job], Optional[int]]] = {"train": run_train, "eval": 
                                            "deploy": run_deploy}
 
 
-def run_mode(rank: int, world_size: int, logger, precision: Precision) -> int:
+def run_mode(config: JobConfig, rank: int, world_size: int, logger, precision: Precision) -> int:
     """Prepare the job, log the run's parameters, then run --mode; returns the exit code."""
-    announce_accepted_flags(rank, world_size)
-    job = prepare_job(rank, world_size, logger, precision)
-    log_parameters(logger, world_size)
-    return MODES[FLAGS.mode](job) or 0
+    announce_accepted_flags(config, rank, world_size)
+    job = prepare_job(config, rank, world_size, logger, precision)
+    log_parameters(logger, config.parameters, world_size)
+    return MODES[config.run.mode](job) or 0
 
 
 def user_error_types() -> tuple:
@@ -937,14 +1117,16 @@ def run(argv) -> int:
 
 
 def run_job(session) -> int:
-    """The flags checked and applied, the outputs claimed (run_shell.Session), then --mode."""
+    """The flags applied, checked and read into the run's configuration (config_from_flags: from
+    here on nothing reads FLAGS), the outputs claimed (run_shell.Session), then --mode."""
     rank, world_size = session.rank, session.world_size
     apply_preset(FLAGS)
     announce_sok_aliases(rank)
     validate_flags(FLAGS, world_size)
-    precision = configure_tensorflow(session.local_rank)
-    session.claim_outputs(lambda: check_output_paths(FLAGS), *save_folder())
-    return run_mode(rank, world_size, session.logger, precision)
+    config = config_from_flags(FLAGS)
+    precision = configure_tensorflow(config, session.local_rank)
+    session.claim_outputs(lambda: check_output_paths(config), *save_folder(config))
+    return run_mode(config, rank, world_size, session.logger, precision)
 
 
 # --help's sections: V5's entry points define the model's flags and main.py the common ones; the

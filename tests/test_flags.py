@@ -219,6 +219,40 @@ def test_help_lists_every_flag_in_the_groups(program, defaults):
 def test_the_embedding_budget_flags_keep_their_versions_units(flag, device_bytes):
     FLAGS(["main.py", flag, "3"])
     try:
-        assert main.memory_budget(0).device_bytes == device_bytes
+        assert main.memory_budget(main.config_from_flags(FLAGS), 0).device_bytes == device_bytes
     finally:
         FLAGS.unparse_flags()
+
+
+# main.py's functions that may read the flags: their application, validation and --help, and the one
+# building the run's configuration (config_from_flags); every other function takes the configuration.
+FLAG_READERS = {"apply_preset", "sok_alias_targets", "apply_sok_aliases", "announce_sok_aliases", "_check_values",
+                "validate_flags", "config_from_flags", "settings_from_flags", "run", "run_job", "project_flags",
+                "main"}
+
+
+def flag_reading_functions(source: str) -> set:
+    """The functions of `source` (nested ones and lambdas included) that name FLAGS or take the
+    flags as `opts` (main.py's name for FLAGS passed in)."""
+    import ast
+
+    readers = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            takes_opts = any(arg.arg == "opts" for arg in node.args.args + node.args.kwonlyargs)
+            if takes_opts or any(isinstance(name, ast.Name) and name.id == "FLAGS" for name in ast.walk(node)):
+                readers.add(getattr(node, "name", "<lambda>"))
+    return readers
+
+
+def test_only_the_entry_points_flag_functions_read_flags():
+    """After config_from_flags nothing in main.py reads FLAGS: the job runs on the configuration."""
+    from pathlib import Path
+
+    source = Path(main.__file__).read_text()
+    assert flag_reading_functions(source) == FLAG_READERS
+    # The check sees a stray read, and a function handed the flags instead of the configuration.
+    leaked = source.replace("def run_eval(job: Job) -> None:\n", "def run_eval(job: Job) -> None:\n    FLAGS.mode\n")
+    assert flag_reading_functions(leaked) - FLAG_READERS == {"run_eval"}
+    handed = source.replace("def check_output_paths(config: JobConfig)", "def check_output_paths(opts: Any)")
+    assert flag_reading_functions(handed) - FLAG_READERS == {"check_output_paths"}
