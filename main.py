@@ -607,7 +607,9 @@ def prepare_checkpoints(state, steps_per_epoch: int, rank: int) -> str:
     source = resume_source(rank)
     resumed = checkpoint.open_checkpoint(source) if source else None
     lineage = checkpoint.run_lineage(resumed)
+    state.global_batch_size = FLAGS.batch_size  # recorded in its checkpoints: what their step counts
     if FLAGS.mode == "train" and resumed is not None:
+        checkpoint.check_batch_size(resumed, FLAGS.batch_size, "--batch_size")
         checkpoint.check_resume_step(resumed, FLAGS.epochs * steps_per_epoch, FLAGS.max_steps)
     if FLAGS.mode == "train" and FLAGS.save_checkpoint_path:
         checkpoint.check_save_folder(FLAGS.save_checkpoint_path, state.model_config, state.feature_names, lineage,

@@ -404,6 +404,31 @@ def test_resume_after_sigint_equals_an_uninterrupted_run(data, trained, tmp_path
     assert final(str(trained[0] / "results")) == pytest.approx(final(str(tmp_path / "results")), abs=1e-4)
 
 
+def test_resume_with_another_global_batch_size_is_refused_untouched(data, baseline, tmp_path):
+    """The step counts batches: resumed at another --global_batch_size, the schedule and the epoch's
+    position would be read in the wrong unit (once: one step of a 5-epoch run, then a worse model)."""
+    folder, _ = data
+    shutil.copytree(baseline[0] / "ckpt", tmp_path / "ckpt")
+    before = snapshot(tmp_path / "ckpt")
+    result = wd(run_flags(folder, tmp_path, "--num_epochs", "3", "--use_checkpoint", "--global_batch_size", "4096"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "--global_batch_size 4096 differs from the 8192 of the checkpoint" in errors[0], errors
+    assert snapshot(tmp_path / "ckpt") == before and not (tmp_path / "results" / "log.json").exists()
+
+
+def test_use_checkpoint_with_a_missing_model_dir_is_one_error(data, tmp_path):
+    """A mistyped --model_dir must not start a fresh full run; an existing empty folder still does."""
+    folder, _ = data
+    result = wd(run_flags(folder, tmp_path, "--use_checkpoint", "--model_dir", str(tmp_path / "typo")))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --use_checkpoint: --model_dir {tmp_path / 'typo'} does not exist (an existing "
+                      f"empty folder starts fresh)"], result.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def test_benchmark_training_at_the_reference_size_and_evaluation(data, tmp_path):
     """Training's benchmark is the one run of the reference's tables: a metadata.json without `buckets` (as
     older preprocessing outputs) sizes them as the reference does."""

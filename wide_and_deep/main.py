@@ -158,6 +158,9 @@ def validate(args: Options, world_size: int) -> None:
     if args.evaluate and not args.use_checkpoint and not args.benchmark:
         raise UsageError("--evaluate needs trained weights: add --use_checkpoint (random weights are evaluated only "
                          "for speed, with --benchmark)")
+    if args.use_checkpoint and not os.path.isdir(args.model_dir):  # a typo must not start a fresh full run
+        raise UsageError(f"--use_checkpoint: --model_dir {args.model_dir} does not exist (an existing empty folder "
+                         f"starts fresh)")
     for name in ("global_batch_size", "eval_batch_size"):
         value = getattr(args, name)
         if value % (world_size * PREBATCH_SIZE):
@@ -292,6 +295,8 @@ def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool)
             print_rank0(f"--use_checkpoint: --model_dir {args.model_dir} holds no checkpoint yet; starting fresh",
                         rank=rank)
     lineage = checkpoint.run_lineage(resumed)
+    if saves_checkpoints(args) and resumed is not None:
+        checkpoint.check_batch_size(resumed, args.global_batch_size, "--global_batch_size")
     if saves_checkpoints(args):
         checkpoint.check_save_folder(args.model_dir, config.describe(), F.deep_input_order(), lineage, resumed,
                                      "--model_dir", resume_hint="--use_checkpoint")
@@ -304,7 +309,7 @@ def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool)
     state = checkpoint.TrainingState(
         config.describe(), F.deep_input_order(), [], [], model.named_variables(),
         wd_model.optimizer_slots(model, optimizers),
-        {checkpoint.STEP_COUNTER: step, **wd_model.optimizer_counters(optimizers)})
+        {checkpoint.STEP_COUNTER: step, **wd_model.optimizer_counters(optimizers)}, args.global_batch_size)
     if resumed is not None:
         checkpoint.restore(resumed, state)
         print_rank0(f"restored {resumed.path} (step {resumed.step})", rank=rank)
