@@ -642,10 +642,14 @@ def save_folder() -> Tuple[Optional[str], str]:
     return FLAGS.save_checkpoint_path, "--save_checkpoint_path"
 
 
-def log_parameters(logger, world_size: int) -> None:
-    """The run's flags as the log's first record, written once the inputs have been read."""
+def log_parameters(logger, world_size: int, lineage: str) -> None:
+    """The run's flags and its history (run_record.RUN_KEY: the checkpoint lineage) as the log's
+    first record, written once the inputs have been read."""
+    from recsys.runtime.run_record import RUN_KEY
+
     own_flags = FLAGS.get_flags_for_module(sys.modules[__name__])
-    logger.log_parameters({flag.name: flag.value for flag in own_flags} | {"world_size": world_size})
+    logger.log_parameters({flag.name: flag.value for flag in own_flags} | {"world_size": world_size,
+                                                                           RUN_KEY: lineage})
 
 
 def inference_batches(max_steps: int, available: int, valid_batch_size: int) -> int:
@@ -909,8 +913,16 @@ MODES: Dict[str, Callable[[Job], Optional[int]]] = {"train": run_train, "eval": 
 def run_mode(rank: int, world_size: int, logger, precision: Precision) -> int:
     """Prepare the job, log the run's parameters, then run --mode; returns the exit code."""
     announce_accepted_flags(rank, world_size)
+    from recsys.runtime import run_record
+
     job = prepare_job(rank, world_size, logger, precision)
-    log_parameters(logger, world_size)
+    # the default --log_path (one file in the working folder) takes runs in turn, each one's records
+    # after its PARAMETER record; one given, as the TensorBoard folder, is this run's history's only
+    run_record.check_run_record(FLAGS.log_path, "--log_path", job.lineage or None,
+                                [("--tensorboard_dir", FLAGS.tensorboard_dir)],
+                                "choose another --log_path and --tensorboard_dir (or move the files away), or "
+                                "resume that run from its checkpoint", not FLAGS["log_path"].present)
+    log_parameters(logger, world_size, job.lineage)
     return MODES[FLAGS.mode](job) or 0
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from multiproc import REPO_ROOT, assert_ok
+from multiproc import REPO_ROOT, assert_ok, launch_env
 from test_main import SMALL_MODEL, main_py
 from recsys.training.trainer import Evaluator, duration_text
 
@@ -90,8 +90,8 @@ def test_plot_log_draws_loss_and_auc_as_a_png(short_run, tmp_path):
     root, _ = short_run
     output = tmp_path / "plot.png"
     result = subprocess.run([sys.executable, "scripts/plot_log.py", str(root / "log.json"), "--output", str(output),
-                             "--width", "900", "--height", "600"], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=120)
+                             "--width", "900", "--height", "600"], cwd=REPO_ROOT, env=launch_env(), capture_output=True,
+                            text=True, timeout=120)
     assert_ok(result)
     assert "14 loss points, 4 AUC points" in result.stdout  # a line every 5 steps from 15 to 80; 2 evals per epoch
     assert png_size(output) == (900, 600)
@@ -101,8 +101,8 @@ def test_plot_log_draws_loss_and_auc_as_a_png(short_run, tmp_path):
 def test_plot_log_refuses_a_log_without_training_records(tmp_path):
     log = tmp_path / "eval.json"
     log.write_text('DLLL {"type": "LOG", "step": [], "data": {"auc": 0.7}}\n')
-    result = subprocess.run([sys.executable, "scripts/plot_log.py", str(log)], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run([sys.executable, "scripts/plot_log.py", str(log)], cwd=REPO_ROOT, env=launch_env(),
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("error:") == 1
     assert f"{log}: no training record with a loss or an AUC" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]

@@ -404,6 +404,32 @@ def test_resume_after_sigint_equals_an_uninterrupted_run(data, trained, tmp_path
     assert final(str(trained[0] / "results")) == pytest.approx(final(str(tmp_path / "results")), abs=1e-4)
 
 
+def test_a_second_run_into_a_used_results_dir_is_refused_and_plot_log_never_stacks_two_runs(data, baseline,
+                                                                                             trained, tmp_path):
+    """A fresh run given another run's --results_dir once replaced its args.json and appended to its log
+    and events; it is refused untouched (a resume continues them: the SIGINT resume test above). A log
+    holding two runs (as such a run left) is not drawn stacked: plot_log asks which."""
+    folder, _ = data
+    shutil.copytree(baseline[0] / "results", tmp_path / "results")
+    before = snapshot(tmp_path)
+    result = wd(run_flags(folder, tmp_path, *BASELINE))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --results_dir/--log_filename {tmp_path / 'results' / 'log.json'} holds the record of "
+                      f"another run; choose a new --results_dir (or move its files away), or resume that run with "
+                      f"--use_checkpoint and its --model_dir"], result.stderr[-3000:]
+    assert snapshot(tmp_path) == before
+
+    two = tmp_path / "two.json"
+    two.write_text("".join((root / "results" / "log.json").read_text() for root in (baseline[0], trained[0])))
+    plot = [sys.executable, os.path.join(REPO_ROOT, "scripts", "plot_log.py"), str(two)]
+    refused = subprocess.run(plot, env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "holds 2 runs" in refused.stderr and "--run 1..2" in refused.stderr
+    chosen = subprocess.run(plot + ["--run", "2"], env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert_ok(chosen)
+    assert "3 AUC points, 3 MAP@12 points" in chosen.stdout, chosen.stdout  # the TRAINED run's three epochs
+
+
 def test_resume_with_another_global_batch_size_is_refused_untouched(data, baseline, tmp_path):
     """The step counts batches: resumed at another --global_batch_size, the schedule and the epoch's
     position would be read in the wrong unit (once: one step of a 5-epoch run, then a worse model)."""

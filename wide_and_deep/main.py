@@ -188,6 +188,20 @@ def check_outputs(args: Options) -> None:
         check_output_dir(os.path.join(args.results_dir, EVENT_FILES), "--results_dir's TensorBoard folder")
 
 
+def check_run_record(args: Options, lineage: str) -> None:
+    """--results_dir's log, args.json and TensorBoard events may only be this run's own history's
+    (`lineage`: the restored checkpoint's, or a fresh run's new one that no record names): a resume
+    continues them, a fresh run into a folder holding another run's record is refused
+    (recsys/runtime/run_record.py)."""
+    from recsys.runtime import run_record
+
+    run_record.check_run_record(
+        os.path.join(args.results_dir, args.log_filename), "--results_dir/--log_filename", lineage,
+        [("--results_dir", os.path.join(args.results_dir, name)) for name in ("args.json", EVENT_FILES)],
+        "choose a new --results_dir (or move its files away), or resume that run with --use_checkpoint and its "
+        "--model_dir")
+
+
 def saves_checkpoints(args: Options) -> bool:
     return not args.evaluate and not args.benchmark
 
@@ -295,6 +309,7 @@ def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool)
             print_rank0(f"--use_checkpoint: --model_dir {args.model_dir} holds no checkpoint yet; starting fresh",
                         rank=rank)
     lineage = checkpoint.run_lineage(resumed)
+    check_run_record(args, lineage)
     if saves_checkpoints(args) and resumed is not None:
         checkpoint.check_batch_size(resumed, args.global_batch_size, "--global_batch_size")
     if saves_checkpoints(args):
@@ -495,6 +510,7 @@ def run_job(args: Options, session) -> int:
     built and trained or evaluated."""
     from recsys.runtime import distributed as dist
     from recsys.runtime.cpu_affinity import apply_affinity
+    from recsys.runtime import run_record
     from recsys.runtime.logger import print_rank0
     from wide_and_deep.wd_data import surface_record_errors
 
@@ -510,7 +526,7 @@ def run_job(args: Options, session) -> int:
     print_rank0(precision_line, rank=rank)
     run = build(args, rank, world_size, logger, loss_scaling)
     log_formats(logger)
-    logger.log_parameters(args.flags() | {"world_size": world_size})
+    logger.log_parameters(args.flags() | {"world_size": world_size, run_record.RUN_KEY: run.lineage})
     if rank == 0:
         write_args(args, world_size)
     with surface_record_errors():
