@@ -455,6 +455,30 @@ def test_use_checkpoint_with_a_missing_model_dir_is_one_error(data, tmp_path):
     assert sorted(os.listdir(tmp_path)) == []
 
 
+def test_sigint_during_evaluation_is_one_line_and_exit_130(data, tmp_path):
+    """Ctrl-C outside training (here an evaluation: nothing worth finishing) stops at once as one line and
+    exit 130, never a traceback and exit 1 (training's graceful stop: the resume test above)."""
+    folder, _ = data
+    flags = run_flags(folder, tmp_path, "--evaluate", "--benchmark", "--benchmark_warmup_steps", "1",
+                      "--benchmark_steps", "100000000")
+    process = subprocess.Popen([sys.executable, "main.py", *flags], cwd=WD_DIR, env=launch_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if "batch_samplesps" in line:  # evaluation batches are being measured
+                process.send_signal(signal.SIGINT)
+                break
+        output = "".join(seen) + process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert output.count("stopped by SIGINT: the run ended before finishing") == 1, output[-3000:]
+
+
 def test_benchmark_training_at_the_reference_size_and_evaluation(data, tmp_path):
     """Training's benchmark is the one run of the reference's tables: a metadata.json without `buckets` (as
     older preprocessing outputs) sizes them as the reference does."""
