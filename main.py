@@ -911,14 +911,15 @@ MODES: Dict[str, Callable[[Job], Optional[int]]] = {"train": run_train, "eval": 
 
 
 def run_mode(rank: int, world_size: int, logger, precision: Precision) -> int:
-    """Prepare the job, log the run's parameters, then run --mode; returns the exit code."""
-    announce_accepted_flags(rank, world_size)
+    """Prepare the job, check its run record (run_record), log its parameters, then run --mode; returns
+    the exit code."""
     from recsys.runtime import run_record
 
+    announce_accepted_flags(rank, world_size)
     job = prepare_job(rank, world_size, logger, precision)
     # the default --log_path (one file in the working folder) takes runs in turn, each one's records
     # after its PARAMETER record; one given, as the TensorBoard folder, is this run's history's only
-    run_record.check_run_record(FLAGS.log_path, "--log_path", job.lineage or None,
+    run_record.check_run_record(rank, FLAGS.log_path, "--log_path", job.lineage or None,
                                 [("--tensorboard_dir", FLAGS.tensorboard_dir)],
                                 "choose another --log_path and --tensorboard_dir (or move the files away), or "
                                 "resume that run from its checkpoint", not FLAGS["log_path"].present)

@@ -188,15 +188,15 @@ def check_outputs(args: Options) -> None:
         check_output_dir(os.path.join(args.results_dir, EVENT_FILES), "--results_dir's TensorBoard folder")
 
 
-def check_run_record(args: Options, lineage: str) -> None:
+def check_run_record(args: Options, rank: int, lineage: str) -> None:
     """--results_dir's log, args.json and TensorBoard events may only be this run's own history's
     (`lineage`: the restored checkpoint's, or a fresh run's new one that no record names): a resume
     continues them, a fresh run into a folder holding another run's record is refused
-    (recsys/runtime/run_record.py)."""
+    (recsys/runtime/run_record.py; every rank calls it)."""
     from recsys.runtime import run_record
 
     run_record.check_run_record(
-        os.path.join(args.results_dir, args.log_filename), "--results_dir/--log_filename", lineage,
+        rank, os.path.join(args.results_dir, args.log_filename), "--results_dir/--log_filename", lineage,
         [("--results_dir", os.path.join(args.results_dir, name)) for name in ("args.json", EVENT_FILES)],
         "choose a new --results_dir (or move its files away), or resume that run with --use_checkpoint and its "
         "--model_dir")
@@ -309,7 +309,7 @@ def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool)
             print_rank0(f"--use_checkpoint: --model_dir {args.model_dir} holds no checkpoint yet; starting fresh",
                         rank=rank)
     lineage = checkpoint.run_lineage(resumed)
-    check_run_record(args, lineage)
+    check_run_record(args, rank, lineage)
     if saves_checkpoints(args) and resumed is not None:
         checkpoint.check_batch_size(resumed, args.global_batch_size, "--global_batch_size")
     if saves_checkpoints(args):

@@ -60,18 +60,36 @@ def _holds_files(path: str) -> bool:
     return os.path.isfile(path) or (os.path.isdir(path) and bool(os.listdir(path)))
 
 
-def check_run_record(log_path: Optional[str], log_flag: str, lineage: Optional[str], beside: Sequence[Tuple[str, str]],
-                     way_out: str, log_holds_runs_in_turn: bool = False) -> None:
-    """Refuse (RunRecordError) a run whose record would mix with another run's.
+def check_run_record(rank: int, log_path: Optional[str], log_flag: str, lineage: Optional[str],
+                     beside: Sequence[Tuple[str, str]], way_out: str, log_holds_runs_in_turn: bool = False) -> None:
+    """Refuse (RunRecordError, on every rank) a run whose record would mix with another run's.
 
-    `log_path` (named `log_flag`) may be continued only when its last run is this run's `lineage`
-    (None: a run with no checkpoint history, which continues nothing). `beside`: (flag, path) of the
-    record's other files (an args.json, a TensorBoard folder): holding anything, they too must belong
-    to the log's last run, this one. `log_holds_runs_in_turn`: a log that is by design shared by
-    runs one after another (DLRM's default `--log_path` in the working folder), whose runs its
-    PARAMETER records delimit; it is not refused itself but vouches only for its last run's files.
-    `way_out` ends the message: how to write a new record or continue the old one.
+    Rank 0 judges, with its own lineage (the one its log records), and every rank gets the verdict
+    (a collective: every rank calls it at the same point), so that no rank reads a record rank 0 has
+    meanwhile begun. `log_path` (named `log_flag`) may be continued only when its last run is this
+    run's `lineage` (None: a run with no checkpoint history, which continues nothing). `beside`:
+    (flag, path) of the record's other files (an args.json, a TensorBoard folder): holding anything,
+    they too must belong to the log's last run, this one. `log_holds_runs_in_turn`: a log by design
+    shared by runs one after another (DLRM's default `--log_path` in the working folder), whose runs
+    its PARAMETER records delimit; it is not refused itself but vouches only for its last run's
+    files. `way_out` ends the message: how to write a new record or continue the old one.
     """
+    from recsys.runtime import distributed as dist
+
+    message = None
+    if rank == 0:
+        try:
+            _judge(log_path, log_flag, lineage, beside, way_out, log_holds_runs_in_turn)
+        except RunRecordError as error:
+            message = str(error)
+    message = dist.broadcast_object(message, root_rank=0)
+    if message:
+        raise RunRecordError(message)
+
+
+def _judge(log_path: Optional[str], log_flag: str, lineage: Optional[str], beside: Sequence[Tuple[str, str]],
+           way_out: str, log_holds_runs_in_turn: bool) -> None:
+    """check_run_record's rule on this process's view of the files."""
     last = None
     if log_path and os.path.isfile(log_path) and os.path.getsize(log_path) > 0:
         try:
