@@ -2,6 +2,7 @@
 the epoch and the ETA; evaluation progress; TensorBoard scalars (--tensorboard_dir); and
 scripts/plot_log.py's PNG of loss and AUC from the dllogger log. All from one real short run."""
 import glob
+import json
 import re
 import struct
 import subprocess
@@ -120,3 +121,28 @@ def test_long_evaluation_prints_its_progress(capsys):
     quiet = Evaluator(lambda batch: tf.reduce_sum(batch["x"], axis=1))  # 30 s: a short test set prints nothing
     quiet.evaluate(dataset)
     assert capsys.readouterr().out == ""
+
+
+def test_plot_log_draws_a_resumed_history_as_one_run_whose_rewind_replaces_the_abandoned_points(tmp_path):
+    """A run killed after step 4 and resumed from its step-2 checkpoint (the same run_lineage) logged steps
+    3 and 4 twice: the resumed values replace the abandoned ones; a third, fresh run makes the log one of
+    two runs, which plot_log draws only when --run picks one."""
+    def record(step, data):
+        return "DLLL " + json.dumps({"type": "LOG", "step": step, "data": data}) + "\n"
+
+    log = tmp_path / "log.json"
+    first = [record("PARAMETER", {"run_lineage": "a"})] + [record(s, {"loss": 1.0 / s}) for s in (1, 2, 3, 4)]
+    resumed = [record("PARAMETER", {"run_lineage": "a"})] + [record(s, {"loss": 0.5 / s}) for s in (3, 4, 5)]
+    log.write_text("".join(first + resumed))
+    plot = [sys.executable, "scripts/plot_log.py", str(log), "--output", str(tmp_path / "plot.png")]
+    result = subprocess.run(plot, cwd=REPO_ROOT, env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert_ok(result)
+    assert "(5 loss points" in result.stdout  # 1, 2, then the resumed 3, 4, 5
+
+    log.write_text("".join(first + resumed + [record("PARAMETER", {"run_lineage": "b"}), record(1, {"loss": 1.0})]))
+    result = subprocess.run(plot, cwd=REPO_ROOT, env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"{log}: holds 2 runs (starting at records 1, 10)" in result.stderr
+    result = subprocess.run(plot + ["--run", "2"], cwd=REPO_ROOT, env=launch_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert_ok(result)
+    assert "(1 loss points" in result.stdout
