@@ -433,6 +433,7 @@ class RunConfig:
     auc_thresholds: Optional[int]  # None: exact AUC
     print_freq: int
     log_path: str
+    log_path_given: bool  # False: the default file in the working folder, which takes runs in turn
     tensorboard_dir: Optional[str]
     profiler_start_step: Optional[int]
     profiled_rank: int
@@ -545,7 +546,8 @@ def config_from_flags(opts: Any) -> JobConfig:
         run=RunConfig(
             mode=opts.mode, epochs=opts.epochs, max_steps=opts.max_steps, evals_per_epoch=opts.evals_per_epoch,
             eval_in_last=opts.eval_in_last, target_auc=opts.target_auc, auc_thresholds=opts.auc_thresholds,
-            print_freq=int(opts.print_freq), log_path=opts.log_path, tensorboard_dir=opts.tensorboard_dir,
+            print_freq=int(opts.print_freq), log_path=opts.log_path, log_path_given=opts["log_path"].present,
+            tensorboard_dir=opts.tensorboard_dir,
             profiler_start_step=opts.profiler_start_step, profiled_rank=opts.profiled_rank, seed=opts.seed,
             deterministic=opts.deterministic, run_eagerly=opts.run_eagerly, tfdata_debug=opts.tfdata_debug),
         data=DataConfig(
@@ -781,7 +783,9 @@ def prepare_checkpoints(config: JobConfig, state, steps_per_epoch: int, rank: in
     source = resume_source(config, rank)
     resumed = checkpoint.open_checkpoint(source) if source else None
     lineage = checkpoint.run_lineage(resumed)
+    state.global_batch_size = config.data.batch_size  # recorded in its checkpoints: what their step counts
     if the_run.mode == "train" and resumed is not None:
+        checkpoint.check_batch_size(resumed, config.data.batch_size, "--batch_size")
         checkpoint.check_resume_step(resumed, the_run.epochs * steps_per_epoch, the_run.max_steps)
     if the_run.mode == "train" and save_path:
         checkpoint.check_save_folder(save_path, state.model_config, state.feature_names, lineage,
@@ -815,10 +819,12 @@ def save_folder(config: JobConfig) -> Tuple[Optional[str], str]:
     return config.checkpoints.save_checkpoint_path, "--save_checkpoint_path"
 
 
-def log_parameters(logger, parameters: Dict[str, Any], world_size: int) -> None:
-    """The run's flags (`JobConfig.parameters`) as the log's first record, written once the inputs
-    have been read."""
-    logger.log_parameters(parameters | {"world_size": world_size})
+def log_parameters(logger, parameters: Dict[str, Any], world_size: int, lineage: str) -> None:
+    """The run's flags (`JobConfig.parameters`) and its history (run_record.RUN_KEY: the checkpoint
+    lineage) as the log's first record, written once the inputs have been read."""
+    from recsys.runtime.run_record import RUN_KEY
+
+    logger.log_parameters(parameters | {"world_size": world_size, RUN_KEY: lineage})
 
 
 def inference_batches(max_steps: int, available: int, valid_batch_size: int) -> int:
@@ -1085,11 +1091,21 @@ MODES: Dict[str, Callable[[Job], Optional[int]]] = {"train": run_train, "eval": 
 
 
 def run_mode(config: JobConfig, rank: int, world_size: int, logger, precision: Precision) -> int:
-    """Prepare the job, log the run's parameters, then run --mode; returns the exit code."""
+    """Prepare the job, check its run record (run_record), log its parameters, then run --mode; returns
+    the exit code."""
+    from recsys.runtime import run_record
+
+    the_run = config.run
     announce_accepted_flags(config, rank, world_size)
     job = prepare_job(config, rank, world_size, logger, precision)
-    log_parameters(logger, config.parameters, world_size)
-    return MODES[config.run.mode](job) or 0
+    # the default --log_path (one file in the working folder) takes runs in turn, each one's records
+    # after its PARAMETER record; one given, as the TensorBoard folder, is this run's history's only
+    run_record.check_run_record(rank, the_run.log_path, "--log_path", job.lineage or None,
+                                [("--tensorboard_dir", the_run.tensorboard_dir)],
+                                "choose another --log_path and --tensorboard_dir (or move the files away), or "
+                                "resume that run from its checkpoint", not the_run.log_path_given)
+    log_parameters(logger, config.parameters, world_size, job.lineage)
+    return MODES[the_run.mode](job) or 0
 
 
 def user_error_types() -> tuple:

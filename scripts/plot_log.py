@@ -7,17 +7,22 @@ AUC in the lower one. A Wide & Deep log (wide_and_deep/main.py's `--results_dir/
 one batch's) gets its evaluation AUC and MAP@12 in the lower panel. The PNG is written to a temporary
 sibling and renamed into place.
 
-Usage: python scripts/plot_log.py LOG.json [--output PLOT.png] [--width 1200] [--height 800]
+A log holding several runs (recsys/runtime/run_record.py: each run's PARAMETER record names its
+history; a resumed run continues its history) is refused unless `--run N` picks one: two runs are never
+drawn stacked. Within a history, a resume from an earlier checkpoint than the last record replaces
+the abandoned records from its first step on.
+
+Usage: python scripts/plot_log.py LOG.json [--run N] [--output PLOT.png] [--width 1200] [--height 800]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from recsys.runtime.safe_io import OutputPathError, atomic_file, check_output_file, refuse_overlap
-from recsys.runtime.logger import read_dllogger_file
+from recsys.runtime.run_record import read_runs
 
 DPI = 100
 Series = Tuple[List[int], List[float]]
@@ -38,17 +43,31 @@ def _step(record: dict) -> int | None:
     return step if isinstance(step, int) else None
 
 
-def training_series(log_path: str) -> Dict[str, Series]:
-    """Steps and values of `loss`, `auc` and `map12` from the per-step LOG records (those with a step):
-    `auc` from DLRM's evaluations, or from W&D's `auc_val` when the log has those (its `auc` is one
-    training batch's); `map12` from W&D's `exact_map_val`."""
-    series: Dict[str, Series] = {"loss": ([], []), "auc": ([], []), "map12": ([], [])}
+def chosen_run(log_path: str, run: Optional[int]) -> List[dict]:
+    """The records of the log's one run, or of run `run` (1-based) of several; a log of several runs
+    without `run` is refused, naming where each starts."""
     try:
-        records = list(read_dllogger_file(log_path))
+        runs = read_runs(log_path)
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise LogError(f"{log_path}: cannot read a dllogger log ({error})") from None
-    if not records:
+    if not runs:
         raise LogError(f"{log_path}: no DLLL records; is it the --log_path of a main.py run?")
+    if run is None and len(runs) > 1:
+        starts = ", ".join(str(r.first_record) for r in runs)
+        raise LogError(f"{log_path}: holds {len(runs)} runs (starting at records {starts}), which drawn together "
+                       f"would mix; plot one with --run 1..{len(runs)}")
+    if run is not None and not 1 <= run <= len(runs):
+        raise LogError(f"--run {run}: {log_path} holds {len(runs)} run(s)")
+    return runs[(run or 1) - 1].records
+
+
+def training_series(log_path: str, run: Optional[int] = None) -> Dict[str, Series]:
+    """Steps and values of `loss`, `auc` and `map12` from one run's per-step LOG records (those with a
+    step; chosen_run): `auc` from DLRM's evaluations, or from W&D's `auc_val` when the log has those (its
+    `auc` is one training batch's); `map12` from W&D's `exact_map_val`. A step at or before a series'
+    last one (a resume from an earlier checkpoint) drops the points it replaces."""
+    series: Dict[str, Series] = {"loss": ([], []), "auc": ([], []), "map12": ([], [])}
+    records = chosen_run(log_path, run)
     training = [(step, record["data"]) for record in records
                 if record.get("type") == "LOG" and (step := _step(record)) is not None]
     wide_and_deep = any("auc_val" in data for _, data in training)
@@ -56,6 +75,9 @@ def training_series(log_path: str) -> Dict[str, Series]:
     for step, data in training:
         for key, name in keys.items():
             if key in data:
+                while series[name][0] and series[name][0][-1] >= step:
+                    series[name][0].pop()
+                    series[name][1].pop()
                 series[name][0].append(step)
                 series[name][1].append(float(data[key]))
     if not any(steps for steps, _ in series.values()):
@@ -93,6 +115,7 @@ def plot(series: Dict[str, Series], title: str, output: str, width: int, height:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", help="dllogger log of a training run (main.py --log_path)")
+    parser.add_argument("--run", type=int, help="which run of a log holding several (1 = the first)")
     parser.add_argument("--output", help="PNG to write (default: the log's path with .png)")
     parser.add_argument("--width", type=int, default=1200, help="pixels (default 1200)")
     parser.add_argument("--height", type=int, default=800, help="pixels (default 800)")
@@ -106,7 +129,7 @@ def main() -> int:
             raise LogError(f"{args.log}: no such file")
         refuse_overlap(output, "--output", {"LOG": args.log})
         check_output_file(output, "--output")
-        series = training_series(args.log)
+        series = training_series(args.log, args.run)
         plot(series, os.path.basename(args.log), output, args.width, args.height)
     except (LogError, OutputPathError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -424,6 +424,19 @@ def test_resuming_past_max_steps_and_a_bad_manifest_are_one_line_errors(tmp_path
     assert snapshot(root) == before and not (tmp_path / "out").exists()
 
 
+def test_resuming_with_another_batch_size_is_refused(tmp_path, trained):
+    """The step counts batches of the checkpoint's --batch_size: resumed at another, the schedule and
+    the data position would be read in the wrong unit (W&D's --global_batch_size answers the same)."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(trained, root)
+    before = snapshot(root)
+    result = main_py(SMALL + ["--batch_size", "128", "--restore_checkpoint_path", str(root), "--save_checkpoint_path",
+                              str(tmp_path / "out"), "--log_path", str(tmp_path / "log.json")])
+    assert_one_error(result, f"--batch_size 128 differs from the 64 of the checkpoint {root / 'step_000000006'}",
+                     "resume with --batch_size 64", code=2)
+    assert snapshot(root) == before and not (tmp_path / "out").exists() and not (tmp_path / "log.json").exists()
+
+
 def test_full_disk_during_save_leaves_nothing_behind(tmp_path):
     root = tmp_path / "ckpt"
     args = [a if a != "50,20,7,30" else "8000,20,7,30" for a in SMALL]  # a 256 KB table

@@ -11,7 +11,7 @@ import saved_model
 from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
 from recsys.training.model_config import DlrmConfig
-from multiproc import assert_ok, run_horovod, snapshot
+from multiproc import assert_ok, launch_env, run_horovod, snapshot
 from recsys.runtime.safe_io import OutputPathError
 from test_flags import assert_refused, refused_in_process
 from test_main import SMALL, final_record, main_py
@@ -329,7 +329,7 @@ def test_a_demo_rerun_removes_only_what_it_wrote(tmp_path, script):
                 if line.startswith("== 2"):
                     os.killpg(process.pid, signal.SIGTERM)
                     break
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=600)  # generous: a loaded machine slows the demo, not the check
         return process.returncode, err
 
     returncode, err = run(stop_after_first_step=True)
@@ -349,3 +349,37 @@ def test_a_demo_rerun_removes_only_what_it_wrote(tmp_path, script):
     returncode, err = run(stop_after_first_step=True)
     old = [str(p) for p in demo.rglob("*") if p.is_file() and p.stat().st_mtime < started]
     assert returncode == 143 and not old, (old, err[-3000:])
+
+
+def test_a_second_run_never_mixes_into_another_runs_log_or_events_and_a_resume_continues_them(tmp_path):
+    """A --log_path or --tensorboard_dir holding another run's record is refused before anything is
+    written (W&D's --results_dir answers the same, tests/test_wd_train.py); the run resumed from that
+    run's checkpoint continues both, and the log plots as one run."""
+    import subprocess
+    import sys
+
+    from multiproc import REPO_ROOT, assert_one_error
+    from recsys.runtime.logger import read_dllogger_file
+
+    log, events = tmp_path / "log.json", tmp_path / "tb"
+    first = ["--save_checkpoint_path", str(tmp_path / "ckpt"), "--tensorboard_dir", str(events), "--print_freq", "1"]
+    assert_ok(main_py(SMALL + first + ["--max_steps", "6", "--log_path", str(log)]))
+    before = snapshot(tmp_path)
+    fresh = ["--save_checkpoint_path", str(tmp_path / "other"), "--max_steps", "6"]
+    result = main_py(SMALL + fresh + ["--log_path", str(log)])
+    assert_one_error(result, f"--log_path {log} holds the record of another run; choose another --log_path", code=2)
+    result = main_py(SMALL + fresh + ["--log_path", str(tmp_path / "new.json"), "--tensorboard_dir", str(events)])
+    assert_one_error(result, f"--tensorboard_dir {events} holds the record of another run", code=2)
+    assert snapshot(tmp_path) == before
+
+    assert_ok(main_py(SMALL + first + ["--max_steps", "10", "--log_path", str(log),
+                                       "--restore_checkpoint_path", str(tmp_path / "ckpt")]))
+    records = list(read_dllogger_file(str(log)))
+    parameters = [r["data"] for r in records if r.get("step") == "PARAMETER"]
+    assert len(parameters) == 2 and parameters[0]["run_lineage"] == parameters[1]["run_lineage"]
+    losses = [r["step"] for r in records if "loss" in r.get("data", {})]
+    assert losses == sorted(losses) and losses[-1] > 6, losses  # both runs' progress, one step sequence
+    plotted = subprocess.run([sys.executable, "scripts/plot_log.py", str(log)], cwd=REPO_ROOT, env=launch_env(),
+                             capture_output=True, text=True, timeout=120)
+    assert_ok(plotted)
+    assert f"({len(losses)} loss points" in plotted.stdout, plotted.stdout

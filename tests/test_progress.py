@@ -2,6 +2,7 @@
 the epoch and the ETA; evaluation progress; TensorBoard scalars (--tensorboard_dir); and
 scripts/plot_log.py's PNG of loss and AUC from the dllogger log. All from one real short run."""
 import glob
+import json
 import re
 import struct
 import subprocess
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from multiproc import REPO_ROOT, assert_ok
+from multiproc import REPO_ROOT, assert_ok, launch_env
 from test_main import SMALL_MODEL, main_py
 from recsys.training.trainer import Evaluator, duration_text
 
@@ -90,8 +91,8 @@ def test_plot_log_draws_loss_and_auc_as_a_png(short_run, tmp_path):
     root, _ = short_run
     output = tmp_path / "plot.png"
     result = subprocess.run([sys.executable, "scripts/plot_log.py", str(root / "log.json"), "--output", str(output),
-                             "--width", "900", "--height", "600"], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=120)
+                             "--width", "900", "--height", "600"], cwd=REPO_ROOT, env=launch_env(), capture_output=True,
+                            text=True, timeout=120)
     assert_ok(result)
     assert "14 loss points, 4 AUC points" in result.stdout  # a line every 5 steps from 15 to 80; 2 evals per epoch
     assert png_size(output) == (900, 600)
@@ -101,8 +102,8 @@ def test_plot_log_draws_loss_and_auc_as_a_png(short_run, tmp_path):
 def test_plot_log_refuses_a_log_without_training_records(tmp_path):
     log = tmp_path / "eval.json"
     log.write_text('DLLL {"type": "LOG", "step": [], "data": {"auc": 0.7}}\n')
-    result = subprocess.run([sys.executable, "scripts/plot_log.py", str(log)], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run([sys.executable, "scripts/plot_log.py", str(log)], cwd=REPO_ROOT, env=launch_env(),
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("error:") == 1
     assert f"{log}: no training record with a loss or an AUC" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]
@@ -120,3 +121,28 @@ def test_long_evaluation_prints_its_progress(capsys):
     quiet = Evaluator(lambda batch: tf.reduce_sum(batch["x"], axis=1))  # 30 s: a short test set prints nothing
     quiet.evaluate(dataset)
     assert capsys.readouterr().out == ""
+
+
+def test_plot_log_draws_a_resumed_history_as_one_run_whose_rewind_replaces_the_abandoned_points(tmp_path):
+    """A run killed after step 4 and resumed from its step-2 checkpoint (the same run_lineage) logged steps
+    3 and 4 twice: the resumed values replace the abandoned ones; a third, fresh run makes the log one of
+    two runs, which plot_log draws only when --run picks one."""
+    def record(step, data):
+        return "DLLL " + json.dumps({"type": "LOG", "step": step, "data": data}) + "\n"
+
+    log = tmp_path / "log.json"
+    first = [record("PARAMETER", {"run_lineage": "a"})] + [record(s, {"loss": 1.0 / s}) for s in (1, 2, 3, 4)]
+    resumed = [record("PARAMETER", {"run_lineage": "a"})] + [record(s, {"loss": 0.5 / s}) for s in (3, 4, 5)]
+    log.write_text("".join(first + resumed))
+    plot = [sys.executable, "scripts/plot_log.py", str(log), "--output", str(tmp_path / "plot.png")]
+    result = subprocess.run(plot, cwd=REPO_ROOT, env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert_ok(result)
+    assert "(5 loss points" in result.stdout  # 1, 2, then the resumed 3, 4, 5
+
+    log.write_text("".join(first + resumed + [record("PARAMETER", {"run_lineage": "b"}), record(1, {"loss": 1.0})]))
+    result = subprocess.run(plot, cwd=REPO_ROOT, env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"{log}: holds 2 runs (starting at records 1, 10)" in result.stderr
+    result = subprocess.run(plot + ["--run", "2"], cwd=REPO_ROOT, env=launch_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert_ok(result)
+    assert "(1 loss points" in result.stdout

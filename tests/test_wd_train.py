@@ -404,6 +404,81 @@ def test_resume_after_sigint_equals_an_uninterrupted_run(data, trained, tmp_path
     assert final(str(trained[0] / "results")) == pytest.approx(final(str(tmp_path / "results")), abs=1e-4)
 
 
+def test_a_second_run_into_a_used_results_dir_is_refused_and_plot_log_never_stacks_two_runs(data, baseline,
+                                                                                             trained, tmp_path):
+    """A fresh run given another run's --results_dir once replaced its args.json and appended to its log
+    and events; it is refused untouched (a resume continues them: the SIGINT resume test above). A log
+    holding two runs (as such a run left) is not drawn stacked: plot_log asks which."""
+    folder, _ = data
+    shutil.copytree(baseline[0] / "results", tmp_path / "results")
+    before = snapshot(tmp_path)
+    result = wd(run_flags(folder, tmp_path, *BASELINE))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --results_dir/--log_filename {tmp_path / 'results' / 'log.json'} holds the record of "
+                      f"another run; choose a new --results_dir (or move its files away), or resume that run with "
+                      f"--use_checkpoint and its --model_dir"], result.stderr[-3000:]
+    assert snapshot(tmp_path) == before
+
+    two = tmp_path / "two.json"
+    two.write_text("".join((root / "results" / "log.json").read_text() for root in (baseline[0], trained[0])))
+    plot = [sys.executable, os.path.join(REPO_ROOT, "scripts", "plot_log.py"), str(two)]
+    refused = subprocess.run(plot, env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "holds 2 runs" in refused.stderr and "--run 1..2" in refused.stderr
+    chosen = subprocess.run(plot + ["--run", "2"], env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert_ok(chosen)
+    assert "3 AUC points, 3 MAP@12 points" in chosen.stdout, chosen.stdout  # the TRAINED run's three epochs
+
+
+def test_resume_with_another_global_batch_size_is_refused_untouched(data, baseline, tmp_path):
+    """The step counts batches: resumed at another --global_batch_size, the schedule and the epoch's
+    position would be read in the wrong unit (once: one step of a 5-epoch run, then a worse model)."""
+    folder, _ = data
+    shutil.copytree(baseline[0] / "ckpt", tmp_path / "ckpt")
+    before = snapshot(tmp_path / "ckpt")
+    result = wd(run_flags(folder, tmp_path, "--num_epochs", "3", "--use_checkpoint", "--global_batch_size", "4096"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "--global_batch_size 4096 differs from the 8192 of the checkpoint" in errors[0], errors
+    assert snapshot(tmp_path / "ckpt") == before and not (tmp_path / "results" / "log.json").exists()
+
+
+def test_use_checkpoint_with_a_missing_model_dir_is_one_error(data, tmp_path):
+    """A mistyped --model_dir must not start a fresh full run; an existing empty folder still does."""
+    folder, _ = data
+    result = wd(run_flags(folder, tmp_path, "--use_checkpoint", "--model_dir", str(tmp_path / "typo")))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --use_checkpoint: --model_dir {tmp_path / 'typo'} does not exist (an existing "
+                      f"empty folder starts fresh)"], result.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_sigint_during_evaluation_is_one_line_and_exit_130(data, tmp_path):
+    """Ctrl-C outside training (here an evaluation: nothing worth finishing) stops at once as one line and
+    exit 130, never a traceback and exit 1 (training's graceful stop: the resume test above)."""
+    folder, _ = data
+    flags = run_flags(folder, tmp_path, "--evaluate", "--benchmark", "--benchmark_warmup_steps", "1",
+                      "--benchmark_steps", "100000000")
+    process = subprocess.Popen([sys.executable, "main.py", *flags], cwd=WD_DIR, env=launch_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if "batch_samplesps" in line:  # evaluation batches are being measured
+                process.send_signal(signal.SIGINT)
+                break
+        output = "".join(seen) + process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert output.count("stopped by SIGINT: the run ended before finishing") == 1, output[-3000:]
+
+
 def test_benchmark_training_at_the_reference_size_and_evaluation(data, tmp_path):
     """Training's benchmark is the one run of the reference's tables: a metadata.json without `buckets` (as
     older preprocessing outputs) sizes them as the reference does."""

@@ -158,6 +158,9 @@ def validate(args: Options, world_size: int) -> None:
     if args.evaluate and not args.use_checkpoint and not args.benchmark:
         raise UsageError("--evaluate needs trained weights: add --use_checkpoint (random weights are evaluated only "
                          "for speed, with --benchmark)")
+    if args.use_checkpoint and not os.path.isdir(args.model_dir):  # a typo must not start a fresh full run
+        raise UsageError(f"--use_checkpoint: --model_dir {args.model_dir} does not exist (an existing empty folder "
+                         f"starts fresh)")
     for name in ("global_batch_size", "eval_batch_size"):
         value = getattr(args, name)
         if value % (world_size * PREBATCH_SIZE):
@@ -183,6 +186,20 @@ def check_outputs(args: Options) -> None:
         refuse_overlap(args.model_dir, "--model_dir", inputs)
         check_output_dir(args.model_dir, "--model_dir")
         check_output_dir(os.path.join(args.results_dir, EVENT_FILES), "--results_dir's TensorBoard folder")
+
+
+def check_run_record(args: Options, rank: int, lineage: str) -> None:
+    """--results_dir's log, args.json and TensorBoard events may only be this run's own history's
+    (`lineage`: the restored checkpoint's, or a fresh run's new one that no record names): a resume
+    continues them, a fresh run into a folder holding another run's record is refused
+    (recsys/runtime/run_record.py; every rank calls it)."""
+    from recsys.runtime import run_record
+
+    run_record.check_run_record(
+        rank, os.path.join(args.results_dir, args.log_filename), "--results_dir/--log_filename", lineage,
+        [("--results_dir", os.path.join(args.results_dir, name)) for name in ("args.json", EVENT_FILES)],
+        "choose a new --results_dir (or move its files away), or resume that run with --use_checkpoint and its "
+        "--model_dir")
 
 
 def saves_checkpoints(args: Options) -> bool:
@@ -292,6 +309,9 @@ def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool)
             print_rank0(f"--use_checkpoint: --model_dir {args.model_dir} holds no checkpoint yet; starting fresh",
                         rank=rank)
     lineage = checkpoint.run_lineage(resumed)
+    check_run_record(args, rank, lineage)
+    if saves_checkpoints(args) and resumed is not None:
+        checkpoint.check_batch_size(resumed, args.global_batch_size, "--global_batch_size")
     if saves_checkpoints(args):
         checkpoint.check_save_folder(args.model_dir, config.describe(), F.deep_input_order(), lineage, resumed,
                                      "--model_dir", resume_hint="--use_checkpoint")
@@ -304,7 +324,7 @@ def build(args: Options, rank: int, world_size: int, logger, loss_scaling: bool)
     state = checkpoint.TrainingState(
         config.describe(), F.deep_input_order(), [], [], model.named_variables(),
         wd_model.optimizer_slots(model, optimizers),
-        {checkpoint.STEP_COUNTER: step, **wd_model.optimizer_counters(optimizers)})
+        {checkpoint.STEP_COUNTER: step, **wd_model.optimizer_counters(optimizers)}, args.global_batch_size)
     if resumed is not None:
         checkpoint.restore(resumed, state)
         print_rank0(f"restored {resumed.path} (step {resumed.step})", rank=rank)
@@ -490,6 +510,7 @@ def run_job(args: Options, session) -> int:
     built and trained or evaluated."""
     from recsys.runtime import distributed as dist
     from recsys.runtime.cpu_affinity import apply_affinity
+    from recsys.runtime import run_record
     from recsys.runtime.logger import print_rank0
     from wide_and_deep.wd_data import surface_record_errors
 
@@ -505,7 +526,7 @@ def run_job(args: Options, session) -> int:
     print_rank0(precision_line, rank=rank)
     run = build(args, rank, world_size, logger, loss_scaling)
     log_formats(logger)
-    logger.log_parameters(args.flags() | {"world_size": world_size})
+    logger.log_parameters(args.flags() | {"world_size": world_size, run_record.RUN_KEY: run.lineage})
     if rank == 0:
         write_args(args, world_size)
     with surface_record_errors():

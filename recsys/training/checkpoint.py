@@ -1,8 +1,9 @@
 """World-size-independent checkpoints of the whole training state (docs/architecture.md, Formats).
 
 Layout of one checkpoint directory `<root>/step_<NNNNNNNNN>/`:
-  manifest.json                   format version, step, lineage, model config, feature order, file
-                                  list with sizes, sha256 checksums, dtypes and shapes
+  manifest.json                   format version, step, lineage, model config, feature order, the
+                                  global batch size the step counts, file list with sizes, sha256
+                                  checksums, dtypes and shapes
   embeddings/feature_<i>.npy      table i in global layout, [cardinality, dim]
   embeddings/feature_<i>.<slot>.npy  its optimizer slots (Adam m and v), same layout
   dense/<weight>.npy, dense/<weight>.<slot>.npy   MLP weights and their slots
@@ -61,6 +62,7 @@ class TrainingState:
     dense: Dict[str, tf.Variable]
     dense_slots: Dict[str, Dict[str, tf.Variable]]
     counters: Dict[str, tf.Variable]
+    global_batch_size: Optional[int] = None  # the rows of one step, all ranks: what the step counts in
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Manifest:
     model_config: Dict[str, Any]
     feature_names: List[str]
     files: Dict[str, FileEntry]
+    global_batch_size: Optional[int] = None  # None: not recorded (older checkpoints)
 
 
 def _is_count(value: Any) -> bool:
@@ -207,6 +210,8 @@ def save(root: str, step: int, state: TrainingState, lineage: str, keep: int = 3
             manifest = {"format_version": FORMAT_VERSION, "step": step, "lineage": lineage,
                         "model_config": state.model_config, "feature_names": state.feature_names,
                         "files": _write_state(tmp, state, final)}
+            if state.global_batch_size is not None:
+                manifest["global_batch_size"] = state.global_batch_size
             with open(os.path.join(tmp, MANIFEST), "x") as f:
                 json.dump(manifest, f, indent=1)
                 f.flush()
@@ -303,6 +308,9 @@ def _parse_manifest(path: str, where: str, raw: Any) -> Manifest:
     lineage = raw.get("lineage")
     if "lineage" in raw and not (isinstance(lineage, str) and lineage):
         raise CheckpointError(f"{where}: lineage must be a non-empty string, got {lineage!r}")
+    batch = raw.get("global_batch_size")
+    if "global_batch_size" in raw and not (_is_count(batch) and batch > 0):
+        raise CheckpointError(f"{where}: global_batch_size must be a positive integer, got {batch!r}")
     if not isinstance(raw["model_config"], dict):
         raise CheckpointError(f"{where}: model_config must be an object, got {raw['model_config']!r}")
     names = raw["feature_names"]
@@ -316,7 +324,7 @@ def _parse_manifest(path: str, where: str, raw: Any) -> Manifest:
         if relative in files:
             raise CheckpointError(f"{where}: files[{index}] repeats {relative!r}")
         files[relative] = parsed
-    return Manifest(path, raw["step"], lineage, raw["model_config"], names, files)
+    return Manifest(path, raw["step"], lineage, raw["model_config"], names, files, batch)
 
 
 def read_manifest(path: str) -> Manifest:
@@ -424,6 +432,19 @@ def check_resume_step(manifest: Manifest, total_steps: int, max_steps: int) -> N
             f"{manifest.path}: the checkpoint is at step {manifest.step}, at or beyond the end of training "
             f"(--max_steps {max_steps}, --epochs x steps per epoch = {total_steps}); nothing is left to train "
             f"(pass --max_steps {manifest.step} to re-save it without training)")
+
+
+def check_batch_size(manifest: Manifest, global_batch_size: int, flag: str) -> None:
+    """Training resumed from `manifest` must step in batches of its size: the step counts batches, so
+    the schedule, the epoch's position and the data already read all follow from it (a step of
+    another size would skip or repeat data and end the schedule early or late). `flag` names the
+    entry point's batch flag in the message. A checkpoint that did not record its batch passes."""
+    saved = manifest.global_batch_size
+    if saved is not None and saved != global_batch_size:
+        raise CheckpointError(
+            f"{flag} {global_batch_size} differs from the {saved} of the checkpoint {manifest.path}, whose step "
+            f"{manifest.step} counts batches of {saved} rows; resume with {flag} {saved}, or start a new run "
+            f"in another folder")
 
 
 def _read_header(path: str) -> Tuple[np.dtype, Tuple[int, ...], int]:
