@@ -166,3 +166,21 @@ def test_evaluation_stopped_by_sigterm_says_so_in_one_line(tmp_path):
             evaluation.kill()
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert "Traceback" not in output and "stopped by SIGTERM" in output, output[-3000:]
+
+
+def test_a_stop_that_a_library_turns_into_its_own_error_still_ends_as_the_stop():
+    """DuckDB answers the StopNow a signal raises inside its query with its own "Query interrupted"
+    error: run_stopping_at_once still reports the signal (one line, 128 + N), not a traceback."""
+    script = ("import os, signal, sys\n"
+              "from recsys.runtime.stop_signals import StopNow, run_stopping_at_once\n"
+              "def body():\n"
+              "    try:\n"
+              "        os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    except StopNow:\n"
+              "        raise RuntimeError('Query interrupted')\n"
+              "    return 0\n"
+              "sys.exit(run_stopping_at_once(body))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert result.stderr.splitlines() == [line for line in result.stderr.splitlines() if line.startswith("stopped by SIGTERM")]
+    assert len(result.stderr.splitlines()) == 1

@@ -124,6 +124,12 @@ def run_stopping_at_once(body: Callable[[], int]) -> int:
             return body()
         except StopNow as stop:
             return stop.report()
+        except Exception:
+            if STOP.signum is None:
+                raise
+            # a library caught the signal's StopNow and raised its own error (DuckDB: "Query
+            # interrupted"); the run was still stopped by that signal
+            return StopNow(STOP.signum).report()
 
 
 def vote(signum: Optional[int]) -> list:
