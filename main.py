@@ -177,11 +177,11 @@ flags.DEFINE_bool("embedding_zeros_initializer", MODEL.embedding_zeros_initializ
 flags.DEFINE_integer("cpu_offloading_threshold_gb", None,
                      "(V5) Per-rank device budget for embedding state in GB (10^9 bytes, V5's unit), the rest in "
                      "host memory; the budget --tf_gpu_memory_limit_gb gives in GiB (give one of the two). V5's "
-                     "default, 75, is not kept: the default budget is measured from the GPU (README)")
+                     "default, 75, is not kept: the default budget is measured from the GPU (docs/dlrm.md)")
 flags.DEFINE_bool("tfdata_debug", False, "(V5) Run tf.data in debug mode (eager, in order)")
 flags.DEFINE_enum("preset", None, ["mlperf_dcnv2"],
                   "A documented recipe's flag values, under any flag given explicitly: mlperf_dcnv2 is MLPerf "
-                  "Training's DLRM-DCNv2 (README); the dataset must have its 26 multi-hot features")
+                  "Training's DLRM-DCNv2 (docs/v5.md); the dataset must have its 26 multi-hot features")
 for _name, (_default, _version, _meaning) in ACCEPTED_FLAGS.items():
     flags.DEFINE_bool(_name, _default, f"({_version}) accepted: {_meaning}")
 # The SOK DLRM benchmark's main.py flags, aliases of this project's (apply_sok_aliases).
@@ -221,7 +221,7 @@ def apply_preset(opts: Any) -> None:
 
 
 def sok_alias_targets(opts: Any, gpu_visible: bool) -> Dict[str, Dict[str, Any]]:
-    """{each SOK benchmark flag given: {this project's flag: value}} (README, Coming from HugeCTR / SOK)."""
+    """{each SOK benchmark flag given: {this project's flag: value}} (docs/from_hugectr_sok.md)."""
     targets: Dict[str, Dict[str, Any]] = {}
     if opts["data_dir"].present:
         targets["data_dir"] = {"dataset_type": "sok_split", "dataset_path": opts.data_dir}
@@ -1121,7 +1121,7 @@ def user_error_types() -> tuple:
 
 
 def run(argv) -> int:
-    """The whole run inside the run shell (recsys/runtime/run_shell.py); returns the exit code (README,
+    """The whole run inside the run shell (recsys/runtime/run_shell.py); returns the exit code (docs/dlrm.md,
     Exit codes)."""
     from recsys.runtime import run_shell
 

@@ -5,7 +5,7 @@ Run from this folder as the reference's users do: `python main.py [--amp] [--xla
 --use_checkpoint`, `python main.py --benchmark [--evaluate]`. Every flag of the reference keeps its
 name and default; `--seed` is added. Bad input is one `error: ...` line on stderr and exit 2.
 
-Differences from the reference (README "Wide & Deep"): each rank reads a disjoint share of the records;
+Differences from the reference (docs/wide_and_deep.md): each rank reads a disjoint share of the records;
 an epoch is exactly `train records // records per step` updates, the short last record trained on like
 the others (the reference made one uncounted update more); a resume continues the schedule and the epoch
 where it stopped; `--amp` on a CPU computes in bfloat16 where the CPU has bf16 units (the reference
