@@ -325,10 +325,14 @@ def test_a_demo_rerun_removes_only_what_it_wrote(tmp_path, script):
         process = subprocess.Popen(["bash", script], cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, start_new_session=True)
         if stop_after_first_step:  # as step 2 begins: step 1's folder is whole
+            seen = []
             for line in process.stdout:
+                seen.append(line)
                 if line.startswith("== 2"):
                     os.killpg(process.pid, signal.SIGTERM)
                     break
+            else:  # the demo ended without starting step 2 where this test could see it
+                raise AssertionError(f"no '== 2' line in the demo's output:\n{''.join(seen)[-3000:]}")
         out, err = process.communicate(timeout=600)  # generous: a loaded machine slows the demo, not the check
         return process.returncode, err
 
