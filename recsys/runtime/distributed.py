@@ -7,7 +7,7 @@ process and every collective is the identity, so library code never branches on 
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Type, Union
 
 import tensorflow as tf
 
@@ -194,6 +194,19 @@ def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
     if hvd is None:
         return obj
     return hvd.broadcast_object(obj, root_rank=root_rank)
+
+
+def rank0_verdict(rank: int, check: Callable[[], None], refusals: Tuple[Type[BaseException], ...]) -> Optional[str]:
+    """Rank 0 runs `check`; the message of a refusal it raises (one of `refusals`), or None, on every
+    rank. A collective: every rank calls it at the same point, so a refusal stops the whole job with
+    one message instead of leaving the other ranks in a later collective."""
+    message = None
+    if rank == 0:
+        try:
+            check()
+        except refusals as error:
+            message = str(error)
+    return broadcast_object(message, root_rank=0)
 
 
 def barrier() -> None:

@@ -76,13 +76,8 @@ def check_run_record(rank: int, log_path: Optional[str], log_flag: str, lineage:
     """
     from recsys.runtime import distributed as dist
 
-    message = None
-    if rank == 0:
-        try:
-            _judge(log_path, log_flag, lineage, beside, way_out, log_holds_runs_in_turn)
-        except RunRecordError as error:
-            message = str(error)
-    message = dist.broadcast_object(message, root_rank=0)
+    message = dist.rank0_verdict(
+        rank, lambda: _judge(log_path, log_flag, lineage, beside, way_out, log_holds_runs_in_turn), (RunRecordError,))
     if message:
         raise RunRecordError(message)
 

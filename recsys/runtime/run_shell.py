@@ -58,15 +58,12 @@ class Session:
         from recsys.runtime.logger import print_rank0
         from recsys.runtime.safe_io import OutputPathError
 
-        message = None
-        if self.rank == 0:
-            try:
-                check()
-                if save_folder:
-                    self.lock = folder_lock.acquire(save_folder, save_flag)
-            except (OutputPathError, folder_lock.FolderLockedError) as error:
-                message = str(error)
-        message = dist.broadcast_object(message, root_rank=0)
+        def check_and_hold() -> None:
+            check()
+            if save_folder:
+                self.lock = folder_lock.acquire(save_folder, save_flag)
+
+        message = dist.rank0_verdict(self.rank, check_and_hold, (OutputPathError, folder_lock.FolderLockedError))
         if message:
             raise OutputsRefused(message)
         if self.lock is not None and self.lock.took_over is not None:
