@@ -11,3 +11,14 @@ os.environ.setdefault("TF_DETERMINISTIC_OPS", "1")
 # allocator: the default on AVX-512 CPUs (oneDNN on), not on AVX2-only ones. Chosen explicitly, every
 # CPU kind runs them the same way.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+# Tests send SIGTERM, SIGINT and SIGHUP to the scripts they start, as a terminal or a scheduler would.
+# A harness may start the suite with those signals ignored, which every child inherits, and bash can
+# neither trap nor reset a signal ignored when it started: the demos would then run on unstopped.
+# The suite restores the dispositions a terminal gives.
+import signal  # noqa: E402
+
+for _number, _default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGHUP, signal.SIG_DFL),
+                          (signal.SIGINT, signal.default_int_handler)):
+    if signal.getsignal(_number) == signal.SIG_IGN:
+        signal.signal(_number, _default)
