@@ -24,7 +24,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, fields
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence
 
 from recsys.data import data_formats  # plain Python: the W&D formats' names without importing them (or TensorFlow)
 from recsys.runtime.cli import ArgumentParser
@@ -357,9 +357,11 @@ class Benchmark:
         return self.batch / self.timer.mean_step_time()
 
 
-def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None) -> Dict[str, float]:
+def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
+             between_batches: Callable[[], None] = lambda: None) -> Dict[str, float]:
     """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
-    averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss."""
+    averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss.
+    `between_batches` runs before each batch (`--evaluate`: where a stop signal ends the run)."""
     import numpy as np
     import tensorflow as tf
 
@@ -372,6 +374,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None) -> Dict[st
         batches = run.data.eval.dataset(wd_data.eval_record_groups(
             len(run.data.eval), run.data.eval_records_per_rank, run.rank, run.world_size), run.config.buckets)
         for batch in batches:
+            between_batches()
             probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
             if endless_benchmark is not None:
                 done += 1
@@ -458,13 +461,16 @@ def _train(run: Run, tensorboard) -> int:
 
 
 def run_evaluate(run: Run) -> int:
-    """--evaluate: one pass (or, with --benchmark, the throughput of endless eval batches)."""
+    """--evaluate: one pass (or, with --benchmark, the throughput of endless eval batches). A stop signal
+    ends it at the next batch (StopNow, one line and exit 128+N), never inside a TensorFlow op."""
+    from recsys.runtime.stop_signals import STOP
+
     args = run.args
+    benchmark = None
     if args.benchmark:
-        per_rank = args.eval_batch_size // run.world_size
-        result = evaluate(run, Benchmark(args.benchmark_warmup_steps, args.benchmark_steps, per_rank))
-    else:
-        result = evaluate(run)
+        benchmark = Benchmark(args.benchmark_warmup_steps, args.benchmark_steps, args.eval_batch_size // run.world_size)
+    with STOP.deferred() as stop_if_signalled:
+        result = evaluate(run, benchmark, between_batches=stop_if_signalled)
     run.logger.log(step=(), data=result)
     return 0
 

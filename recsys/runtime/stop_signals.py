@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from recsys.runtime.cli import signal_exit_code
 
@@ -62,6 +62,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self.graceful = False
+        self._deferring = False  # inside `deferred`: a first signal is recorded without a word
         self._handled = 0  # handler runs so far: proof that the main thread is in the interpreter
 
     def install(self) -> None:
@@ -92,6 +93,23 @@ class StopRequest:
                       f"a checkpoint; the checkpoints on disk are whole", file=sys.stderr, flush=True)
                 os._exit(signal_exit_code(signum))
 
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[Callable[[], None]]:
+        """Work with nothing worth finishing that runs in native code a raised exception could leave
+        corrupt (TensorFlow eager ops: StopNow raised inside one aborted a Wide & Deep evaluation with
+        heap corruption): within, the first signal is only recorded, and the yielded check, called at
+        safe points (batch boundaries), raises StopNow for it. A second signal still stops at once."""
+        previous = self.graceful, self._deferring
+        self.graceful, self._deferring = True, True
+        try:
+            yield self._raise_if_received
+        finally:
+            self.graceful, self._deferring = previous
+
+    def _raise_if_received(self) -> None:
+        if self.signum is not None:
+            raise StopNow(self.signum)
+
     def ignore_further(self) -> None:
         """Ignore the stop signals from now on: the run has ended and is leaving (a launcher that
         ends the other ranks once one exits must not turn their exit into a traceback)."""
@@ -105,6 +123,8 @@ class StopRequest:
             self.signum = self.signum or signum
             raise StopNow(signum)
         self.signum = signum
+        if self._deferring:
+            return
         print(f"received {signal_name(signum)}: finishing the current step, then saving and stopping "
               f"(send it again to stop at once)", file=sys.stderr, flush=True)
 
