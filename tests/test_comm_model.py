@@ -1,6 +1,7 @@
 """The communication model (recsys/sparse/comm_model.py): its arithmetic on plain plans, and one
 2-rank run where every collective of a training step sends exactly the bytes it predicts."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,13 @@ def test_two_ranks_send_exactly_the_predicted_bytes(tmp_path):
     assert {"ids", "embeddings", "embeddings_grad", "row_sliced_table_6_ids", "row_sliced_table_6_vectors",
             "row_sliced_table_6_vectors_grad", "dense_gradients", "replicated_embedding_grad_1",
             "train_loss"} <= set(ranks[0]["checked"])
+
+
+def test_the_scaling_doc_holds_the_tables_the_model_prints(capsys):
+    """docs/scaling.md's tables are `python -m scripts.scaling_tables`'s output, unchanged."""
+    from scripts import scaling_tables
+
+    scaling_tables.main([])
+    printed = capsys.readouterr().out.rstrip("\n")
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "scaling.md").read_text()
+    assert f"<!-- scaling_tables -->\n{printed}\n<!-- /scaling_tables -->" in doc

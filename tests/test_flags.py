@@ -82,6 +82,9 @@ BAD_VALUES = [
     (["--beta2", "-0.1"], "--beta2 must be in [0, 1), got -0.1"),
     (["--cpu_offloading_threshold_gb", "-1"], "--cpu_offloading_threshold_gb must be >= 0, got -1"),
     (["--plan_link_gbps", "0", "--print_sharding_plan"], "--plan_link_gbps must be a finite number > 0, got 0.0"),
+    (["--plan_intra_host_gbps", "inf"], "--plan_intra_host_gbps must be a finite number > 0, got inf"),
+    (["--plan_latency_us", "-1"], "--plan_latency_us must be a finite number >= 0, got -1.0"),
+    (["--plan_compute_ms", "nan"], "--plan_compute_ms must be a finite number >= 0, got nan"),
     (["--embedding_dim", "8,x"], "--embedding_dim must be an integer, a comma list of integers or a JSON file"),
     (["--embedding_dim", "/nonexistent/dims.json"], "--embedding_dim /nonexistent/dims.json: cannot read a JSON"),
 ]

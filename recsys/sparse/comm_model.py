@@ -114,11 +114,11 @@ def step_collectives(plan: ShardingPlan, layout: StepLayout) -> List[Collective]
     rows = local_sizes(layout.global_batch, size)
     collectives = []
     if plan.pieces:
-        if layout.data_parallel_input:
-            collectives.append(_alltoall("ids", "forward", size, lambda s, d: rows[s] * ID_BYTES * sum(
-                plan.hotness[t] for t in plan.model_parallel_tables_on(d))))
-        outputs = _alltoall("embeddings", "forward", size,
-                            lambda s, d: rows[d] * plan.width_on(s) * layout.exchange_bytes)
+        if layout.data_parallel_input:  # ids per sample of the tables each rank holds
+            held_ids = [sum(plan.hotness[t] for t in plan.model_parallel_tables_on(d)) for d in range(size)]
+            collectives.append(_alltoall("ids", "forward", size, lambda s, d: rows[s] * held_ids[d] * ID_BYTES))
+        widths = [plan.width_on(s) for s in range(size)]
+        outputs = _alltoall("embeddings", "forward", size, lambda s, d: rows[d] * widths[s] * layout.exchange_bytes)
         collectives.append(outputs)
     backward = [_reverse(outputs, "embeddings_grad")] if plan.pieces else []
     for table in plan.row_sliced:  # the layer looks them up in feature order, after the exchange
