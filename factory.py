@@ -22,6 +22,7 @@ from lr_scheduler import LearningRateScheduler
 from model import Dlrm
 from recsys.training.model_config import DlrmConfig, DlrmSettings, TrainingSettings
 from recsys.training.optimizers import make_optimizers
+from recsys.sparse.comm_model import StepLayout
 from recsys.sparse.sharding import ShardingPlan
 from recsys.training.trainer import Trainer
 
@@ -102,3 +103,16 @@ def build_trainer(plan: ShardingPlan, rank: int, reads: TableReads, options: Mod
                                       training.decay_steps)
     return Trainer(model, *make_optimizers(training.optimizer, training.beta_1, training.beta_2), scheduler,
                    loss_scale=training.loss_scale, fp16_allreduce=training.fp16_allreduce)
+
+
+def communication_layout(trainer: Trainer, global_batch: int, data_parallel_input: bool) -> StepLayout:
+    """What the communication model needs besides the plan, read from the built stack: the
+    embedding layer's exchange dtype, the tables' dtype, the dense weights and the dtype their
+    gradients' allreduce sends (float16 with --fp16_allreduce, Horovod's fp16 compression)."""
+    model = trainer.model
+    dense = model.dense_variables
+    gradient_bytes = 2 if trainer.fp16_allreduce else max((v.dtype.size for v in dense), default=4)
+    return StepLayout(global_batch=global_batch, exchange_bytes=tf.as_dtype(model.embedding.output_dtype).size,
+                      table_bytes=tf.as_dtype(model.config.table_dtype).size,
+                      dense_weights=sum(v.shape.num_elements() for v in dense),
+                      dense_gradient_bytes=gradient_bytes, data_parallel_input=data_parallel_input)

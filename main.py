@@ -161,7 +161,15 @@ flags.DEFINE_integer("data_parallel_threshold", None,
 flags.DEFINE_bool("data_parallel_input", False,
                   "Every rank reads its local batch of all features and ids are exchanged; by default each "
                   "rank reads the global batch of only the tables it holds")
-flags.DEFINE_bool("print_sharding_plan", False, "Print which rank holds which table or slice, and bytes per rank")
+flags.DEFINE_bool("print_sharding_plan", False, "Print which rank holds which table or slice, its memory per "
+                  "rank, and the bytes every collective of a training step sends from each rank (docs/scaling.md)")
+flags.DEFINE_float("plan_link_gbps", None, "With --print_sharding_plan: each host's network link in Gb/s; "
+                   "prints the predicted exchange time of a step (docs/scaling.md)")
+flags.DEFINE_float("plan_intra_host_gbps", None, "With --plan_link_gbps: each rank's link to the ranks of its own "
+                   "host in Gb/s (NVLink, shared memory); not given: traffic within a host is not counted")
+flags.DEFINE_float("plan_latency_us", 0.0, "With --plan_link_gbps: microseconds per message of a collective")
+flags.DEFINE_float("plan_compute_ms", None, "With --plan_link_gbps: a step's measured compute time in ms; prints "
+                   "the predicted step, unpipelined (compute + exchange) and fully overlapped (the larger)")
 flags.DEFINE_bool("shuffle_batch_order", False, "Shuffle the order of training batches (seeded)")
 flags.DEFINE_integer("seed", 12345, "Seed of weight initialisation, synthetic data and batch shuffling")
 flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bitwise reproducible runs)")
@@ -324,6 +332,10 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("global_batch_size", _optional(_at_least(1)), ">= 1"),
     ("early_stop", _at_least(-1), ">= -1 (<= 0: off)"),
     ("target_auc", _optional(lambda v: 0 < v <= 1), "in (0, 1]"),
+    ("plan_link_gbps", _optional(lambda v: math.isfinite(v) and v > 0), "a finite number > 0"),
+    ("plan_intra_host_gbps", _optional(lambda v: math.isfinite(v) and v > 0), "a finite number > 0"),
+    ("plan_latency_us", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    ("plan_compute_ms", _optional(lambda v: math.isfinite(v) and v >= 0), "a finite number >= 0"),
 )
 LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities", "synthetic_dataset_hotness",
               "hugectr_cardinalities", "num_embeddings_per_feature")
@@ -414,6 +426,10 @@ def validate_flags(opts: Any, world_size: int) -> None:
     if opts.target_auc is not None and not (opts.mode == "train" and (opts.evals_per_epoch or opts.eval_in_last)):
         raise UsageError("--target_auc stops training at an evaluation: it needs --mode train and evaluations "
                          "(--evals_per_epoch >= 1, or --eval_in_last)")
+    for name, needs in (("plan_link_gbps", "print_sharding_plan"), ("plan_intra_host_gbps", "plan_link_gbps"),
+                        ("plan_latency_us", "plan_link_gbps"), ("plan_compute_ms", "plan_link_gbps")):
+        if getattr(opts, name) and not getattr(opts, needs):
+            raise UsageError(f"--{name} needs --{needs}")
     if world_size > 1 and (opts.mode == "deploy" or opts.saved_model_output_path):
         raise UsageError("SavedModel export (--mode deploy, --saved_model_output_path) runs on a single process; "
                          "export the checkpoint with `python main.py --mode deploy --restore_checkpoint_path ...`")
@@ -498,6 +514,10 @@ class ShardingConfig:
     data_parallel_threshold: Optional[int]
     data_parallel_input: bool
     print_sharding_plan: bool
+    plan_link_gbps: Optional[float]  # the communication model's network and compute (docs/scaling.md)
+    plan_intra_host_gbps: Optional[float]
+    plan_latency_us: float
+    plan_compute_ms: Optional[float]
 
 
 @dataclass(frozen=True)
@@ -577,7 +597,9 @@ def config_from_flags(opts: Any) -> JobConfig:
         sharding=ShardingConfig(
             dist_strategy=opts.dist_strategy, column_slice_threshold=opts.column_slice_threshold,
             row_slice_threshold=opts.row_slice_threshold, data_parallel_threshold=opts.data_parallel_threshold,
-            data_parallel_input=opts.data_parallel_input, print_sharding_plan=opts.print_sharding_plan),
+            data_parallel_input=opts.data_parallel_input, print_sharding_plan=opts.print_sharding_plan,
+            plan_link_gbps=opts.plan_link_gbps, plan_intra_host_gbps=opts.plan_intra_host_gbps,
+            plan_latency_us=opts.plan_latency_us, plan_compute_ms=opts.plan_compute_ms),
         network=NetworkConfig(
             settings=settings_from_flags(opts, DlrmSettings, interaction=requested,
                                          table_dtype="float16" if opts.fp16 else "float32"),
@@ -758,6 +780,21 @@ def sharding_plan(config: JobConfig, spec, widths: Tuple[int, ...], rank: int, w
     return plan
 
 
+def communication_plan(config: JobConfig, plan, trainer) -> str:
+    """--print_sharding_plan's second part: the bytes every collective of a training step sends
+    from each rank (the communication model over the plan and the built stack) and, with
+    --plan_link_gbps, the predicted exchange and step times; this job's ranks per host."""
+    from factory import communication_layout
+    from recsys.runtime import distributed as dist
+    from recsys.sparse import comm_model
+
+    sharding = config.sharding
+    layout = communication_layout(trainer, config.data.batch_size, sharding.data_parallel_input)
+    network = (comm_model.Network(sharding.plan_link_gbps, dist.local_size(), sharding.plan_intra_host_gbps,
+                                  sharding.plan_latency_us) if sharding.plan_link_gbps else None)
+    return comm_model.describe(plan, layout, network, sharding.plan_compute_ms)
+
+
 def model_options(config: JobConfig, spec, interaction_name: str, compute_dtype):
     """The stack's options from the configuration; bfloat16 needs no loss scaling (float32's exponent range)."""
     import tensorflow as tf
@@ -888,6 +925,8 @@ def prepare_job(config: JobConfig, rank: int, world_size: int, logger, precision
         print_rank0(f"synthetic data: teacher AUC {pipelines.teacher_auc:.5f}", rank=rank)
     batches = _inference_batches(config, pipelines)
     trainer = build_trainer(plan, rank, reads, model_options(config, spec, interaction_name, dtype))
+    if config.sharding.print_sharding_plan:
+        print_rank0(communication_plan(config, plan, trainer), rank=rank)
     placement = trainer.model.embedding.placement()
     counts = ", ".join(f"{placement.count(kind)} {kind}" for kind in ("device", "cpu", "replicated", "remote")
                        if placement.count(kind))
@@ -1165,7 +1204,8 @@ FLAG_GROUPS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Embeddings and parallelism", (
         "embedding_trainable", "embedding_zeros_initializer", "gpu_embedding_type", "cpu_embedding_type",
         "dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
-        "data_parallel_input", "print_sharding_plan", "fp16_allreduce")),
+        "data_parallel_input", "print_sharding_plan", "plan_link_gbps", "plan_intra_host_gbps", "plan_latency_us",
+        "plan_compute_ms", "fp16_allreduce")),
     ("Dataset", (
         "dataset_path", "feature_spec", "dataset_type", "allow_external_data_paths", "validate_data",
         "shuffle_batch_order", "hugectr_cardinalities", "hugectr_dense_log", "num_embeddings_per_feature",

@@ -54,6 +54,35 @@ class Mlp(tf.keras.layers.Layer):
         return x
 
 
+def cross_input_width(config: DlrmConfig) -> int:
+    """The cross network's input: the bottom MLP's output and every table's vector side by side."""
+    return config.bottom_mlp_dims[-1] + sum(config.dims)
+
+
+def top_mlp_input_width(config: DlrmConfig) -> int:
+    """The top MLP's input width: the cross network's output, or the dot interaction's."""
+    if config.cross:
+        return interaction.cross_output_width(cross_input_width(config))
+    return interaction.interaction_output_width(len(config.cardinalities) + 1, config.bottom_mlp_dims[-1])
+
+
+def _mlp_weights(input_width: int, widths: Sequence[int]) -> int:
+    """Kernels and biases of a dense stack on `input_width` inputs."""
+    inputs = [input_width, *widths[:-1]]
+    return sum(i * o + o for i, o in zip(inputs, widths))
+
+
+def dense_weight_count(config: DlrmConfig) -> int:
+    """The MLPs' and the cross network's weights (what the dense gradients' allreduce carries), from
+    the widths `Dlrm.build_weights` gives them; plain arithmetic, for configurations too large to build."""
+    count = _mlp_weights(_round_up(config.num_numerical_features, 8), config.bottom_mlp_dims)
+    if config.cross:
+        width, rank = cross_input_width(config), config.cross_layer_projection_dim
+        per_layer = width * rank + rank * width + width if rank else width * width + width
+        count += config.num_cross_layers * per_layer
+    return count + _mlp_weights(top_mlp_input_width(config), config.top_mlp_dims)
+
+
 class Dlrm(tf.keras.Model):
     """Bottom MLP -> [bottom output, embeddings] -> dot interaction or cross network -> top MLP -> logit."""
 
@@ -98,14 +127,9 @@ class Dlrm(tf.keras.Model):
         """Create every variable without a forward pass (which would need every rank's input)."""
         self.bottom_mlp(tf.zeros([1, self.padded_numerical]))
         self.embedding.build(None)
-        features = self.config.bottom_mlp_dims[-1] + sum(self.config.dims)
         if self.cross_network is not None:
-            self.cross_network(tf.zeros([1, features]))
-            top_width = interaction.cross_output_width(features)
-        else:
-            top_width = interaction.interaction_output_width(len(self.config.cardinalities) + 1,
-                                                             self.config.bottom_mlp_dims[-1])
-        self.top_mlp(tf.zeros([1, top_width]))
+            self.cross_network(tf.zeros([1, cross_input_width(self.config)]))
+        self.top_mlp(tf.zeros([1, top_mlp_input_width(self.config)]))
         self.built = True
 
     @property

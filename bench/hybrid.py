@@ -1,10 +1,10 @@
 """Hybrid-parallel embeddings on this machine's CPU: exchange bytes, step time, memory per rank.
 
 Three jobs, each run on 1 process (plain python) and on 2 ranks (horovodrun over Gloo):
-1. exchange bytes: one training step run eagerly with `distributed.alltoall` wrapped, so every
+1. exchange bytes: one training step run eagerly with Horovod's collectives wrapped, so every
    byte the embedding layer sends to another rank in the forward pass is counted; compared, per
    ordered rank pair, with the minimum (destination's local batch x the width the source holds x
-   dtype size) and with `hybrid_embedding.exchange_bytes_per_step`. For data-parallel input the
+   dtype size) and with the communication model (`recsys.sparse.comm_model`). For data-parallel input the
    id exchange is counted too (source's local batch x tables the destination holds x 4 bytes).
    Multi-hot (MULTIHOT: every mid table 4 ids per sample, `[b, h]`, sum pooling, two of them
    row-sliced): the pooled outputs still move one vector per sample and table (the one-hot
@@ -102,30 +102,57 @@ def row_slice_bytes(plan: ShardingPlan, table: int, local_ids, rank: int) -> Dic
 
 
 @contextlib.contextmanager
-def recording_alltoall() -> Iterator[Dict[str, List[int]]]:
-    """Wrap `distributed.alltoall` (eager only): per collective name, bytes sent to each rank.
-
-    The bytes to this rank itself stay local and are recorded as 0.
+def recording_collectives() -> Iterator[Dict[str, List[int]]]:
+    """Wrap Horovod's alltoall, allreduce, grouped_allreduce and allgather (eager only): per
+    collective name, the bytes this rank hands over. An all-to-all: per destination rank (0 to
+    itself), the backward passes' `<name>_grad` included; a reduction or gather: its buffer, one
+    entry (the fused dense gradients as `dense_gradients`, float16 under fp16 compression).
     """
     import numpy as np
 
     from recsys.runtime import distributed
 
-    real = distributed.alltoall
+    distributed.init()
+    hvd = distributed._hvd
+    real = {name: getattr(hvd, name) for name in ("alltoall", "allreduce", "grouped_allreduce", "allgather")}
     sent: Dict[str, List[int]] = {}
 
-    def wrapper(tensor, splits=None, name=None):
+    def add(name: str, counts) -> None:
+        previous = sent.setdefault(name, [0] * len(counts))
+        sent[name] = [int(a + b) for a, b in zip(previous, counts)]
+
+    def alltoall(tensor, splits=None, name=None, **kwargs):
         per_rank = np.asarray(splits).astype(np.int64) * tensor.shape[1:].num_elements() * tensor.dtype.size
         per_rank[distributed.rank()] = 0
-        previous = sent.setdefault(name, [0] * len(per_rank))
-        sent[name] = [int(a + b) for a, b in zip(previous, per_rank)]
-        return real(tensor, splits=splits, name=name)
+        add(name, per_rank)
+        return real["alltoall"](tensor, splits=splits, name=name, **kwargs)
 
-    distributed.alltoall = wrapper
+    def allreduce(tensor, *args, name=None, **kwargs):
+        add(name, [tf_bytes(tensor)])
+        return real["allreduce"](tensor, *args, name=name, **kwargs)
+
+    def grouped_allreduce(tensors, *args, compression=hvd.Compression.none, **kwargs):
+        half = compression is hvd.Compression.fp16
+        add("dense_gradients", [sum(int(t.shape.num_elements()) * (2 if half and t.dtype.is_floating else t.dtype.size)
+                                    for t in tensors)])
+        return real["grouped_allreduce"](tensors, *args, compression=compression, **kwargs)
+
+    def allgather(tensor, name=None, **kwargs):
+        add(name, [tf_bytes(tensor)])
+        return real["allgather"](tensor, name=name, **kwargs)
+
+    def tf_bytes(tensor) -> int:
+        return int(tensor.shape.num_elements()) * tensor.dtype.size
+
+    wrappers = {"alltoall": alltoall, "allreduce": allreduce, "grouped_allreduce": grouped_allreduce,
+                "allgather": allgather}
+    for name, wrapper in wrappers.items():
+        setattr(hvd, name, wrapper)
     try:
         yield sent
     finally:
-        distributed.alltoall = real
+        for name, function in real.items():
+            setattr(hvd, name, function)
 
 
 def build(options: dict, data_parallel_input: bool) -> tuple:
@@ -179,7 +206,7 @@ def eager_step_bytes(trainer: Trainer, batch: tuple) -> Dict[str, List[int]]:
 
     tf.config.run_functions_eagerly(True)
     try:
-        with recording_alltoall() as sent:
+        with recording_collectives() as sent:
             trainer.train_step(*batch)[0].numpy()
     finally:
         tf.config.run_functions_eagerly(False)
@@ -228,7 +255,7 @@ def worker(job: str, options: dict) -> dict:
     import tensorflow as tf
 
     from recsys.runtime import distributed as dist
-    from recsys.sparse.hybrid_embedding import exchange_bytes_per_step
+    from recsys.sparse.comm_model import StepLayout, step_collectives
 
     dist.init()
     tf.keras.utils.set_random_seed(0)
@@ -245,7 +272,8 @@ def worker(job: str, options: dict) -> dict:
         result["exchange_times_s"] = exchange_times(plan, options["batch"], options["exchange_runs"])
         _, dp_reads, dp_trainer = build(options, data_parallel_input=True)
         result["data_parallel_sent"] = eager_step_bytes(dp_trainer, rank_batches(options, dp_reads, 1)[0])
-        result["formula_bytes"] = exchange_bytes_per_step(plan, options["batch"], 4)
+        outputs = next(c for c in step_collectives(plan, StepLayout(options["batch"])) if c.name == "embeddings")
+        result["formula_bytes"] = sum(map(sum, outputs.sends))
         result["minimum_output_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=False)
         result["minimum_id_bytes"] = minimum_bytes(plan, options["batch"], 4, data_parallel_ids=True)
         result["multihot"] = multihot_bytes(multihot_options(options))
@@ -323,7 +351,7 @@ def exchange_report(ranks: List[dict]) -> dict:
         report[label] = {"measured_bytes": total, "minimum_bytes": sum(map(sum, minimum)),
                          "measured_per_pair": measured, "minimum_per_pair": minimum,
                          "equal": measured == minimum}
-    report["outputs_model_parallel_input"]["exchange_bytes_per_step"] = first["formula_bytes"]
+    report["outputs_model_parallel_input"]["comm_model_bytes"] = first["formula_bytes"]
     report["outputs_model_parallel_input"]["formula_equal"] = first["formula_bytes"] == sum(map(sum, first["minimum_output_bytes"]))
     report["collectives_recorded"] = sorted(set(first["model_parallel_sent"]) | set(first["data_parallel_sent"]))
     report["multihot"] = multihot_report([r["multihot"] for r in ranks])
@@ -411,7 +439,7 @@ def main() -> None:
     for label in ("outputs_model_parallel_input", "outputs_data_parallel_input", "ids_data_parallel_input"):
         e = exchange[label]
         print(f"{label:<34} {e['measured_bytes']:>12} {e['minimum_bytes']:>12} {str(e['equal']):>6}")
-    print(f"exchange_bytes_per_step() = {exchange['outputs_model_parallel_input']['exchange_bytes_per_step']}")
+    print(f"communication model: {exchange['outputs_model_parallel_input']['comm_model_bytes']}")
     print(f"multi-hot ({MULTIHOT['hotness']} ids per sample, 2 row-sliced tables):")
     for label, e in exchange["multihot"].items():
         per_id = f" (per-id vectors: {e['per_id_vectors_bytes']})" if "per_id_vectors_bytes" in e else ""

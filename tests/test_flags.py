@@ -81,6 +81,10 @@ BAD_VALUES = [
     (["--beta1", "1"], "--beta1 must be in [0, 1), got 1.0"),
     (["--beta2", "-0.1"], "--beta2 must be in [0, 1), got -0.1"),
     (["--cpu_offloading_threshold_gb", "-1"], "--cpu_offloading_threshold_gb must be >= 0, got -1"),
+    (["--plan_link_gbps", "0", "--print_sharding_plan"], "--plan_link_gbps must be a finite number > 0, got 0.0"),
+    (["--plan_intra_host_gbps", "inf"], "--plan_intra_host_gbps must be a finite number > 0, got inf"),
+    (["--plan_latency_us", "-1"], "--plan_latency_us must be a finite number >= 0, got -1.0"),
+    (["--plan_compute_ms", "nan"], "--plan_compute_ms must be a finite number >= 0, got nan"),
     (["--embedding_dim", "8,x"], "--embedding_dim must be an integer, a comma list of integers or a JSON file"),
     (["--embedding_dim", "/nonexistent/dims.json"], "--embedding_dim /nonexistent/dims.json: cannot read a JSON"),
 ]
@@ -114,6 +118,8 @@ BAD_COMBINATIONS = [
     (RESTORE + ["--saved_model_input_path", "/nonexistent/s"],
      "--restore_checkpoint_path and --saved_model_input_path cannot be used together"),
     (["--saved_model_input_path", "/nonexistent/s"], "--saved_model_input_path serves eval and inference only"),
+    (["--plan_link_gbps", "10"], "--plan_link_gbps needs --print_sharding_plan"),
+    (["--print_sharding_plan", "--plan_compute_ms", "3"], "--plan_compute_ms needs --plan_link_gbps"),
 ]
 
 

@@ -268,11 +268,19 @@ def test_print_sharding_plan(tmp_path):
                           "--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1",
                           "--dot_interaction", "tensorflow", "--print_sharding_plan", "--dist_strategy", "basic",
                           "--column_slice_threshold", "1000", "--data_parallel_threshold", "60",
+                          "--plan_link_gbps", "10", "--plan_intra_host_gbps", "8", "--plan_compute_ms", "2",
                           "--log_path", str(tmp_path / "log.json")], np=2, transport="gloo")
     assert_ok(result)
     assert "sharding plan: strategy basic, 2 rank(s), 4 tables of dim 8" in result.stdout
     assert "replicated on every rank: tables [2]" in result.stdout
     assert "table 0[cols 0:4] (500 rows)" in result.stdout and "table 0[cols 4:8] (500 rows)" in result.stdout
+    # each rank holds 12 columns (half of table 0, and table 1 or 3): 32 samples x 12 floats to the other;
+    # at 8 Gb/s between the two ranks of this host that is 1536 * 8 / 8e9 s
+    assert "embeddings (alltoall, forward): bytes sent by rank 0.. 1536, 1536; 0.002 ms" in result.stdout
+    assert "embeddings_grad (alltoall, backward): bytes sent by rank 0.. 1536, 1536" in result.stdout
+    assert "replicated_embedding_grad_0 (allgather, after): bytes sent by rank 0.. 1152, 1152" in result.stdout
+    assert "predicted at 10 Gb/s per host link, 2 rank(s) per host, 8 Gb/s within a host" in result.stdout
+    assert "predicted step with 2 ms of compute: unpipelined (compute + exchange) 2.0" in result.stdout
 
 
 def test_row_sliced_checkpoints_move_between_world_sizes(tmp_path):

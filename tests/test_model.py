@@ -11,7 +11,7 @@ from recsys.runtime import metrics
 from lr_scheduler import LearningRateScheduler, learning_rate_at
 from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from factory import single_process_model
-from model import Dlrm
+from model import Dlrm, dense_weight_count
 from recsys.training.model_config import DlrmConfig
 from recsys.training.optimizers import SGD, Adam, make_optimizers
 from recsys.training.trainer import eval_points
@@ -137,6 +137,15 @@ def test_network_shapes_initialisers_and_frozen_embeddings():
     assert all(layer.activation.__name__ == "relu" for layer in model.bottom_mlp.dense_layers)
     for table in model.table_views():
         assert np.abs(table.read_rows(0, table.rows)).max() <= math.sqrt(1.0 / table.rows) + 1e-7
+
+
+@pytest.mark.parametrize("overrides", [{}, {"interaction": "cross", "num_cross_layers": 2},
+                                       {"interaction": "cross", "cross_layer_projection_dim": 4}])
+def test_dense_weight_count_is_what_the_model_builds(overrides):
+    """The arithmetic docs/scaling.md uses for configurations too large to build."""
+    model = single_process_model(_config(**overrides))
+    model.build_weights()
+    assert dense_weight_count(model.config) == sum(v.shape.num_elements() for v in model.dense_variables)
 
 
 def test_config_validation_names_the_flag():

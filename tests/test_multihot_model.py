@@ -164,16 +164,16 @@ def test_repeated_ids_update_like_the_dense_reference(optimizer, fused):
 
 
 def test_the_plan_counts_hotness_in_memory_and_exchanged_ids():
-    from recsys.sparse.hybrid_embedding import exchange_bytes_per_step
+    from recsys.sparse.comm_model import StepLayout, step_collectives
     from recsys.sparse.sharding import MemoryBudget
 
     budget = MemoryBudget(None, optimizer_slots=1, update_rows=64)
     plan = plan_sharding([1000, 1000], (8,) * 2, 2, "basic", budget=budget, hotness=[1, 5], poolings=["sum", "mean"])
     one_hot, multi_hot = (plan.item_footprint(p) for p in sorted(plan.pieces, key=lambda p: p.table))
     assert multi_hot - one_hot == (5 - 1) * 64 * 8 * 4 * 3  # the update transient of 5x the ids
-    outputs = exchange_bytes_per_step(plan, 64, 4)
-    assert outputs == 2 * 32 * 8 * 4  # one pooled vector per sample and table, whatever the hotness
-    assert exchange_bytes_per_step(plan, 64, 4, data_parallel_input=True) == outputs + 32 * (1 + 5) * 4
+    sent = {c.name: sum(map(sum, c.sends)) for c in step_collectives(plan, StepLayout(64, data_parallel_input=True))}
+    assert sent["embeddings"] == 2 * 32 * 8 * 4  # one pooled vector per sample and table, whatever the hotness
+    assert sent["ids"] == 32 * (1 + 5) * 4
     assert "multi-hot: table 1 (5 ids, mean)" in plan.describe()
     with pytest.raises(ValueError, match="one pooling of"):
         plan_sharding([10], (8,), 1, poolings=["max"])

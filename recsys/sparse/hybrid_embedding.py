@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from recsys.runtime import distributed as dist
-from recsys.data.batch import TableReads, local_sizes, rank_start
+from recsys.data.batch import TableReads, rank_start
 from recsys.sparse.tables import Ids, TableSlice, TableView, VariableSelector, Vectors, as_int32, assign_rows, batch_size_of, blocks_or_joined, divide_by_lengths, fill_uniform, is_one_hot, join_blocks, pooled_lookup, read_variable_rows, row_lengths, tier_device
 from recsys.sparse.sharding import Piece, ShardingPlan
 
@@ -388,21 +388,3 @@ class HybridEmbedding(tf.keras.layers.Layer):
             result.append("remote" if not local else ("cpu" if on_host else "device"))
         return result
 
-
-def exchange_bytes_per_step(plan: ShardingPlan, global_batch: int, dtype_size: int,
-                            data_parallel_input: bool = False) -> int:
-    """Bytes the model-parallel exchanges move between different ranks in one forward pass: the
-    pooled outputs (destination's local batch x the width the source holds: one vector per sample
-    and table, whatever the hotness) and, with data-parallel input, the ids (source's local batch x
-    the hotness of each table the destination holds a piece of, 4 bytes each; a ragged feature
-    sends at most that, plus a 4-byte row length per sample). Row-sliced tables route what the
-    batch's ids need (`routed_lookup`), counted by bench/hybrid.py."""
-    rows = local_sizes(global_batch, plan.world_size)
-    total = 0
-    for source in range(plan.world_size):
-        for destination in range(plan.world_size):
-            if destination != source:
-                total += rows[destination] * plan.width_on(source) * dtype_size
-                if data_parallel_input:
-                    total += rows[source] * sum(plan.hotness[t] for t in plan.model_parallel_tables_on(destination)) * 4
-    return total
