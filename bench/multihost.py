@@ -230,8 +230,9 @@ def main() -> None:
     options = dict(QUICK if args.quick else FULL)
     np = args.np or slots(args.hosts)
     if options["batch"] % (np * options["micro_batches"]):
-        raise SystemExit(f"error: --np {np}: the batch {options['batch']} is not divisible by ranks x "
-                         f"{options['micro_batches']} micro-batches")
+        print(f"error: --np {np}: the batch {options['batch']} is not divisible by ranks x "
+              f"{options['micro_batches']} micro-batches", file=sys.stderr)
+        sys.exit(2)
     started = time.monotonic()
     rows = rows_of(run_job(args.hosts, np, args.transport, options), args.link_mbit, args.hosts, options)
     save(rows)
