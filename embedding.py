@@ -22,7 +22,7 @@ import tensorflow as tf
 from recsys.data.feature_spec import POOLINGS
 from recsys.runtime import distributed as dist
 from recsys.sparse.tables import (Ids, TableSlice, TableView, VariableSelector, Vectors, blocks_or_joined,
-                                  fill_uniform, is_one_hot, join_blocks, pooled_lookup, tier_device)
+                                  fill_uniform, is_one_hot, join_blocks, micro_batch_rows, pooled_lookup, tier_device)
 
 EMBEDDING_TYPES = ("multitable", "fused")
 
@@ -158,7 +158,18 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
                 layer.build(None)
         super().build(input_shape)
 
-    def call(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
+    exchanges_ids = False  # every table is whole here: no id leaves the process
+
+    def micro_batch_ids(self, ids: Sequence[Ids], parts: int) -> List[Tuple[Ids, ...]]:
+        """Micro-batch i's rows of every table's ids (`micro_batch_rows`)."""
+        return [tuple(micro_batch_rows(x, part, parts) for x in ids) for part in range(parts)]
+
+    def exchange_ids(self, ids: Sequence[Ids], tag: str = "") -> Tuple[Ids, ...]:
+        """The ids as they are: nothing to exchange on one process."""
+        return tuple(ids)
+
+    def call(self, ids: Sequence[Ids], as_blocks: bool = False, exchanged: bool = False, tag: str = "") -> Vectors:
+        """Every table's vectors of `ids` (`exchanged` and `tag` change nothing here)."""
         blocks = []
         for tables, on_host, layer in self.groups:
             with tier_device(on_host):

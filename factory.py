@@ -102,7 +102,8 @@ def build_trainer(plan: ShardingPlan, rank: int, reads: TableReads, options: Mod
     scheduler = LearningRateScheduler(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                       training.decay_steps)
     return Trainer(model, *make_optimizers(training.optimizer, training.beta_1, training.beta_2), scheduler,
-                   loss_scale=training.loss_scale, fp16_allreduce=training.fp16_allreduce)
+                   loss_scale=training.loss_scale, fp16_allreduce=training.fp16_allreduce,
+                   micro_batches=training.micro_batches, pipeline_input=training.pipeline_input)
 
 
 def communication_layout(trainer: Trainer, global_batch: int, data_parallel_input: bool) -> StepLayout:

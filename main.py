@@ -203,6 +203,13 @@ flags.DEFINE_bool("eval_in_last", False, "(SOK) Evaluate once, after the last tr
 flags.DEFINE_integer("early_stop", -1, "(SOK) Stop after N training steps in all (--max_steps N); <= 0: off")
 flags.DEFINE_float("target_auc", None, "Stop training after the evaluation that reaches this AUC (SOK and MLPerf: "
                                        "0.8025), saving the checkpoint and export as at the end")
+flags.DEFINE_bool("pipeline_input", TRAINING.pipeline_input,
+                  "With --data_parallel_input on several ranks: exchange the next batch's ids while this step "
+                  "computes (the same weights; --nopipeline_input exchanges them inside each step)")
+flags.DEFINE_integer("micro_batches", TRAINING.micro_batches,
+                     "Run each step's batch as N micro-batches in one step, so that one's embedding exchange "
+                     "overlaps another's compute (the same weights to float rounding; --batch_size must be "
+                     "divisible by ranks x N)")
 flags.DEFINE_bool("fp16_allreduce", TRAINING.fp16_allreduce, "Send the dense gradients' allreduce as float16 (Horovod's "
                                            "Compression.fp16): half the bytes, rounded gradients; several processes")
 
@@ -336,6 +343,7 @@ NUMERIC_FLAGS: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("plan_intra_host_gbps", _optional(lambda v: math.isfinite(v) and v > 0), "a finite number > 0"),
     ("plan_latency_us", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
     ("plan_compute_ms", _optional(lambda v: math.isfinite(v) and v >= 0), "a finite number >= 0"),
+    ("micro_batches", _at_least(1), ">= 1"),
 )
 LIST_FLAGS = ("top_mlp_dims", "bottom_mlp_dims", "synthetic_dataset_cardinalities", "synthetic_dataset_hotness",
               "hugectr_cardinalities", "num_embeddings_per_feature")
@@ -430,6 +438,10 @@ def validate_flags(opts: Any, world_size: int) -> None:
                         ("plan_latency_us", "plan_link_gbps"), ("plan_compute_ms", "plan_link_gbps")):
         if getattr(opts, name) and not getattr(opts, needs):
             raise UsageError(f"--{name} needs --{needs}")
+    if opts.mode == "train" and opts.micro_batches > 1 and opts.batch_size % (world_size * opts.micro_batches):
+        raise UsageError(f"--micro_batches {opts.micro_batches} on {world_size} rank(s) needs --batch_size "
+                         f"divisible by {world_size * opts.micro_batches} (every rank's micro-batches of one "
+                         f"size), got {opts.batch_size}")
     if world_size > 1 and (opts.mode == "deploy" or opts.saved_model_output_path):
         raise UsageError("SavedModel export (--mode deploy, --saved_model_output_path) runs on a single process; "
                          "export the checkpoint with `python main.py --mode deploy --restore_checkpoint_path ...`")
@@ -1205,7 +1217,7 @@ FLAG_GROUPS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
         "embedding_trainable", "embedding_zeros_initializer", "gpu_embedding_type", "cpu_embedding_type",
         "dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
         "data_parallel_input", "print_sharding_plan", "plan_link_gbps", "plan_intra_host_gbps", "plan_latency_us",
-        "plan_compute_ms", "fp16_allreduce")),
+        "plan_compute_ms", "fp16_allreduce", "pipeline_input", "micro_batches")),
     ("Dataset", (
         "dataset_path", "feature_spec", "dataset_type", "allow_external_data_paths", "validate_data",
         "shuffle_batch_order", "hugectr_cardinalities", "hugectr_dense_log", "num_embeddings_per_feature",

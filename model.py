@@ -10,13 +10,13 @@ needs one width, equal to the bottom MLP's output.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 import interaction
 from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
-from recsys.sparse.tables import EmbeddingLayer, TableView, VariableSelector
+from recsys.sparse.tables import EmbeddingLayer, TableView, VariableSelector, micro_batch_rows
 from recsys.training.model_config import DlrmConfig
 
 
@@ -109,19 +109,41 @@ class Dlrm(tf.keras.Model):
         self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp", seed=config.seed,
                            seed_offset=len(config.bottom_mlp_dims))
 
-    def call(self, inputs: Dict[str, Any], training: bool = False) -> tf.Tensor:
+    def call(self, inputs: Dict[str, Any], training: bool = False, ids_exchanged: bool = False,
+             tag: str = "") -> tf.Tensor:
+        """The logits of a batch; with `ids_exchanged` its categorical part is what `exchange_ids`
+        made of the ids (a step that exchanged them ahead), and `tag` names its collectives apart
+        (a micro-batch's)."""
         numerical = tf.cast(inputs[NUMERICAL_KEY], self.compute_dtype)
         padding = self.padded_numerical - self.config.num_numerical_features
         if padding:
             numerical = tf.pad(numerical, [[0, 0], [0, padding]])
         bottom = self.bottom_mlp(numerical)
         # [bottom, vector blocks...]: joined once for the cross network, read in place by the dot interaction.
+        ids = inputs[CATEGORICAL_KEY] if ids_exchanged else tuple(inputs[CATEGORICAL_KEY])
         blocks = [bottom] + [tf.cast(block, bottom.dtype)
-                             for block in self.embedding(tuple(inputs[CATEGORICAL_KEY]), as_blocks=True)]
+                             for block in self.embedding(ids, as_blocks=True, exchanged=ids_exchanged, tag=tag)]
         if self.cross_network is not None:
             features = tf.concat(blocks, axis=1)  # [B, bottom width + sum of table widths]
             return tf.cast(self.top_mlp(self.cross_network(features)), tf.float32)
         return tf.cast(self.top_mlp(self.interact(blocks)), tf.float32)
+
+    def micro_batches(self, features: Dict[str, Any], labels: tf.Tensor,
+                      parts: int) -> List[Tuple[Dict[str, Any], tf.Tensor]]:
+        """The batch as `parts` micro-batches (features, labels): micro-batch i holds rows
+        [rank_start(i, L, parts), rank_start(i + 1, L, parts)) of the local batch of L rows, its
+        ids in the form the embedding layer reads (`EmbeddingLayer.micro_batch_ids`)."""
+        if parts == 1:
+            return [(features, labels)]
+        ids = self.embedding.micro_batch_ids(tuple(features[CATEGORICAL_KEY]), parts)
+        return [({**{key: micro_batch_rows(value, part, parts) for key, value in features.items()
+                     if key != CATEGORICAL_KEY}, CATEGORICAL_KEY: ids[part]},
+                 micro_batch_rows(labels, part, parts)) for part in range(parts)]
+
+    def exchange_ids(self, features: Dict[str, Any], tag: str = "") -> Dict[str, Any]:
+        """`features` with its ids as the embedding layer's `exchange_ids` makes them (for
+        `call(..., ids_exchanged=True)`): the part of a batch that needs no weight."""
+        return {**features, CATEGORICAL_KEY: self.embedding.exchange_ids(tuple(features[CATEGORICAL_KEY]), tag)}
 
     def build_weights(self) -> None:
         """Create every variable without a forward pass (which would need every rank's input)."""

@@ -28,14 +28,14 @@ exchange; those of replicated tables are averaged over the ranks like dense weig
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from recsys.runtime import distributed as dist
 from recsys.data.batch import TableReads, rank_start
-from recsys.sparse.tables import Ids, TableSlice, TableView, VariableSelector, Vectors, as_int32, assign_rows, batch_size_of, blocks_or_joined, divide_by_lengths, fill_uniform, is_one_hot, join_blocks, pooled_lookup, read_variable_rows, row_lengths, tier_device
+from recsys.sparse.tables import Ids, TableSlice, TableView, VariableSelector, Vectors, as_int32, assign_rows, batch_size_of, blocks_or_joined, divide_by_lengths, fill_uniform, is_one_hot, join_blocks, micro_batch_rows, pooled_lookup, read_variable_rows, row_lengths, tier_device
 from recsys.sparse.sharding import Piece, ShardingPlan
 
 
@@ -236,7 +236,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
         super().build(input_shape)
 
     # ------------------------------------------------------------------ forward
-    def _exchange_ids(self, ids: Dict[int, Ids]) -> Tuple[Dict[int, Ids], tf.Tensor]:
+    def _exchange_ids(self, ids: Dict[int, Ids], tag: str) -> Tuple[Dict[int, Ids], tf.Tensor]:
         """Data-parallel input -> global-batch ids of this rank's tables, in the form they came, and
         every rank's local batch.
 
@@ -257,7 +257,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
             send.extend(ragged_values)
             splits.append(int(with_ragged) + local_batch * sum(_fixed_width(ids[t]) for t in tables)
                           + sum((tf.size(v) for v in ragged_values), tf.constant(0)))
-        received, received_splits = dist.alltoall(tf.concat(send, axis=0), splits=tf.stack(splits), name="ids")
+        received, received_splits = dist.alltoall(tf.concat(send, axis=0), splits=tf.stack(splits), name=f"ids{tag}")
         widths = [_fixed_width(ids[t]) for t in self.local_tables]
         ragged = [i for i, t in enumerate(self.local_tables) if isinstance(ids[t], tf.RaggedTensor)]
         parts: List[List[tf.Tensor]] = [[] for _ in self.local_tables]  # fixed parts by table, then source
@@ -285,7 +285,42 @@ class HybridEmbedding(tf.keras.layers.Layer):
                 global_ids[t] = flat if widths[i] == 1 else tf.reshape(flat, [-1, widths[i]])
         return global_ids, tf.stack(batches)
 
-    def call(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
+    @property
+    def exchanges_ids(self) -> bool:
+        """Whether `exchange_ids` sends ids between ranks (data-parallel input with model-parallel
+        pieces on several ranks): only then is there an exchange to run ahead of the step."""
+        return self.data_parallel_input and self.world_size > 1 and bool(self.plan.pieces)
+
+    def micro_batch_ids(self, ids: Sequence[Ids], parts: int) -> List[Tuple[Ids, ...]]:
+        """The ids of each of `parts` micro-batches, in the form `call` takes: micro-batch i holds
+        rows [rank_start(i, L, parts), rank_start(i + 1, L, parts)) of every rank's local batch of
+        L rows. Data-parallel input: those rows of the local batch; model-parallel input (global
+        batch): those rows of every rank's part of it, in rank order, so micro-batch i is again a
+        global batch whose ranks' parts lie where `local_batch_bounds` puts them when the global
+        batch is a multiple of world_size x parts (main.py checks --micro_batches so)."""
+        if parts == 1:
+            return [tuple(ids)]
+        if self.data_parallel_input:
+            return [tuple(micro_batch_rows(x, part, parts) for x in ids) for part in range(parts)]
+        bounds = local_batch_bounds(batch_size_of(ids[0]), self.world_size)
+        result = []
+        for part in range(parts):
+            rows = []
+            for rank in range(self.world_size):
+                local = bounds[rank + 1] - bounds[rank]
+                rows.append(tf.range(bounds[rank] + rank_start(part, local, parts),
+                                     bounds[rank] + rank_start(part + 1, local, parts)))
+            selected = tf.concat(rows, axis=0)
+            result.append(tuple(tf.gather(x, selected) for x in ids))
+        return result
+
+    def exchange_ids(self, ids: Sequence[Ids], tag: str = "") -> Tuple[Tuple[Ids, ...], Tuple[Ids, ...], tf.Tensor]:
+        """Everything before the lookups, which depends on the ids alone: the global-batch ids of this
+        rank's model-parallel tables (`local_tables` order; exchanged by one all-to-all with
+        data-parallel input), the local-batch ids of the replicated and row-sliced tables, and every
+        rank's local batch size. `call(..., exchanged=True)` takes the result, so a step can run it
+        ahead for the next batch (trainer.Trainer, pipelined input). `tag` ends the collective's
+        name, unique per micro-batch."""
         if len(ids) != len(self.reads.tables):
             raise ValueError(f"{self.name} on rank {self.rank} expects ids of tables {list(self.reads.tables)}, "
                              f"got {len(ids)} id tensors")
@@ -293,7 +328,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
         local_tables = self.plan.replicated + self.plan.row_sliced  # looked up for the local batch only
         if self.data_parallel_input:
             local_ids = {t: by_table[t] for t in local_tables}
-            global_ids, batches = (self._exchange_ids(by_table) if self.world_size > 1 and self.plan.pieces
+            global_ids, batches = (self._exchange_ids(by_table, tag) if self.exchanges_ids
                                    else (by_table, tf.reshape(batch_size_of(ids[0]), [1])))
         else:
             bounds = local_batch_bounds(batch_size_of(ids[0]), self.world_size)
@@ -301,7 +336,16 @@ class HybridEmbedding(tf.keras.layers.Layer):
             mine = (bounds[self.rank], bounds[self.rank + 1])
             local_ids = {t: by_table[t][mine[0]:mine[1]] for t in local_tables}
             global_ids = by_table
-        received = self._exchange_outputs(global_ids, batches) if self.plan.pieces else {}
+        return (tuple(global_ids[t] for t in self.local_tables), tuple(local_ids[t] for t in local_tables),
+                batches)
+
+    def call(self, ids: Any, as_blocks: bool = False, exchanged: bool = False, tag: str = "") -> Vectors:
+        """The vectors of `ids` (the tables of `reads`), or, with `exchanged`, of what `exchange_ids`
+        made of them; `tag` ends every collective's name (micro-batches need their own)."""
+        global_part, local_part, batches = ids if exchanged else self.exchange_ids(ids, tag)
+        global_ids = dict(zip(self.local_tables, global_part))
+        local_ids = dict(zip(self.plan.replicated + self.plan.row_sliced, local_part))
+        received = self._exchange_outputs(global_ids, batches, tag) if self.plan.pieces else {}
         vectors = []
         for table in range(len(self.plan.cardinalities)):
             pooling = self.plan.poolings[table]
@@ -311,14 +355,14 @@ class HybridEmbedding(tf.keras.layers.Layer):
             elif table in self.row_blocks:
                 vectors.append(routed_lookup(self.row_blocks[table], local_ids[table], self.plan.row_starts(table),
                                              self.rank, self.world_size, pooling, self.output_dtype,
-                                             f"row_sliced_table_{table}"))
+                                             f"row_sliced_table_{table}{tag}"))
             else:
                 vectors.append(join_blocks([received[(p.rank, p.table, p.col_start)]
                                             for p in self.plan.pieces_of(table)]))
         return blocks_or_joined(vectors, as_blocks)
 
-    def _exchange_outputs(self, global_ids: Dict[int, Ids],
-                          batches: tf.Tensor) -> Dict[Tuple[int, int, int], tf.Tensor]:
+    def _exchange_outputs(self, global_ids: Dict[int, Ids], batches: tf.Tensor,
+                          tag: str) -> Dict[Tuple[int, int, int], tf.Tensor]:
         """Look up and pool local pieces for the global batch; return every piece's pooled rows of my
         local batch (one vector per sample, whatever the hotness)."""
         outputs = [tf.cast(pooled_lookup(variable, global_ids[piece.table], self.plan.poolings[piece.table]),
@@ -329,7 +373,7 @@ class HybridEmbedding(tf.keras.layers.Layer):
             received = [tf.concat(outputs, axis=1)]
         else:
             send = tf.reshape(tf.concat(outputs, axis=1), [-1])
-            exchanged, received_splits = dist.alltoall(send, splits=batches * width_mine, name="embeddings")
+            exchanged, received_splits = dist.alltoall(send, splits=batches * width_mine, name=f"embeddings{tag}")
             received = [tf.reshape(block, [-1, self.plan.width_on(source)]) for source, block in
                         enumerate(tf.split(exchanged, received_splits, num=self.world_size))]
         by_piece = {}

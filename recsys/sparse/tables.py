@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Any, Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
 
+from recsys.data.batch import rank_start
 from recsys.data.feature_spec import POOLINGS
 
 Ids = Union[tf.Tensor, tf.RaggedTensor]
@@ -28,6 +29,13 @@ def batch_size_of(ids: Ids) -> tf.Tensor:
     if isinstance(ids, tf.RaggedTensor):
         return tf.cast(ids.nrows(), tf.int32)
     return tf.shape(ids, out_type=tf.int32)[0]
+
+
+def micro_batch_rows(ids: Ids, part: int, parts: int) -> Ids:
+    """Micro-batch `part` of `parts` of an id tensor of any form: rows [rank_start(part, B, parts),
+    rank_start(part + 1, B, parts)), the batch contract's one split formula."""
+    batch = batch_size_of(ids)
+    return ids[rank_start(part, batch, parts):rank_start(part + 1, batch, parts)]
 
 
 def as_int32(ids: Ids) -> Ids:
@@ -229,8 +237,21 @@ class EmbeddingLayer(Protocol):
     the pooled vectors `[B, sum of widths]`, or the blocks of them (`as_blocks`), in feature order."""
 
     trainable_variables: List[tf.Variable]
+    exchanges_ids: bool  # whether exchange_ids sends ids between ranks (worth running ahead of a step)
 
-    def __call__(self, ids: Sequence[Ids], as_blocks: bool = False) -> Vectors:
+    def __call__(self, ids: Any, as_blocks: bool = False, exchanged: bool = False, tag: str = "") -> Vectors:
+        """The vectors of `ids`, or with `exchanged` of `exchange_ids(ids)`; `tag` ends the names of
+        the layer's collectives (each micro-batch of a step has its own)."""
+        ...
+
+    def micro_batch_ids(self, ids: Sequence[Ids], parts: int) -> List[Tuple[Ids, ...]]:
+        """The ids of each of `parts` micro-batches of every rank's local batch (`micro_batch_rows`'
+        rows), in the form the layer reads."""
+        ...
+
+    def exchange_ids(self, ids: Sequence[Ids], tag: str = "") -> Any:
+        """What the lookups need of `ids` that depends on the ids alone (a nest of tensors): the
+        ids after any exchange between ranks; the one-process layer's is the ids themselves."""
         ...
 
     def build(self, input_shape) -> None:

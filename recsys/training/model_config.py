@@ -53,6 +53,11 @@ class TrainingSettings:
     decay_steps: int = 24000
     loss_scale: Optional[float] = None
     fp16_allreduce: bool = False  # the dense gradients' allreduce sent as float16 (Horovod's compression)
+    # Overlap of the exchanges with compute (trainer.Trainer): the next batch's id all-to-all during
+    # this step (where the layer exchanges ids: data-parallel input on several ranks), and each
+    # step's local batch as this many micro-batches in one graph. Same weights either way.
+    pipeline_input: bool = True
+    micro_batches: int = 1
 
 
 def table_widths(embedding_dim: Union[int, Sequence[int]], num_tables: int, *, cross: bool,

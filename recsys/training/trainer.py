@@ -37,6 +37,16 @@ class TrainableModel(Protocol):
     embedding_variables: List[tf.Variable]
 
     def __call__(self, *args: Any, **kwargs: Any) -> tf.Tensor:
+        """The logits of a batch's features (`ids_exchanged=True`: features from `exchange_ids`;
+        `tag` names a micro-batch's collectives apart)."""
+        ...
+
+    def micro_batches(self, features: Dict[str, Any], labels: tf.Tensor, parts: int) -> List[Tuple[Any, tf.Tensor]]:
+        """The batch as `parts` micro-batches of (features, labels)."""
+        ...
+
+    def exchange_ids(self, features: Dict[str, Any], tag: str = "") -> Dict[str, Any]:
+        """The features with their ids exchanged between the ranks (what needs no weight)."""
         ...
 
     def table_views(self, selector: Optional[Callable[[tf.Variable], tf.Variable]] = None) -> list:
@@ -97,24 +107,45 @@ def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
     return sorted({int(round(x)) for x in np.linspace(0, steps_per_epoch - 1, evals_per_epoch + 1)[1:]})
 
 
+# One step's batch, ready for the weights: per micro-batch its features with the ids exchanged
+# (`TrainableModel.exchange_ids`) and its labels.
+Prepared = Tuple[Tuple[Dict[str, Any], tf.Tensor], ...]
+
+
 class Trainer:
-    """Owns the compiled train and predict functions of a model and its optimizers."""
+    """Owns the compiled train and predict functions of a model and its optimizers.
+
+    `micro_batches` N > 1 runs each step's local batch as N micro-batches in one graph: each its own
+    forward pass and exchanges (collectives named apart), their losses weighted by their rows and
+    summed, so one backward pass gives the whole batch's gradients (the same weights as one batch,
+    to float rounding) while one micro-batch's exchange can run during another's compute.
+    `pipeline_input` (where the embedding layer exchanges ids: `exchanges_ids`) makes
+    `train_pipelined` available: a step on a batch whose ids were exchanged before it, which
+    exchanges the next batch's ids in the same graph, with no dependency on the step's compute.
+    """
 
     def __init__(self, model: TrainableModel, dense_optimizer: Optimizer, embedding_optimizer: Optimizer,
                  scheduler: Schedule, loss_scale: Optional[float] = None,
-                 fp16_allreduce: bool = False) -> None:
+                 fp16_allreduce: bool = False, micro_batches: int = 1, pipeline_input: bool = False) -> None:
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.model = model
         self.fp16_allreduce = fp16_allreduce
         self.dense_optimizer = dense_optimizer
         self.embedding_optimizer = embedding_optimizer
         self.scheduler = scheduler
         self.loss_scale = loss_scale
+        self.micro_batches = micro_batches
+        self.pipelined = pipeline_input and bool(model.embedding.exchanges_ids)
         dense_optimizer.build(model.dense_variables)
         embedding_optimizer.build(model.embedding_variables)
         with tf.device("/CPU:0"):
             self.first_nonfinite_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
         self.train_step = tf.function(self._train_step)
         self.train_next = tf.function(self._train_next)
+        self.exchange_next = tf.function(self._exchange_next)
+        # The carried batch's ragged ids change length from step to step: one trace for all of them.
+        self.train_pipelined = tf.function(self._train_pipelined, reduce_retracing=True)
 
     def check_finite(self) -> None:
         """Raise NonFiniteLossError if any step so far had a NaN/Inf loss.
@@ -127,20 +158,42 @@ class Trainer:
             raise NonFiniteLossError(f"training loss became NaN or Inf at step {first}; stopping without "
                                      f"writing a checkpoint (the last one saved is intact)")
 
+    def _tag(self, part: int) -> str:
+        """The suffix of micro-batch `part`'s collective names (none without micro-batches)."""
+        return f"_mb{part}" if self.micro_batches > 1 else ""
+
+    def prepare(self, features: Dict[str, Any], labels: tf.Tensor) -> Prepared:
+        """The batch's micro-batches with their ids exchanged: all of a step that reads no weight."""
+        parts = self.model.micro_batches(features, labels, self.micro_batches)
+        return tuple((self.model.exchange_ids(part_features, self._tag(part)), part_labels)
+                     for part, (part_features, part_labels) in enumerate(parts))
+
     def _train_step(self, features: Dict[str, tf.Tensor], labels: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-        loss, learning_rate, _ = self._step(features, labels, tf.zeros([len(STOP_SIGNALS)]))
+        loss, learning_rate, _ = self._step(self.prepare(features, labels), tf.zeros([len(STOP_SIGNALS)]))
         return loss, learning_rate
 
-    def _step(self, features: Dict[str, tf.Tensor], labels: tf.Tensor,
-              stop_vote: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """One step; returns the mean loss over ranks, the learning rate, and the ranks' averaged
-        stop votes (stop_signals.vote), which ride the loss's allreduce: no extra collective."""
+    def _loss(self, prepared: Prepared) -> tf.Tensor:
+        """The local batch's mean loss: with micro-batches, each one's mean weighted by its share
+        of the rows, summed."""
+        losses, rows = [], []
+        for part, (features, labels) in enumerate(prepared):
+            logits = self.model(features, training=True, ids_exchanged=True, tag=self._tag(part))
+            losses.append(tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)))
+            rows.append(tf.cast(tf.shape(labels)[0], losses[-1].dtype))
+        if len(losses) == 1:
+            return losses[0]
+        total = tf.add_n(rows)
+        return tf.add_n([loss * (count / total) for loss, count in zip(losses, rows)])
+
+    def _step(self, prepared: Prepared, stop_vote: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """One step on a prepared batch (`prepare`); returns the mean loss over ranks, the learning
+        rate, and the ranks' averaged stop votes (stop_signals.vote), which ride the loss's
+        allreduce: no extra collective."""
         step = self.scheduler.step.read_value()
         learning_rate = self.scheduler.advance()
         dense_vars, embedding_vars = self.model.dense_variables, self.model.embedding_variables
         with tf.GradientTape() as tape:
-            logits = self.model(features, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            loss = self._loss(prepared)
             scaled_loss = loss * self.loss_scale if self.loss_scale else loss
         gradients = tape.gradient(scaled_loss, dense_vars + embedding_vars)
         if self.loss_scale:
@@ -166,8 +219,24 @@ class Trainer:
         """`_step` on the iterator's next batch, taken inside the step's graph: the batch's
         tensors never become Python objects (a Python-side `next` costs tens of microseconds per
         tensor, a batch has one per feature), so the loader runs at its in-graph rate."""
-        features, labels = next(batches)
-        return self._step(features, labels, stop_vote)
+        return self._step(self.prepare(*next(batches)), stop_vote)
+
+    def _exchange_next(self, batches: tf.data.Iterator) -> Prepared:
+        """The iterator's next batch, prepared (`prepare`): fills the input pipeline at an epoch's
+        first step, before `train_pipelined` carries it on."""
+        return self.prepare(*next(batches))
+
+    def _train_pipelined(self, batches: tf.data.Iterator, prepared: Prepared, stop_vote: tf.Tensor,
+                         prefetch: bool) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, Prepared]:
+        """`_step` on `prepared` (this step's batch, its ids exchanged by the previous call or by
+        `exchange_next`) and, with `prefetch`, the iterator's next batch prepared in the same graph:
+        its id exchange depends on nothing of this step, so it runs while this step computes.
+        Returns the step's results and the next batch (empty without `prefetch`: the epoch's last
+        step). The same weights as `train_next` on the same batches: only the time the ids are
+        exchanged moves."""
+        upcoming = self._exchange_next(batches) if prefetch else ()
+        loss, learning_rate, stop_votes = self._step(prepared, stop_vote)
+        return loss, learning_rate, stop_votes, upcoming
 
     def training_state(self, feature_names: Sequence[str], optimizer_name: str) -> TrainingState:
         """The variables a checkpoint saves and restores, named in the global per-table layout."""
@@ -331,16 +400,33 @@ class _DlrmLoopParts:
         self.evaluations: List[EvalResult] = []
         self.evaluated_at: Optional[int] = None
         self.reached_at: Optional[int] = None  # the step whose evaluation reached config.target_auc
+        self.upcoming: Optional[Prepared] = None  # pipelined input: the next batch, its ids exchanged
+        self.steps_left = 0  # steps the open epoch still takes
 
     def open_epoch(self, epoch: int, offset: int, steps: int) -> tf.data.Iterator:
+        """The epoch's batches from `offset` on; the input pipeline starts empty (filled by the
+        epoch's first step), so a resumed run exchanges exactly the batches an unbroken one did."""
+        self.upcoming, self.steps_left = None, steps
         return iter(prefetch_to_device(self.train_dataset.skip(offset).take(steps)))
 
     def step(self, batches: tf.data.Iterator, step: int, stop_vote: tf.Tensor) -> Optional[tf.Tensor]:
+        """One training step; pipelined (Trainer.train_pipelined), it trains on the batch the
+        previous step exchanged and exchanges the next, except at the epoch's last step. What it
+        carries is only ids, so evaluations and checkpoints between steps leave it valid, and a
+        stop or the epoch's end simply drops it."""
         _maybe_profile(self.config, step, self.rank)
         try:
-            self.loss, self.learning_rate, stop_votes = self.trainer.train_next(batches, stop_vote)
+            if not self.trainer.pipelined:
+                self.loss, self.learning_rate, stop_votes = self.trainer.train_next(batches, stop_vote)
+                return stop_votes
+            if self.upcoming is None:
+                self.upcoming = self.trainer.exchange_next(batches)
         except tf.errors.OutOfRangeError:
             return None
+        self.steps_left -= 1
+        self.loss, self.learning_rate, stop_votes, upcoming = self.trainer.train_pipelined(
+            batches, self.upcoming, stop_vote, self.steps_left > 0)
+        self.upcoming = upcoming or None
         return stop_votes
 
     def progress(self, step: int, timer: StepTimer) -> None:

@@ -1,0 +1,250 @@
+"""Exchange/compute overlap of the hybrid-parallel step on several hosts (any horovodrun host list).
+
+One horovodrun job (default `-H localhost:3`; on a cluster, e.g. `--hosts h1:1,h2:1,h3:1` and the
+links' rate as `--link_mbit`) runs the worker on every rank. With data-parallel input (so every
+step has an id exchange), the same model and batches, each rank times, as the median of the timed
+steps after warm-up:
+- `step_ms`, unpipelined: `Trainer.train_next`, one micro-batch, the ids exchanged inside the step;
+- `step_ms`, pipelined: `Trainer.train_pipelined` with `--micro_batches` M: the next batch's ids
+  exchanged during this step, one micro-batch's embedding all-to-all during another's compute;
+- `compute_ms`: the unpipelined step traced with every all-to-all replaced by the identity (the
+  allreduces stay). The shapes stay those of the real step because every rank holds the same
+  width of equally large tables (the configs below; row slicing would break it);
+- `exchange_ms`: the exchanges alone: the id all-to-all, the lookups, the embedding all-to-all
+  and its gradient all-to-all, nothing of the MLPs or the optimizer.
+The slowest rank's median is the row's value. Each rank also reports, from the traced graphs
+(`recsys.training.step_graph.overlap_report`), which overlaps the graph allows. Rows (keys
+link_mbit, pipelined, step_ms, compute_ms, exchange_ms, ...) replace those of the same hosts and
+link rate in bench/results/multihost.json; a table is printed. The goal on rate-limited links:
+pipelined step <= 1.2 x max(compute, exchange), with the unpipelined near compute + exchange.
+Timings on a shared machine are no results: run it on a quiet cluster.
+
+Usage: python -m bench.multihost [--hosts H] [--np N] [--link_mbit X] [--transport gloo|mpi] [--quick]
+       python -m bench.multihost --worker '<json options>'   (one rank, under horovodrun)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "bench", "results", "multihost.json")
+RESULT_MARK = "MULTIHOST_RESULT "
+WARMUP_STEPS = 3
+
+# Equal tables (every rank the same width): the identity all-to-all keeps the real shapes.
+FULL = {"cardinalities": [200_000] * 6, "dim": 64, "batch": 12288, "bottom": [512, 256, 64],
+        "top": [1024, 512, 256, 1], "micro_batches": 4, "steps": 20, "batches": 4}
+QUICK = {"cardinalities": [2_000] * 6, "dim": 16, "batch": 384, "bottom": [32, 16], "top": [32, 1],
+         "micro_batches": 2, "steps": 3, "batches": 2}
+
+
+# ---------------------------------------------------------------------------- worker side
+@contextlib.contextmanager
+def identity_alltoall() -> Iterator[None]:
+    """While active, `distributed.alltoall` sends nothing: each rank keeps its own buffer (what
+    traces in the meantime has no all-to-all; shapes stay right only where every rank sends what it
+    receives, as in this benchmark's configs)."""
+    import tensorflow as tf
+
+    from recsys.runtime import distributed
+
+    real = distributed.alltoall
+
+    def local(tensor, splits=None, name=None):
+        return tf.identity(tensor), tf.cast(splits, tf.int32)
+
+    distributed.alltoall = local
+    try:
+        yield
+    finally:
+        distributed.alltoall = real
+
+
+def _trainer(options: dict, micro_batches: int, name: str):
+    """The SGD trainer of the options' model with data-parallel input, and what this rank reads."""
+    from recsys.runtime import distributed as dist
+    from factory import ModelOptions, build_trainer
+    from interaction import resolve_interaction_name
+    from recsys.training.model_config import DlrmSettings, TrainingSettings
+    from recsys.sparse.sharding import plan_sharding
+    from bench.hybrid import NUM_NUMERICAL
+
+    cardinalities = options["cardinalities"]
+    plan = plan_sharding(cardinalities, (options["dim"],) * len(cardinalities), dist.size(), "basic")
+    reads = plan.reads(dist.rank(), data_parallel_input=True)
+    trainer = build_trainer(plan, dist.rank(), reads, ModelOptions(
+        num_numerical_features=NUM_NUMERICAL,
+        model=DlrmSettings(bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
+                           interaction=resolve_interaction_name("auto")),
+        training=TrainingSettings(learning_rate=0.01, warmup_steps=0, decay_start_step=10**9, decay_steps=1,
+                                  micro_batches=micro_batches, pipeline_input=True)), name=name)
+    return trainer, reads
+
+
+def _batches(options: dict, reads):
+    """An endless iterator over the options' random batches as this rank's loader would give them."""
+    import tensorflow as tf
+
+    from bench.hybrid import rank_batches
+
+    batches = rank_batches(options, reads, options["batches"])
+    dataset = tf.data.Dataset.from_tensors(batches[0])
+    for batch in batches[1:]:
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+    return iter(dataset.repeat())
+
+
+def median_ms(run: Callable[[], Any], steps: int) -> float:
+    """The median of `steps` timed calls of `run` (each ends with a host read) after warm-up, in ms."""
+    times = []
+    for i in range(WARMUP_STEPS + steps):
+        start = time.perf_counter()
+        run()
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def worker(options: dict) -> Optional[dict]:
+    """This rank's timings and overlap report; rank 0 returns every rank's, the others None."""
+    import tensorflow as tf
+
+    from recsys.data.batch import CATEGORICAL_KEY
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.stop_signals import STOP_SIGNALS
+    from recsys.training.step_graph import overlap_report
+
+    dist.init()
+    steps, vote = options["steps"], tf.zeros([len(STOP_SIGNALS)])
+    plain, reads = _trainer(options, 1, "plain")
+    overlapped, _ = _trainer(options, options["micro_batches"], "overlapped")
+    plain_batches, overlapped_batches = _batches(options, reads), _batches(options, reads)
+
+    unpipelined_ms = median_ms(lambda: plain.train_next(plain_batches, vote)[0].numpy(), steps)
+    carried = {"next": overlapped.exchange_next(overlapped_batches)}
+
+    def pipelined_step() -> None:
+        loss, _, _, carried["next"] = overlapped.train_pipelined(overlapped_batches, carried["next"], vote, True)
+        loss.numpy()
+
+    pipelined_ms = median_ms(pipelined_step, steps)
+    with identity_alltoall():
+        local_step = tf.function(plain._train_next)
+        local_step(plain_batches, vote)[0].numpy()  # traced here, without all-to-all
+    compute_ms = median_ms(lambda: local_step(plain_batches, vote)[0].numpy(), steps)
+
+    @tf.function
+    def exchanges(batches: tf.data.Iterator) -> tf.Tensor:
+        (features, _), = plain.prepare(*next(batches))
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(plain.model.embedding(features[CATEGORICAL_KEY], exchanged=True))
+        gradients = tape.gradient(total, plain.model.embedding_variables)
+        return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g.values if hasattr(g, "values") else g))
+                         for g in gradients if g is not None] + [total])
+
+    exchange_ms = median_ms(lambda: exchanges(plain_batches).numpy(), steps)
+    graphs = {"unpipelined": plain.train_next.get_concrete_function(plain_batches, vote).graph,
+              "pipelined": overlapped.train_pipelined.get_concrete_function(
+                  overlapped_batches, carried["next"], vote, True).graph}
+    mine = {"rank": dist.rank(), "unpipelined_ms": unpipelined_ms, "pipelined_ms": pipelined_ms,
+            "compute_ms": compute_ms, "exchange_ms": exchange_ms,
+            "overlap": {name: overlap_report(graph) for name, graph in graphs.items()}}
+    ranks = dist.allgather_object(mine)
+    return ranks if dist.rank() == 0 else None
+
+
+# ---------------------------------------------------------------------------- launcher side
+def slots(hosts: str) -> int:
+    """The processes a horovodrun host list holds ("a:2,b:1" -> 3; a host without a count: 1)."""
+    return sum(int(entry.rsplit(":", 1)[1]) if ":" in entry else 1 for entry in hosts.split(",") if entry)
+
+
+def run_job(hosts: str, np: int, transport: str, options: dict) -> List[dict]:
+    """The worker on `np` ranks of `hosts`; every rank's result (rank 0 prints them)."""
+    launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    mode = ["--gloo"] if transport == "gloo" else ["--mpi"]
+    command = [launcher if os.path.exists(launcher) else "horovodrun", "-np", str(np), "-H", hosts, *mode,
+               sys.executable, "-m", "bench.multihost", "--worker", json.dumps(options)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    for line in result.stdout.splitlines():
+        if RESULT_MARK in line:
+            return json.loads(line.split(RESULT_MARK, 1)[1])
+    raise SystemExit(f"error: the benchmark job on {hosts} gave no result (exit {result.returncode}):\n"
+                     f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+
+def rows_of(ranks: List[dict], link_mbit: Optional[float], hosts: str, options: dict) -> List[dict]:
+    """Two rows, unpipelined and pipelined, each with the slowest rank's medians."""
+    compute = max(r["compute_ms"] for r in ranks)
+    exchange = max(r["exchange_ms"] for r in ranks)
+    rows = []
+    for pipelined in (False, True):
+        step = max(r["pipelined_ms" if pipelined else "unpipelined_ms"] for r in ranks)
+        rows.append({"link_mbit": link_mbit, "pipelined": pipelined, "step_ms": step, "compute_ms": compute,
+                     "exchange_ms": exchange, "step_over_max": step / max(compute, exchange),
+                     "step_over_sum": step / (compute + exchange), "hosts": hosts, "np": len(ranks),
+                     "micro_batches": options["micro_batches"] if pipelined else 1,
+                     "overlap": ranks[0]["overlap"]["pipelined" if pipelined else "unpipelined"],
+                     "per_rank_step_ms": [r["pipelined_ms" if pipelined else "unpipelined_ms"] for r in ranks],
+                     "config": options})
+    return rows
+
+
+def save(rows: List[dict]) -> List[dict]:
+    """The results file's rows with `rows` in place of those of the same hosts, link rate and mode."""
+    old = []
+    if os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            old = json.load(f)["rows"]
+    keys = {(r["hosts"], r["link_mbit"], r["pipelined"]) for r in rows}
+    merged = [r for r in old if (r["hosts"], r["link_mbit"], r["pipelined"]) not in keys] + rows
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump({"rows": merged}, f, indent=1)
+    return merged
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        ranks = worker(json.loads(sys.argv[2]))
+        if ranks is not None:
+            print(RESULT_MARK + json.dumps(ranks), flush=True)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", default="localhost:3", help="horovodrun's -H (default: localhost:3)")
+    parser.add_argument("--np", type=int, default=None, help="ranks (default: the host list's slots)")
+    parser.add_argument("--link_mbit", type=float, default=None, help="the links' rate, recorded in the rows")
+    parser.add_argument("--transport", choices=("gloo", "mpi"), default="gloo")
+    parser.add_argument("--quick", action="store_true", help="a small model, a few steps (a smoke run)")
+    args = parser.parse_args()
+    options = dict(QUICK if args.quick else FULL)
+    np = args.np or slots(args.hosts)
+    if options["batch"] % (np * options["micro_batches"]):
+        print(f"error: --np {np}: the batch {options['batch']} is not divisible by ranks x "
+              f"{options['micro_batches']} micro-batches", file=sys.stderr)
+        sys.exit(2)
+    started = time.monotonic()
+    rows = rows_of(run_job(args.hosts, np, args.transport, options), args.link_mbit, args.hosts, options)
+    save(rows)
+    print(f"{'hosts':<24} {'link Mbit/s':>11} {'pipelined':>9} {'step ms':>9} {'compute ms':>10} "
+          f"{'exchange ms':>11} {'step/max':>8} {'step/sum':>8}")
+    for r in rows:
+        link = "-" if r["link_mbit"] is None else f"{r['link_mbit']:g}"
+        print(f"{r['hosts']:<24} {link:>11} {str(r['pipelined']):>9} {r['step_ms']:>9.1f} {r['compute_ms']:>10.1f} "
+              f"{r['exchange_ms']:>11.1f} {r['step_over_max']:>8.2f} {r['step_over_sum']:>8.2f}")
+    print(f"overlaps the graphs allow (pipelined): {rows[1]['overlap']}; {time.monotonic() - started:.0f} s; "
+          f"results: {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
