@@ -262,6 +262,9 @@ do_up() {
   user="$(range_user "${prefix}")"
   [[ -z "${user}" ]] || die "${prefix}.0/24 is in use by ${user%%$'\n'*}; set DLRM_CLUSTER_SUBNET to a free /24"
   command -v "${SSHD}" >/dev/null || fail "${SSHD} not found (Debian package openssh-server; scripts/setup.sh installs it)"
+  if [[ ! -d "$(dirname "${SSH_DROPIN}")" ]] || ! command -v ssh >/dev/null; then
+    fail "ssh or $(dirname "${SSH_DROPIN}") not found (Debian package openssh-client; scripts/setup.sh installs it)"
+  fi
   if healthy; then
     [[ "${NODES}" == "${nodes}" && "${PREFIX}" == "${prefix}" ]] \
       || die "a cluster of ${NODES} hosts on ${PREFIX}.0/24 is up; scripts/test_cluster.sh down first"

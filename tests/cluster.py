@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 from multiproc import REPO_ROOT, require, run_horovod
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "test_cluster.sh")
+SUBNET = os.environ.get("DLRM_CLUSTER_SUBNET", "10.213.57.0/24")  # the cluster's /24 (the script's default)
 NODE_PREFIX = "dlrm-node"
 INTERFACE = "dlrm0"  # every host's interface on the cluster network, and the machine's bridge
 RANK_HOST = "dlrm-rank-host="
@@ -76,8 +77,15 @@ class Cluster:
         """Remove the cluster and everything it left on the machine."""
         self._verb("down")
 
-    def status(self) -> str:
-        return self._verb("status")
+    def status(self) -> Dict[str, Dict[str, str]]:
+        """Each host's `address`, `link` (up or cut), `rate` (unlimited or tc's rate, e.g. 20Mbit) and `sshd`."""
+        lines = self._verb("status").splitlines()
+        fields = [name.lower() for name in lines[0].split()[1:]]
+        return {line.split()[0]: dict(zip(fields, line.split(None, len(fields))[1:])) for line in lines[1:]}
+
+    def address(self, node: str) -> str:
+        """`node`'s address on the cluster network."""
+        return self.status()[node]["address"]
 
     def cut(self, node: str) -> None:
         self._verb("cut", node)
@@ -92,11 +100,10 @@ class Cluster:
     def reset(self) -> None:
         """The cluster whole (up), every link up and unlimited."""
         self.up()
-        for line in self.status().splitlines()[1:]:
-            node, _, link, rate = line.split()[:4]
-            if link != "up":
+        for node, host in self.status().items():
+            if host["link"] != "up":
                 self.heal(node)
-            if rate != "unlimited":
+            if host["rate"] != "unlimited":
                 self.slow(node, 0)
 
     def run(self, node: str, *command: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -3,14 +3,17 @@ their bad input, then DLRM (Gloo and MPI) and Wide & Deep trained by horovodrun 
 cluster is the session's (`cluster` fixture): up once, whole and unlimited for each test."""
 import os
 import re
+import socket
 import subprocess
 
 import numpy as np
 import pytest
 
-from cluster import INTERFACE, SCRIPT, rank_hosts
+from cluster import INTERFACE, SCRIPT, SUBNET, rank_hosts
 from multiproc import assert_ok, assert_one_error, run_horovod, snapshot
 from test_main import SMALL, checkpoint_arrays
+from test_wd_train import SMALL as WD_SMALL
+from test_wd_train import WD_DIR, data_flags, final, write_dataset
 
 STATE_DIR = "/run/dlrm-cluster"
 SSH_DROPIN = "/etc/ssh/ssh_config.d/dlrm-cluster.conf"
@@ -52,14 +55,15 @@ def test_up_again_changes_nothing_and_each_host_is_its_own_reachable_by_name(clu
     assert hop.stdout.strip() == "dlrm-node3", hop.stderr
     # each host has its own interface and address, and no route off the cluster's subnet
     addresses = cluster.run("dlrm-node3", "ip", "-4", "-o", "addr", "show", INTERFACE).stdout
-    assert " 10.213.57.13/24 " in addresses, addresses
+    assert f" {cluster.address('dlrm-node3')}/24 " in addresses, addresses
     assert "default" not in cluster.run("dlrm-node3", "ip", "route").stdout
-    assert "dlrm-node3" in cluster.status() and "10.213.57.13" in cluster.status()
+    assert cluster.address("dlrm-node3").startswith(SUBNET.rsplit(".", 1)[0] + ".")
+    assert socket.gethostbyname("dlrm-node3") == cluster.address("dlrm-node3")
 
 
 def test_cut_makes_a_host_unreachable_and_heal_brings_it_back(cluster):
     cluster.cut("dlrm-node3")
-    assert "cut" in [line.split()[2] for line in cluster.status().splitlines() if line.startswith("dlrm-node3")]
+    assert cluster.status()["dlrm-node3"]["link"] == "cut"
     assert ssh("dlrm-node3", "true").returncode != 0
     assert cluster.run("dlrm-node1", "ssh", "-o", "ConnectTimeout=1", "dlrm-node3", "true").returncode != 0
     assert cluster.run("dlrm-node1", "ssh", "dlrm-node2", "true").returncode == 0  # the others still talk
@@ -70,13 +74,13 @@ def test_cut_makes_a_host_unreachable_and_heal_brings_it_back(cluster):
 def test_slow_limits_a_host_both_ways_and_zero_lifts_it(cluster):
     nbytes = 2_500_000  # 1 s at 20 Mbit/s
     cluster.slow("dlrm-node2", 20)
-    assert "20Mbit" in cluster.status()
+    assert cluster.status()["dlrm-node2"]["rate"] == "20Mbit"
     into, out_of = (cluster.throughput_mbit("dlrm-node1", "dlrm-node2", nbytes),
                     cluster.throughput_mbit("dlrm-node2", "dlrm-node3", nbytes))
     assert 14 < into < 22 and 14 < out_of < 22, (into, out_of)
     assert cluster.throughput_mbit("dlrm-node1", "dlrm-node3", nbytes) > 100  # the other links are not limited
     cluster.slow("dlrm-node2", 0)
-    assert "20Mbit" not in cluster.status()
+    assert cluster.status()["dlrm-node2"]["rate"] == "unlimited"
     assert cluster.throughput_mbit("dlrm-node1", "dlrm-node2", nbytes) > 100
 
 
@@ -87,7 +91,7 @@ def test_slow_limits_a_host_both_ways_and_zero_lifts_it(cluster):
     (["slow", "dlrm-node1", "fast"], "got 'fast'"),
     (["slow", "dlrm-node1", "-5"], "got '-5'"),
     (["up", "0"], "got '0'"),
-    (["up", "4"], "a cluster of 3 hosts on 10.213.57.0/24 is up"),
+    (["up", "4"], f"a cluster of 3 hosts on {SUBNET} is up"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(cluster, args, fragment):
     before = machine_state()
@@ -120,7 +124,8 @@ def test_up_rebuilds_a_broken_cluster_and_down_leaves_nothing(cluster):
     assert "dlrm-node" not in command("ip", "netns", "list")
     assert not {"dlrm0", "dlrm-v1", "dlrm-v2", "dlrm-v3"} & {line.split()[0].split("@")[0]
                                                             for line in command("ip", "-br", "link").splitlines()}
-    assert "dlrm" not in open("/etc/hosts").read()
+    with open("/etc/hosts") as hosts:
+        assert not {"dlrm-cluster", "dlrm-node", "dlrm-head"} & set(re.findall(r"dlrm-[a-z]+", hosts.read()))
     assert not os.path.exists(SSH_DROPIN) and not os.path.exists(STATE_DIR)
     assert STATE_DIR not in command("ps", "-eo", "args")
     assert "no cluster was up" in cluster.script("down").stderr
@@ -157,9 +162,6 @@ def test_dlrm_across_three_hosts_equals_three_processes_on_one(cluster, tmp_path
 
 
 def test_wide_and_deep_trains_across_three_hosts(cluster, tmp_path):
-    from test_wd_train import SMALL as WD_SMALL
-    from test_wd_train import WD_DIR, data_flags, final, write_dataset
-
     data = tmp_path / "data"
     write_dataset(str(data), 3 * 4096, 3 * 4096, files=3)
     job = cluster.run_horovod(["main.py", *data_flags(str(data)), *WD_SMALL, "--global_batch_size", "12288",
