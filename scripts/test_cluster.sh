@@ -120,14 +120,15 @@ cluster_namespaces() { ip netns list | awk '{print $1}' | grep -E "^${NAME_PREFI
 cluster_veths() { ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^${VETH_PREFIX}[0-9]+$" || true; }
 has_hosts_block() { grep -qxF "${BLOCK_BEGIN}" "${HOSTS_FILE}"; }
 
-# True when the state file's cluster is whole: every host's namespace and sshd, the bridge, names.
+# True when the state file's cluster is whole: every host's sshd in its namespace and its link, the
+# bridge, the names and ssh settings.
 healthy() {
   local k
   read_state
   [[ -n "${NODES}" && -n "${PREFIX}" ]] || return 1
   ip link show "${BRIDGE}" >/dev/null 2>&1 && has_hosts_block && [[ -f "${SSH_DROPIN}" ]] || return 1
   for ((k = 1; k <= NODES; k++)); do
-    [[ -n "$(sshd_pid "$(node_name "${k}")")" ]] || return 1
+    [[ -n "$(sshd_pid "$(node_name "${k}")")" ]] && ip link show "${VETH_PREFIX}${k}" >/dev/null 2>&1 || return 1
   done
 }
 
