@@ -9,7 +9,7 @@ usage() {
 Usage: scripts/setup.sh [--plan] [--help]
 
 Installs only what is missing:
-  * Debian packages (cmake g++ g++-11 openmpi slurm munge openjdk-17 numactl) when running as root;
+  * Debian packages (cmake g++ g++-11 openmpi slurm munge openjdk-17 numactl openssh) when running as root;
   * the virtualenv .venv from requirements.txt and requirements-dev.txt (skipped while their
     hash and the host kind match the last install); on a GPU host tensorflow[and-cuda]
     replaces tensorflow-cpu at the same version (never both: the other one is removed first);
@@ -44,7 +44,7 @@ CACHE_DIR="${DLRM_CACHE_DIR:-${HOME}/.cache/dlrm-tf2}"
 HOROVOD_VERSION="0.28.1"
 REQUIREMENT_FILES=("${REPO_DIR}/requirements.txt" "${REPO_DIR}/requirements-dev.txt")
 APT_PACKAGES=(cmake g++ g++-11 make openmpi-bin libopenmpi-dev openjdk-17-jre-headless
-              slurmctld slurmd slurm-client munge numactl)
+              slurmctld slurmd slurm-client munge numactl openssh-server openssh-client)
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { echo "[setup] error: $*" >&2; exit 1; }

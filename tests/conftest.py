@@ -22,3 +22,27 @@ for _number, _default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGHUP, sign
                           (signal.SIGINT, signal.default_int_handler)):
     if signal.getsignal(_number) == signal.SIG_IGN:
         signal.signal(_number, _default)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cluster_session():
+    """One cluster of 3 hosts (tests/cluster.py) for the whole session: `up` costs seconds; down at the end."""
+    from cluster import Cluster, require_cluster
+
+    require_cluster()
+    made = Cluster(nodes=3)
+    made.up()
+    yield made
+    made.down()
+
+
+@pytest.fixture
+def cluster(cluster_session):
+    """The session's cluster, whole (up again after a test that broke or removed it), every link up and
+    unlimited after the test."""
+    cluster_session.up()
+    yield cluster_session
+    cluster_session.reset()

@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -42,8 +42,14 @@ def launch_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-def horovod_command(args: List[str], np: int = 2, transport: str = "gloo") -> List[str]:
-    """The horovodrun command line that runs `python args...` on `np` local processes."""
+def horovod_command(args: List[str], np: int = 2, transport: str = "gloo", hosts: Optional[str] = None,
+                    interface: Optional[str] = None, program: Sequence[str] = ()) -> List[str]:
+    """The horovodrun command line that runs `python args...` in `np` processes.
+
+    `hosts`: horovodrun's -H (default: all `np` on localhost). `interface`: the network interface the
+    ranks talk over (horovodrun's --network-interfaces; for Open MPI its control channel too), needed
+    where hosts have several. `program`: words put before `python` (a wrapper that execs it).
+    """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     launcher = horovodrun_path()
@@ -52,16 +58,19 @@ def horovod_command(args: List[str], np: int = 2, transport: str = "gloo") -> Li
         mode = ["--gloo"]
     else:
         require(shutil.which("mpirun") is not None, "mpirun not installed (Debian openmpi-bin)")
-        mode = ["--mpi", "--mpi-args=--oversubscribe"]
-    return [launcher, "-np", str(np), "-H", f"localhost:{np}", *mode, sys.executable, *args]
+        mpi_args = "--oversubscribe" + (f" -mca oob_tcp_if_include {interface}" if interface else "")
+        mode = ["--mpi", f"--mpi-args={mpi_args}"]
+    network = ["--network-interfaces", interface] if interface else []
+    return [launcher, "-np", str(np), "-H", hosts or f"localhost:{np}", *mode, *network, *program,
+            sys.executable, *args]
 
 
 def run_horovod(args: List[str], np: int = 2, transport: str = "gloo", timeout: int = 300,
-                env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    """Run `python args...` under horovodrun from the repo root; output is captured as text."""
-    command = horovod_command(args, np=np, transport=transport)
-    return subprocess.run(command, cwd=REPO_ROOT, env=launch_env(env), capture_output=True, text=True,
-                          timeout=timeout)
+                env: Optional[Dict[str, str]] = None, cwd: str = REPO_ROOT, hosts: Optional[str] = None,
+                interface: Optional[str] = None, program: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Run `python args...` under horovodrun (see horovod_command) from `cwd`; output is captured as text."""
+    command = horovod_command(args, np=np, transport=transport, hosts=hosts, interface=interface, program=program)
+    return subprocess.run(command, cwd=cwd, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
 
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:

@@ -1,0 +1,172 @@
+"""A cluster of 3 hosts on this machine (scripts/test_cluster.sh, tests/cluster.py): the script's verbs and
+their bad input, then DLRM (Gloo and MPI) and Wide & Deep trained by horovodrun across the hosts. The
+cluster is the session's (`cluster` fixture): up once, whole and unlimited for each test."""
+import os
+import re
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+
+from cluster import INTERFACE, SCRIPT, SUBNET, rank_hosts
+from multiproc import assert_ok, assert_one_error, run_horovod, snapshot
+from test_main import SMALL, checkpoint_arrays
+from test_wd_train import SMALL as WD_SMALL
+from test_wd_train import WD_DIR, data_flags, final, write_dataset
+
+STATE_DIR = "/run/dlrm-cluster"
+SSH_DROPIN = "/etc/ssh/ssh_config.d/dlrm-cluster.conf"
+
+
+def command(*args: str, check: bool = True) -> str:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert not check or result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def machine_state() -> dict:
+    """What the cluster is on this machine: its namespaces, links, rates, names, ssh settings and state files."""
+    with open("/etc/hosts") as hosts:
+        names = hosts.read()
+    dropin = open(SSH_DROPIN).read() if os.path.exists(SSH_DROPIN) else None
+    return {"netns": command("ip", "netns", "list"), "links": command("ip", "-br", "link"),
+            "qdiscs": command("tc", "qdisc", "show"), "hosts": names, "ssh": dropin,
+            "state": snapshot(STATE_DIR) if os.path.isdir(STATE_DIR) else None,
+            "status": subprocess.run([SCRIPT, "status"], capture_output=True, text=True).stdout}
+
+
+def ssh(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-o", "ConnectTimeout=1", *args], capture_output=True, text=True, timeout=60)
+
+
+# ---- the script ----
+
+def test_up_again_changes_nothing_and_each_host_is_its_own_reachable_by_name(cluster):
+    before = machine_state()
+    again = cluster.script("up", "3")
+    assert again.returncode == 0 and "already up" in again.stderr, again.stderr
+    assert machine_state() == before
+    assert [cluster.run(node, "hostname").stdout.strip() for node in cluster.hosts] == cluster.hosts
+    assert cluster.run("dlrm-node2", "sh", "-c", "exit 7").returncode == 7
+    # ssh by name: from the machine, and from one host to another (through the cluster's switch)
+    assert ssh("dlrm-node2", "hostname").stdout.strip() == "dlrm-node2"
+    hop = cluster.run("dlrm-node1", "ssh", "dlrm-node3", "hostname")
+    assert hop.stdout.strip() == "dlrm-node3", hop.stderr
+    # each host has its own interface and address, and no route off the cluster's subnet
+    addresses = cluster.run("dlrm-node3", "ip", "-4", "-o", "addr", "show", INTERFACE).stdout
+    assert f" {cluster.address('dlrm-node3')}/24 " in addresses, addresses
+    assert "default" not in cluster.run("dlrm-node3", "ip", "route").stdout
+    assert cluster.address("dlrm-node3").startswith(SUBNET.rsplit(".", 1)[0] + ".")
+    assert socket.gethostbyname("dlrm-node3") == cluster.address("dlrm-node3")
+
+
+def test_cut_makes_a_host_unreachable_and_heal_brings_it_back(cluster):
+    cluster.cut("dlrm-node3")
+    assert cluster.status()["dlrm-node3"]["link"] == "cut"
+    assert ssh("dlrm-node3", "true").returncode != 0
+    assert cluster.run("dlrm-node1", "ssh", "-o", "ConnectTimeout=1", "dlrm-node3", "true").returncode != 0
+    assert cluster.run("dlrm-node1", "ssh", "dlrm-node2", "true").returncode == 0  # the others still talk
+    cluster.heal("dlrm-node3")
+    assert ssh("dlrm-node3", "hostname").stdout.strip() == "dlrm-node3"
+
+
+def test_slow_limits_a_host_both_ways_and_zero_lifts_it(cluster):
+    nbytes = 2_500_000  # 1 s at 20 Mbit/s
+    cluster.slow("dlrm-node2", 20)
+    assert cluster.status()["dlrm-node2"]["rate"] == "20Mbit"
+    into, out_of = (cluster.throughput_mbit("dlrm-node1", "dlrm-node2", nbytes),
+                    cluster.throughput_mbit("dlrm-node2", "dlrm-node3", nbytes))
+    assert 14 < into < 22 and 14 < out_of < 22, (into, out_of)
+    assert cluster.throughput_mbit("dlrm-node1", "dlrm-node3", nbytes) > 100  # the other links are not limited
+    cluster.slow("dlrm-node2", 0)
+    assert cluster.status()["dlrm-node2"]["rate"] == "unlimited"
+    assert cluster.throughput_mbit("dlrm-node1", "dlrm-node2", nbytes) > 100
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["reboot"], "unknown verb 'reboot'"),
+    (["cut", "dlrm-node9"], "no host 'dlrm-node9'"),
+    (["run", "node1", "true"], "no host 'node1'"),
+    (["slow", "dlrm-node1", "fast"], "got 'fast'"),
+    (["slow", "dlrm-node1", "-5"], "got '-5'"),
+    (["up", "0"], "got '0'"),
+    (["up", "4"], f"a cluster of 3 hosts on {SUBNET} is up"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(cluster, args, fragment):
+    before = machine_state()
+    assert_one_error(cluster.script(*args), fragment)
+    assert machine_state() == before
+
+
+def test_up_refuses_an_address_range_another_interface_uses(cluster):
+    command("ip", "link", "add", "dlrm-taken", "type", "bridge")
+    try:
+        command("ip", "addr", "add", "10.213.58.7/24", "dev", "dlrm-taken")
+        before = machine_state()
+        refused = cluster.script("up", "3", env={"DLRM_CLUSTER_SUBNET": "10.213.58.0/24"})
+        assert_one_error(refused, "10.213.58.0/24 is in use by interface dlrm-taken")
+        assert machine_state() == before
+    finally:
+        command("ip", "link", "delete", "dlrm-taken")
+
+
+def test_up_rebuilds_a_broken_cluster_and_down_leaves_nothing(cluster):
+    with open(os.path.join(STATE_DIR, "sshd-dlrm-node2.pid")) as pid_file:
+        os.kill(int(pid_file.read()), 9)  # a crashed host
+    assert cluster.script("status").returncode == 1
+    rebuilt = cluster.script("up", "3")
+    assert rebuilt.returncode == 0 and "left behind" in rebuilt.stderr, rebuilt.stderr
+    assert ssh("dlrm-node2", "hostname").stdout.strip() == "dlrm-node2"
+    job = cluster.popen("dlrm-node1", "sleep", "600")  # a process left running on a host
+    cluster.down()
+    assert job.wait(timeout=10) != 0
+    assert "dlrm-node" not in command("ip", "netns", "list")
+    assert not {"dlrm0", "dlrm-v1", "dlrm-v2", "dlrm-v3"} & {line.split()[0].split("@")[0]
+                                                            for line in command("ip", "-br", "link").splitlines()}
+    with open("/etc/hosts") as hosts:
+        assert not {"dlrm-cluster", "dlrm-node", "dlrm-head"} & set(re.findall(r"dlrm-[a-z]+", hosts.read()))
+    assert not os.path.exists(SSH_DROPIN) and not os.path.exists(STATE_DIR)
+    assert STATE_DIR not in command("ps", "-eo", "args")
+    assert "no cluster was up" in cluster.script("down").stderr
+    assert cluster.script("status").returncode == 1
+
+
+# ---- jobs across the hosts ----
+
+DLRM = [*SMALL, "--batch_size", "96", "--valid_batch_size", "96", "--deterministic", "--cpu", "--max_steps", "6",
+        "--print_sharding_plan"]
+
+
+@pytest.fixture(scope="module")
+def one_host_checkpoint(tmp_path_factory):
+    """The 3-process DLRM run on this machine alone: its checkpoint's arrays."""
+    folder = tmp_path_factory.mktemp("one_host")
+    assert_ok(run_horovod(["main.py", *DLRM, "--save_checkpoint_path", str(folder / "ckpt"),
+                           "--log_path", str(folder / "log.json")], np=3))
+    return checkpoint_arrays(folder / "ckpt")
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_dlrm_across_three_hosts_equals_three_processes_on_one(cluster, tmp_path, one_host_checkpoint, transport):
+    job = cluster.run_horovod(["main.py", *DLRM, "--save_checkpoint_path", str(tmp_path / "ckpt"),
+                               "--log_path", str(tmp_path / "log.json")], transport=transport)
+    assert_ok(job)
+    assert sorted(rank_hosts(job.stdout)) == cluster.hosts, job.stdout[-3000:]
+    for rank in range(3):  # the tables are spread: every host holds some
+        assert re.search(rf"rank {rank}: device .*: table \d", job.stdout), job.stdout[-3000:]
+    across = checkpoint_arrays(tmp_path / "ckpt")
+    assert across.keys() == one_host_checkpoint.keys()
+    for name in across:
+        np.testing.assert_allclose(across[name], one_host_checkpoint[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_wide_and_deep_trains_across_three_hosts(cluster, tmp_path):
+    data = tmp_path / "data"
+    write_dataset(str(data), 3 * 4096, 3 * 4096, files=3)
+    job = cluster.run_horovod(["main.py", *data_flags(str(data)), *WD_SMALL, "--global_batch_size", "12288",
+                               "--eval_batch_size", "12288", "--num_epochs", "1", "--model_dir", str(tmp_path / "ckpt"),
+                               "--results_dir", str(tmp_path / "results")], cwd=WD_DIR)
+    assert_ok(job)
+    assert sorted(rank_hosts(job.stdout)) == cluster.hosts, job.stdout[-3000:]
+    assert 0 < final(str(tmp_path / "results"))["exact_map_val"] <= 1
