@@ -65,3 +65,38 @@ def test_single_process_collectives_are_identities():
     np.testing.assert_array_equal(dist.broadcast(x).numpy(), x.numpy())
     assert dist.allgather_object("a") == ["a"] and dist.broadcast_object({"k": 1}) == {"k": 1}
     dist.barrier()
+
+
+def test_the_collective_clock_measures_the_time_any_collective_is_in_flight():
+    """A step's communication time is the union of its collectives' in-flight intervals (overlapping
+    ones counted once, gaps not at all); a collective it does not wait for (the next batch's ids)
+    counts only for what outlasts the step."""
+    import tensorflow as tf
+
+    from recsys.runtime import distributed as dist
+    from recsys.runtime.distributed import CollectiveClock
+
+    if not dist.collectives_can_be_timed():  # the suite runs with TF_DETERMINISTIC_OPS=1 (conftest)
+        import subprocess
+        import sys
+        env = dict(os.environ, TF_DETERMINISTIC_OPS="0")
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                                 f"{__file__}::test_the_collective_clock_measures_the_time_any_collective_is_in_flight"],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:]
+        return
+
+    def clock_of(intervals):
+        clock = CollectiveClock()
+        clock.intervals = [(tf.constant(start, tf.float64), tf.constant(end, tf.float64)) for start, end in intervals]
+        return clock
+
+    assert float(clock_of([]).in_flight_seconds()) == 0.0
+    assert float(clock_of([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (2.5, 2.75)]).in_flight_seconds()) == 4.0
+    waited, ahead = clock_of([(0.0, 1.0)]), clock_of([(0.5, 1e12)])  # the next batch's exchange, ending far later
+    waited.add_outlasting(ahead, after=tf.constant(0.0))
+    outlasting = float(waited.in_flight_seconds()) - 1.0
+    assert 0.0 < outlasting < 1e12 - 1.5e9  # counted from when the step was done (now, about 1.8e9 s), not from 0.5
+    early = clock_of([(0.0, 1.0)])
+    early.add_outlasting(clock_of([(0.5, 0.75)]), after=tf.constant(0.0))  # ended before the step did: no wait
+    assert float(early.in_flight_seconds()) == 1.0

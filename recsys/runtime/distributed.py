@@ -6,8 +6,9 @@ process and every collective is the identity, so library code never branches on 
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 import tensorflow as tf
 
@@ -79,6 +80,89 @@ def is_distributed() -> bool:
     return size() > 1
 
 
+class CollectiveClock:
+    """The in-flight intervals of the collectives traced while it is open (`timed_collectives`): a
+    host timestamp once each one's inputs are ready and one once its outputs are. Within a step the
+    time at least one of them is in flight is the time the step spends communicating, the wait for
+    the slowest rank included; what the step computes meanwhile (the bottom MLP beside the embedding
+    all-to-all) is not subtracted."""
+
+    def __init__(self) -> None:
+        self.intervals: List[Tuple[tf.Tensor, tf.Tensor]] = []
+
+    def record(self, inputs: Any, run: Callable[[], Any]) -> Any:
+        """`run()`'s outputs, with the interval from `inputs` ready to those outputs ready."""
+        with tf.control_dependencies(_tensors_of(inputs)):
+            start = tf.timestamp()
+        outputs = run()
+        with tf.control_dependencies(_tensors_of(outputs)):
+            end = tf.timestamp()
+        self.intervals.append((start, end))
+        return outputs
+
+    def add_outlasting(self, other: "CollectiveClock", after: Any) -> None:
+        """The part of `other`'s intervals (collectives the step does not wait for, such as the next
+        batch's id exchange) that lasts beyond the moment `after` is ready: a step waits for that."""
+        if not other.intervals:
+            return
+        with tf.control_dependencies(_tensors_of(after)):
+            done = tf.timestamp()
+        self.intervals.extend((tf.maximum(start, done), end) for start, end in other.intervals)
+
+    def in_flight_seconds(self) -> tf.Tensor:
+        """The length of the union of the intervals (0.0 without any)."""
+        if not self.intervals:
+            return tf.constant(0.0, tf.float64)
+        starts = tf.stack([start for start, _ in self.intervals])
+        ends = tf.stack([end for _, end in self.intervals])
+        order = tf.argsort(starts)
+        starts, ends = tf.gather(starts, order), tf.gather(ends, order)
+        covered_until, total = starts[0], tf.constant(0.0, tf.float64)
+        for i in range(len(self.intervals)):  # a few collectives per step: unrolled
+            total += tf.maximum(ends[i] - tf.maximum(starts[i], covered_until), 0.0)
+            covered_until = tf.maximum(covered_until, ends[i])
+        return total
+
+
+_clocks: List[CollectiveClock] = []  # open clocks, innermost last (used while tracing)
+
+
+def collectives_can_be_timed() -> bool:
+    """False under TensorFlow's op determinism (`--deterministic`, TF_DETERMINISTIC_OPS), which
+    refuses the timestamp op: collectives are then not timed."""
+    from tensorflow.python.framework import config as tf_config  # is_op_determinism_enabled is not public
+
+    return not (tf_config.is_op_determinism_enabled()
+                or os.environ.get("TF_DETERMINISTIC_OPS", "").lower() in ("1", "true"))
+
+
+@contextlib.contextmanager
+def timed_collectives() -> Iterator[CollectiveClock]:
+    """Record the in-flight interval of every collective traced inside (the innermost clock open
+    gets it; nothing where `collectives_can_be_timed` is false); used by the trainer to report the
+    share of a step spent communicating."""
+    clock = CollectiveClock()
+    timing = collectives_can_be_timed()
+    if timing:
+        _clocks.append(clock)
+    try:
+        yield clock
+    finally:
+        if timing:
+            _clocks.remove(clock)
+
+
+def _tensors_of(structure: Any) -> List[tf.Tensor]:
+    """The tensors of a nest (IndexedSlices as their values and indices), for control dependencies."""
+    flat = tf.nest.flatten(structure, expand_composites=True)
+    return [t for t in flat if isinstance(t, tf.Tensor)]
+
+
+def _timed(inputs: Any, run: Callable[[], Any]) -> Any:
+    """`run()`, its interval recorded when a clock is open."""
+    return _clocks[-1].record(inputs, run) if _clocks else run()
+
+
 def allreduce(tensor: TensorLike, average: bool = True, name: Optional[str] = None) -> tf.Tensor:
     """Sum, or average, a tensor (or tf.IndexedSlices) over all ranks.
 
@@ -90,12 +174,14 @@ def allreduce(tensor: TensorLike, average: bool = True, name: Optional[str] = No
     if hvd is None:
         return tf.identity(tensor) if not isinstance(tensor, tf.IndexedSlices) else tensor
     if isinstance(tensor, tf.IndexedSlices):
-        values = hvd.allgather(tensor.values, name=f"{name}_values" if name else None)
-        indices = hvd.allgather(tensor.indices, name=f"{name}_indices" if name else None)
-        if average:
-            values = values / tf.cast(hvd.size(), values.dtype)
-        return tf.IndexedSlices(values, indices, tensor.dense_shape)
-    return hvd.allreduce(tensor, op=hvd.Average if average else hvd.Sum, name=name)
+        def gather() -> tf.IndexedSlices:
+            values = hvd.allgather(tensor.values, name=f"{name}_values" if name else None)
+            indices = hvd.allgather(tensor.indices, name=f"{name}_indices" if name else None)
+            if average:
+                values = values / tf.cast(hvd.size(), values.dtype)
+            return tf.IndexedSlices(values, indices, tensor.dense_shape)
+        return _timed(tensor, gather)
+    return _timed(tensor, lambda: hvd.allreduce(tensor, op=hvd.Average if average else hvd.Sum, name=name))
 
 
 def scale_gradient(gradient: Any, factor: float) -> Any:
@@ -122,8 +208,8 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: bool = True, fp16:
     if hvd is None:
         return [tf.identity(t) for t in tensors]
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-    return list(hvd.grouped_allreduce(list(tensors), op=hvd.Average if average else hvd.Sum,
-                                      compression=compression))
+    op = hvd.Average if average else hvd.Sum
+    return _timed(list(tensors), lambda: list(hvd.grouped_allreduce(list(tensors), op=op, compression=compression)))
 
 
 def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None,
@@ -143,14 +229,17 @@ def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None,
         return tf.identity(tensor), (tf.cast(splits, tf.int32) if splits is not None else rows)
     tensor = tf.convert_to_tensor(tensor)
     if name is None or not tensor.dtype.is_floating:
-        return hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=name is not None)
+        return _timed([tensor, splits], lambda: hvd.alltoall(tensor, splits=splits, name=name,
+                                                             ignore_name_scope=name is not None))
 
     @tf.custom_gradient
     def exchange(values: tf.Tensor):
-        received, received_splits = hvd.alltoall(values, splits=splits, name=name, ignore_name_scope=True)
+        received, received_splits = _timed([values, splits], lambda: hvd.alltoall(
+            values, splits=splits, name=name, ignore_name_scope=True))
 
         def reverse(upstream: tf.Tensor, _splits_gradient=None) -> tf.Tensor:
-            return hvd.alltoall(upstream, splits=received_splits, name=f"{name}_grad", ignore_name_scope=True)[0]
+            return _timed(upstream, lambda: hvd.alltoall(upstream, splits=received_splits, name=f"{name}_grad",
+                                                         ignore_name_scope=True)[0])
 
         return (received, received_splits), reverse
 

@@ -141,6 +141,9 @@ class Trainer:
         embedding_optimizer.build(model.embedding_variables)
         with tf.device("/CPU:0"):
             self.first_nonfinite_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
+            # seconds of the steps so far with a collective they wait for in flight (progress lines' comm share)
+            self.communication_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                                     name="communication_seconds")
         self.train_step = tf.function(self._train_step)
         self.train_next = tf.function(self._train_next)
         self.exchange_next = tf.function(self._exchange_next)
@@ -169,8 +172,23 @@ class Trainer:
                      for part, (part_features, part_labels) in enumerate(parts))
 
     def _train_step(self, features: Dict[str, tf.Tensor], labels: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-        loss, learning_rate, _ = self._step(self.prepare(features, labels), tf.zeros([len(STOP_SIGNALS)]))
+        loss, learning_rate, _, _ = self._timed_step(lambda: self.prepare(features, labels),
+                                                     tf.zeros([len(STOP_SIGNALS)]))
         return loss, learning_rate
+
+    def _timed_step(self, prepare: Callable[[], Prepared], stop_vote: tf.Tensor,
+                    prefetch: Callable[[], Prepared] = tuple) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, Prepared]:
+        """`_step` on `prepare()`'s batch and `prefetch()`'s next batch (pipelined input), adding to
+        `communication_seconds` the time the step had a collective it waits for in flight: its own
+        (the batch's id exchange included when `prepare` exchanges it), and whatever of the next
+        batch's exchange outlasts the step."""
+        with dist.timed_collectives() as ahead:
+            upcoming = prefetch()
+        with dist.timed_collectives() as waited:
+            loss, learning_rate, stop_votes = self._step(prepare(), stop_vote)
+        waited.add_outlasting(ahead, after=stop_votes)
+        self.communication_seconds.assign_add(waited.in_flight_seconds())
+        return loss, learning_rate, stop_votes, upcoming
 
     def _loss(self, prepared: Prepared) -> tf.Tensor:
         """The local batch's mean loss: with micro-batches, each one's mean weighted by its share
@@ -219,7 +237,8 @@ class Trainer:
         """`_step` on the iterator's next batch, taken inside the step's graph: the batch's
         tensors never become Python objects (a Python-side `next` costs tens of microseconds per
         tensor, a batch has one per feature), so the loader runs at its in-graph rate."""
-        return self._step(self.prepare(*next(batches)), stop_vote)
+        loss, learning_rate, stop_votes, _ = self._timed_step(lambda: self.prepare(*next(batches)), stop_vote)
+        return loss, learning_rate, stop_votes
 
     def _exchange_next(self, batches: tf.data.Iterator) -> Prepared:
         """The iterator's next batch, prepared (`prepare`): fills the input pipeline at an epoch's
@@ -234,9 +253,8 @@ class Trainer:
         Returns the step's results and the next batch (empty without `prefetch`: the epoch's last
         step). The same weights as `train_next` on the same batches: only the time the ids are
         exchanged moves."""
-        upcoming = self._exchange_next(batches) if prefetch else ()
-        loss, learning_rate, stop_votes = self._step(prepared, stop_vote)
-        return loss, learning_rate, stop_votes, upcoming
+        return self._timed_step(lambda: prepared, stop_vote,
+                                (lambda: self._exchange_next(batches)) if prefetch else tuple)
 
     def training_state(self, feature_names: Sequence[str], optimizer_name: str) -> TrainingState:
         """The variables a checkpoint saves and restores, named in the global per-table layout."""
@@ -374,17 +392,21 @@ def evaluation_progress(batches_done: int, total_batches: int, elapsed_s: float)
 
 def progress_line(step: int, total_steps: int, epoch: int, total_epochs: int, scalars: Dict[str, float],
                   eta_s: float) -> str:
-    """The reference's progress line with the step out of the total, the 1-based epoch and the time left."""
+    """The reference's progress line with the step out of the total, the 1-based epoch and the time left;
+    with peers, also the share of a step spent communicating (`communication_share`)."""
+    communication = (f"comm_wait={scalars['communication_share']:.1%}, " if "communication_share" in scalars else "")
     return (f"step={step}/{total_steps}, epoch={epoch}/{total_epochs}, "
             f"throughput={scalars['throughput'] / 1e6:.3f}M, step_time={scalars['step_time_ms']:.3f} ms, "
-            f"learning_rate={scalars['learning_rate']:.4f}, loss={scalars['loss']:.8f}, eta={duration_text(eta_s)}")
+            f"learning_rate={scalars['learning_rate']:.4f}, loss={scalars['loss']:.8f}, {communication}"
+            f"eta={duration_text(eta_s)}")
 
 
 class _DlrmLoopParts:
     """DLRM's side of the epoch loop (loop.LoopParts): the in-graph step over the prefetched epoch,
     the reference's progress line, evaluations with the target-AUC stop, and the non-finite-loss
     check before every host read, evaluation and checkpoint. `record_scalars` gets group "train"
-    (loss, learning_rate, throughput in samples/s, step_time_ms) at each progress line and group
+    (loss, learning_rate, throughput in samples/s, step_time_ms; with peers communication_share,
+    the share of a step with a collective it waits for in flight, unless op determinism is on) at each progress line and group
     "eval" (auc, validation_loss) after each evaluation."""
 
     def __init__(self, trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset,
@@ -402,6 +424,8 @@ class _DlrmLoopParts:
         self.reached_at: Optional[int] = None  # the step whose evaluation reached config.target_auc
         self.upcoming: Optional[Prepared] = None  # pipelined input: the next batch, its ids exchanged
         self.steps_left = 0  # steps the open epoch still takes
+        self.steps_run = 0
+        self.communication_mark = (0, 0.0)  # (steps_run, trainer.communication_seconds) at the last progress line
 
     def open_epoch(self, epoch: int, offset: int, steps: int) -> tf.data.Iterator:
         """The epoch's batches from `offset` on; the input pipeline starts empty (filled by the
@@ -415,6 +439,7 @@ class _DlrmLoopParts:
         carries is only ids, so evaluations and checkpoints between steps leave it valid, and a
         stop or the epoch's end simply drops it."""
         _maybe_profile(self.config, step, self.rank)
+        self.steps_run += 1
         try:
             if not self.trainer.pipelined:
                 self.loss, self.learning_rate, stop_votes = self.trainer.train_next(batches, stop_vote)
@@ -435,16 +460,28 @@ class _DlrmLoopParts:
         self.trainer.check_finite()
         train_loss = float(self.loss.numpy())
         window = timer.close_window()
+        measured = dist.size() > 1 and dist.collectives_can_be_timed()
+        communication_per_step = self._communication_per_step() if measured else 0.0
         if window is None:
             return
         total_steps = self.config.total_steps
         scalars = {"loss": train_loss, "learning_rate": float(self.learning_rate),
                    "throughput": self.config.global_batch_size / window, "step_time_ms": window * 1000}
+        if measured:
+            scalars["communication_share"] = min(1.0, communication_per_step / window)
         eta_s = (total_steps - step) * timer.mean_step_time()
         epoch = (step - 1) // self.config.steps_per_epoch + 1
         print_rank0(progress_line(step, total_steps, epoch, self.total_epochs, scalars, eta_s), rank=self.rank)
         if self.record_scalars:
             self.record_scalars(step, "train", scalars)
+
+    def _communication_per_step(self) -> float:
+        """Mean seconds per step with a collective in flight since the previous call (every progress
+        point, so that a line's figure leaves out the warm-up's first steps, whose collectives wait
+        for the slowest rank to trace its graph)."""
+        steps, seconds = self.communication_mark
+        self.communication_mark = (self.steps_run, float(self.trainer.communication_seconds.numpy()))
+        return (self.communication_mark[1] - seconds) / max(1, self.steps_run - steps)
 
     def evaluate(self, step: int) -> bool:
         """Evaluate after `step` steps; True when the AUC reached the target."""
