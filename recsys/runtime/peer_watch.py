@@ -12,16 +12,20 @@ connection but whose thread answers nothing) is lost then. The rank prints
 
     error: lost rank 2 on host node3 (no answer from 10.1.0.3:41234 for 25 s); stopping
 
-(every peer lost in the same check, grouped per host: the rank on a cut host names all of them),
-flushes the logs, and ends with exit code 1 (cli.FAILURE) through `safe_io.exit_now`, which never
-ends the process between a staged output's renames: checkpoints on disk stay whole. A rank whose
-job ends says "done" on its connections before closing them, so a clean finish is never taken for
-a loss, whatever order the ranks leave in.
+(every peer lost in the same check, grouped per host: the rank on a cut-off host names all of them),
+tells its peers what it lost ("gone ...": they end at once with that line, ending with `, as rank R
+on host H found`, instead of reporting its exit as a loss of their own), flushes the logs and ends
+with exit code 1 (cli.FAILURE) through `safe_io.exit_now`, which never ends the process between a
+staged output's renames: checkpoints on disk stay whole. A rank whose job ends says "done" before
+closing its connections, so a clean finish is never taken for a loss, whatever order the ranks
+leave in. A watch thread that itself stood still for half the timeout (its process stopped or
+starved) gives every peer a new full timeout instead of blaming them.
 
 Addresses: the listener binds every interface; a peer is reached over the loopback when it runs in
 the same network namespace of the same boot (a one-host run), otherwise over the first address it
 announced that connects: Horovod's Gloo interface (HOROVOD_GLOO_IFACE, the one the launcher found
-every host shares), the address of its host name, then its other interface addresses.
+every host shares), the address of its host name, then its other interface addresses (an address
+that ranks of several hosts announce, a container bridge's, is never tried).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from recsys.runtime import safe_io
 from recsys.runtime.cli import FAILURE
@@ -112,7 +116,7 @@ def _place() -> str:
             boot = f.read().strip()
         return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
     except OSError:
-        return f"{socket.gethostname()}/unknown"  # never equal to a peer's known place: no loopback guess
+        return f"unknown/{secrets.token_hex(8)}"  # equal to no other rank's: the loopback is never guessed
 
 
 def _connect(endpoint: Endpoint, same_place: bool) -> Tuple[socket.socket, str]:
@@ -155,6 +159,7 @@ class PeerWatch:
         self._lock = threading.Lock()      # held to end the process or to stop: one of them, once
         self._stopped = False
         self._lost = threading.Event()
+        self._reported: List[str] = []  # losses peers reported as they ended
         now = time.monotonic()
         for peer in peers.values():
             peer.last_heard = now  # silence counts from here: connecting may have taken a while
@@ -198,7 +203,7 @@ class PeerWatch:
                     continue
                 *lines, pending[sock] = (pending[sock] + data).split(b"\n")
                 for line in lines:
-                    incoming[sock] = self._heard(incoming[sock], line.decode(errors="replace").split())
+                    incoming[sock] = self._heard(incoming[sock], line.decode(errors="replace").strip())
                 if incoming[sock] is None and len(pending[sock]) > 200:  # not one of ours
                     incoming.pop(sock)
                     pending.pop(sock)
@@ -211,9 +216,12 @@ class PeerWatch:
                     peer.last_heard = now
             checked = now
             self._check(now)
+        for sock in [self._listener, *incoming]:
+            sock.close()
 
-    def _heard(self, rank: Optional[int], words: List[str]) -> Optional[int]:
+    def _heard(self, rank: Optional[int], line: str) -> Optional[int]:
         """Apply one line from a connection; returns the connection's rank (None before its hello)."""
+        words = line.split()
         if rank is None:
             if len(words) == 3 and words[0] == "hello" and words[1] == self._token and words[2].isdigit() \
                     and int(words[2]) in self._peers:
@@ -224,30 +232,34 @@ class PeerWatch:
         peer.last_heard = time.monotonic()
         if words == ["done"]:
             peer.done = True
+        elif words[:1] == ["gone"]:  # it is ending for a loss of its own: that loss, not its exit, is the news
+            peer.done = True
+            self._reported.append(f"{line[len('gone '):]}, as rank {rank} on host {peer.endpoint.host} found")
         return rank
 
     def _check(self, now: float) -> None:
-        lost = []
-        for peer in self._peers.values():
-            if peer.done:
-                continue
-            if peer.closed:
-                lost.append((peer, "its connection closed: the process ended"))
-            elif now - peer.last_heard > self.timeout_s:
-                lost.append((peer, f"no answer from {peer.where()} for {self.timeout_s:.0f} s"))
-        if lost:
-            self._end(lost)
+        closed = [peer for peer in self._peers.values() if peer.closed and not peer.done]
+        silent = [peer for peer in self._peers.values()
+                  if not peer.done and not peer.closed and now - peer.last_heard > self.timeout_s]
+        if closed or silent:
+            self._end(describe_losses(closed, silent, self.timeout_s), {peer.endpoint.rank for peer in closed + silent})
+        elif self._reported:
+            self._end(self._reported[0], set())
 
-    def _end(self, lost: Sequence[Tuple[_Peer, str]]) -> None:
-        """Print the one line, flush the logs, end the process (unless the watch was stopped)."""
+    def _end(self, losses: str, lost: Set[int]) -> None:
+        """Print the one line, tell the peers not `lost` what was lost, flush the logs and end the
+        process (unless the watch was stopped)."""
         if not self._lock.acquire(blocking=False):
             return
         if self._stopped:
             self._lock.release()
             return
         self._lost.set()
-        print(f"error: lost {describe_losses([(p.endpoint, why) for p, why in lost])}; stopping",
-              file=sys.stderr, flush=True)
+        print(f"error: lost {losses}; stopping", file=sys.stderr, flush=True)
+        for rank, peer in self._peers.items():
+            if rank not in lost:
+                with contextlib.suppress(OSError):
+                    peer.outgoing.send(f"gone {losses}\n".encode(), socket.MSG_DONTWAIT)
         flushing = threading.Thread(target=self._flush, daemon=True)
         flushing.start()
         flushing.join(LOG_FLUSH_LIMIT_S)  # a log on the lost network must not keep the process here
@@ -265,27 +277,34 @@ class PeerWatch:
         return self._lost.wait(seconds)
 
     def stop(self) -> None:
-        """End the watch: every peer is told "done" (this rank leaves on purpose) and the
-        connections close. Blocks forever if the watch is already ending the process."""
+        """End the watch: every peer is told "done" (this rank leaves on purpose) and the outgoing
+        connections close; the thread closes the rest as it leaves. Blocks forever if the watch is
+        already ending the process."""
         with self._lock:
             self._stopped = True
         for peer in self._peers.values():
             with contextlib.suppress(OSError):
                 peer.outgoing.send(b"done\n", socket.MSG_DONTWAIT)
             peer.outgoing.close()
-        with contextlib.suppress(OSError):
-            self._listener.close()
 
 
-def describe_losses(lost: Sequence[Tuple[Endpoint, str]]) -> str:
-    """`rank 2 on host node3 (why)`, ranks of one host and reason grouped: `ranks 2, 3 on host node3 (why)`,
-    groups joined with `, `."""
-    groups: Dict[Tuple[str, str], List[int]] = {}
-    for endpoint, why in lost:
-        groups.setdefault((endpoint.host, why), []).append(endpoint.rank)
+def describe_losses(closed: Sequence[_Peer], silent: Sequence[_Peer], timeout_s: float) -> str:
+    """The lost peers for the error line, per host: `rank 2 on host node3 (no answer from
+    10.1.0.3:41234 for 25 s)`, `ranks 4, 5 on host node2 (their connections closed: the processes
+    ended)`; the groups joined with `, `."""
+    groups: Dict[Tuple[str, bool], List[_Peer]] = {}
+    for peer, is_silent in [*((peer, False) for peer in closed), *((peer, True) for peer in silent)]:
+        groups.setdefault((peer.endpoint.host, is_silent), []).append(peer)
     parts = []
-    for (host, why), ranks in groups.items():
-        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, sorted(ranks)))}"
+    for (host, is_silent), peers in groups.items():
+        peers = sorted(peers, key=lambda peer: peer.endpoint.rank)
+        ranks = [peer.endpoint.rank for peer in peers]
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        if is_silent:
+            why = f"no answer from {', '.join(peer.where() for peer in peers)} for {timeout_s:.0f} s"
+        else:
+            why = "its connection closed: the process ended" if len(peers) == 1 else \
+                "their connections closed: the processes ended"
         parts.append(f"{label} on host {host} ({why})")
     return ", ".join(parts)
 
@@ -303,10 +322,17 @@ def start(rank: int, timeout_s: float, allgather_object: Callable[[Any], List[An
     gathered = allgather_object((mine, token))
     endpoints: List[Endpoint] = [endpoint for endpoint, _ in gathered]
     token = gathered[0][1]  # rank 0's: connections of other programs are ignored
+    hosts_of: Dict[str, set] = {}
+    for endpoint in endpoints:
+        for address in endpoint.addresses:
+            hosts_of.setdefault(address, set()).add(endpoint.place)
     peers, problems = {}, []
     for endpoint in endpoints:
         if endpoint.rank == rank:
             continue
+        # an address that several hosts announce (a container bridge's) would reach the wrong one
+        unique = tuple(address for address in endpoint.addresses if len(hosts_of[address]) == 1)
+        endpoint = dataclasses.replace(endpoint, addresses=unique)
         try:
             outgoing, address = _connect(endpoint, endpoint.place == mine.place)
             outgoing.sendall(f"hello {token} {rank}\n".encode())
