@@ -34,7 +34,7 @@ import dataclasses
 import fcntl
 import os
 import secrets
-import select
+import selectors
 import socket
 import struct
 import sys
@@ -176,6 +176,15 @@ class PeerWatch:
     def _run(self) -> None:
         incoming: Dict[socket.socket, Optional[int]] = {}  # connection -> rank once it said hello
         pending: Dict[socket.socket, bytes] = {}
+        ready = selectors.DefaultSelector()  # epoll: no limit on descriptor numbers, unlike select()
+        ready.register(self._listener, selectors.EVENT_READ)
+
+        def drop(sock: socket.socket) -> Optional[int]:
+            ready.unregister(sock)
+            sock.close()
+            pending.pop(sock)
+            return incoming.pop(sock)
+
         next_beat = 0.0
         checked = time.monotonic()
         while not self._stopped:
@@ -183,21 +192,20 @@ class PeerWatch:
             if now >= next_beat:
                 self._beat()
                 next_beat = now + self.interval_s
-            readable, _, _ = select.select([self._listener, *incoming], [], [], max(0.0, next_beat - now))
-            for sock in readable:
+            for key, _ in ready.select(max(0.0, next_beat - now)):
+                sock = key.fileobj
                 if sock is self._listener:
                     with contextlib.suppress(OSError):
                         connection, _ = self._listener.accept()
                         incoming[connection], pending[connection] = None, b""
+                        ready.register(connection, selectors.EVENT_READ)
                     continue
                 try:
                     data = sock.recv(4096)
                 except OSError:
                     data = b""
                 if not data:
-                    rank = incoming.pop(sock)
-                    pending.pop(sock)
-                    sock.close()
+                    rank = drop(sock)
                     if rank is not None and not self._peers[rank].done:
                         self._peers[rank].closed = True
                     continue
@@ -205,9 +213,7 @@ class PeerWatch:
                 for line in lines:
                     incoming[sock] = self._heard(incoming[sock], line.decode(errors="replace").strip())
                 if incoming[sock] is None and len(pending[sock]) > 200:  # not one of ours
-                    incoming.pop(sock)
-                    pending.pop(sock)
-                    sock.close()
+                    drop(sock)
             now = time.monotonic()
             if now - checked > self.timeout_s / 2:
                 # this process itself stood still (stopped, starved): the peers' silence meanwhile
@@ -218,6 +224,7 @@ class PeerWatch:
             self._check(now)
         for sock in [self._listener, *incoming]:
             sock.close()
+        ready.close()
 
     def _heard(self, rank: Optional[int], line: str) -> Optional[int]:
         """Apply one line from a connection; returns the connection's rank (None before its hello)."""
