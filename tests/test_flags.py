@@ -131,6 +131,13 @@ def test_bad_flag_is_one_error_line_before_any_work(tmp_path, capsys, args, mess
     refused_in_process(args, message, tmp_path, capsys)
 
 
+def test_a_bad_peer_timeout_is_one_error_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """DLRM_PEER_TIMEOUT (the peer watch's patience, read once by the run shell) is input like a flag."""
+    monkeypatch.setenv("DLRM_PEER_TIMEOUT", "soon")
+    refused_in_process([], "DLRM_PEER_TIMEOUT='soon': expected the seconds a silent peer is waited for (a number "
+                           ">= 0; 0 turns the peer watch off)", tmp_path, capsys)
+
+
 BAD_WIDTHS = [  # SMALL has 4 tables and the dot interaction on a bottom MLP ending in 8
     (["--embedding_dim", "8,8,8"], "--embedding_dim lists 3 widths for 4 tables"),
     (["--embedding_dim", "8,0,8,8"], "--embedding_dim must be >= 1, got 8,0,8,8"),

@@ -165,8 +165,12 @@ def test_two_ranks_equal_one_process(tmp_path, single_process_results, transport
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
+    """SIGKILL to rank 1: rank 0's peer watch sees the connection close and ends rank 0 at once with
+    one line naming the rank and host (as the launcher knows it), before Horovod's error or the
+    launcher's teardown."""
     import os
     import signal
+    import socket
     import subprocess
     import time
 
@@ -191,9 +195,10 @@ def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
                  if "main.py" in p.cmdline() and p.cmdline()[0].endswith(("python", "python3"))]
         victim = [p for p in ranks if p.environ().get("HOROVOD_RANK", p.environ().get("OMPI_COMM_WORLD_RANK")) == "1"]
         assert victim, [p.cmdline() for p in ranks]
+        host = victim[0].environ().get("HOROVOD_HOSTNAME", socket.gethostname())  # horovodrun's -H name, or mpirun's
         killed_at = time.time()
         victim[0].send_signal(signal.SIGKILL)
-        job.communicate(timeout=60)
+        output, _ = job.communicate(timeout=60)
         assert job.returncode != 0
         # mpirun exits once it has sent SIGKILL, without reaping: the kernel may still be tearing a
         # survivor down, so the survivors get what is left of the minute, not zero seconds.
@@ -209,6 +214,10 @@ def test_a_rank_dying_mid_run_ends_the_job_within_a_minute(tmp_path, transport):
             survivors = [p for p in survivors if running(p)]
         assert not survivors, "a rank kept running after its peer died"
         assert time.time() - killed_at < 60
+        lost = [line for line in output.splitlines() if "error: lost" in line]
+        assert len(lost) == 1 and lost[0].endswith(
+            f"error: lost rank 1 on host {host} (its connection closed: the process ended); stopping"), output[-4000:]
+        assert "<stderr>:Traceback" not in output, output[-4000:]  # no rank's own traceback (horovodrun has one)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

@@ -1,8 +1,10 @@
-"""A shared cluster: one run per save folder (folder_lock), and SIGINT/SIGTERM/SIGUSR1 ending a run
-cleanly with a checkpoint it resumes from (stop_signals), with real processes and real horovodrun.
-The Slurm path (warning signal, requeue, resume by itself) is in test_slurm.py."""
+"""A shared cluster: one run per save folder (folder_lock), SIGINT/SIGTERM/SIGUSR1 ending a run
+cleanly with a checkpoint it resumes from (stop_signals), and a rank that stops answering ending the
+job (peer_watch), with real processes and real horovodrun. The Slurm path (warning signal, requeue,
+resume by itself) is in test_slurm.py; a killed rank is in test_hybrid.py."""
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import pytest
 
 from recsys.training import checkpoint
 from recsys.runtime import folder_lock
-from multiproc import REPO_ROOT, assert_ok, horovod_command, launch_env, run_python
+from multiproc import REPO_ROOT, assert_ok, horovod_command, launch_env, run_horovod, run_python
 
 MODEL = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--dot_interaction",
          "tensorflow", "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "50,20,7,30",
@@ -24,11 +26,21 @@ MODEL = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", 
 LONG = MODEL + ["--synthetic_dataset_train_batches", "1000000"]  # runs until a signal stops it
 
 
-def start(args, np=1):
+def start(args, np=1, env=None):
     """A training run in the background (np > 1: under horovodrun), its output in a pipe."""
     command = [sys.executable, "main.py", *args] if np == 1 else horovod_command(["main.py", *args], np=np)
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=launch_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=launch_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+
+
+def rank_processes(job):
+    """The python processes of a horovodrun job's ranks, by rank."""
+    found = {}
+    for process in psutil.Process(job.pid).children(recursive=True):
+        command = process.cmdline()
+        if "main.py" in command and command[0].endswith(("python", "python3", os.path.basename(sys.executable))):
+            found[int(process.environ()["HOROVOD_RANK"])] = process
+    return found
 
 
 def wait_for_steps(process, timeout=240):
@@ -128,11 +140,9 @@ def test_sigterm_to_one_rank_stops_both_ranks_at_the_same_step(tmp_path):
     job = start(LONG + ["--save_checkpoint_path", str(folder), "--cpu"], np=2)
     try:
         wait_for_steps(job)
-        ranks = [p for p in psutil.Process(job.pid).children(recursive=True)
-                 if "main.py" in " ".join(p.cmdline()) and "horovodrun" not in " ".join(p.cmdline())
-                 and p.cmdline()[0].endswith(("python", "python3", os.path.basename(sys.executable)))]
-        assert len(ranks) == 2, [p.cmdline() for p in ranks]
-        ranks[-1].send_signal(signal.SIGTERM)
+        ranks = rank_processes(job)
+        assert sorted(ranks) == [0, 1], ranks
+        ranks[1].send_signal(signal.SIGTERM)
         code, output = finish(job)
     finally:
         if job.poll() is None:
@@ -145,6 +155,54 @@ def test_sigterm_to_one_rank_stops_both_ranks_at_the_same_step(tmp_path):
     step = stopped_step(output)
     assert [os.path.basename(p) for p in checkpoint.list_checkpoints(str(folder))] == [f"step_{step:09d}"]
     assert int(np.load(f"{checkpoint.resolve(str(folder))}/state/lr_schedule_step.npy")) == step
+
+
+def test_a_frozen_rank_ends_the_job_within_a_minute_and_auto_resume_finishes_its_training(tmp_path):
+    """A cut link, on one host: SIGSTOP freezes rank 1 in the middle of a checkpoint save (its
+    sockets stay open and its kernel still accepts connections, but nothing answers, as across a
+    link that stalls). Rank 0's peer watch ends the job within the minute with one line naming the
+    rank and host; the folder holds whole checkpoints and the save's hidden temporary, which the
+    relaunch with --auto_resume removes before it trains on to the weights of a run never stopped."""
+    # Rank 1 holds the 3M-row table (basic strategy): rank 0 writes it from 12 chunk collectives.
+    args = [a.replace("50,20,7,30", "50,3000000,7,30") for a in LONG] + ["--dist_strategy", "basic"]
+    folder = tmp_path / "ckpt"
+    job = start(args + ["--save_checkpoint_path", str(folder), "--checkpoint_every_n_steps", "5",
+                        "--keep_checkpoints", "1"], np=2, env={"DLRM_PEER_TIMEOUT": "5"})
+    try:
+        deadline = time.time() + 240
+        while not (checkpoint.list_checkpoints(str(folder))
+                   and glob.glob(f"{folder}/.step_*.tmp-*/embeddings/feature_1.npy")):
+            assert time.time() < deadline and job.poll() is None, "no save in progress was seen"
+            time.sleep(0.01)
+        rank_processes(job)[1].send_signal(signal.SIGSTOP)
+        frozen_at = time.time()
+        code, output = finish(job, timeout=90)
+        took = time.time() - frozen_at
+    finally:
+        if job.poll() is None:
+            os.killpg(os.getpgid(job.pid), signal.SIGKILL)
+    assert code != 0 and took < 60, (took, output[-4000:])
+    lost = [line for line in output.splitlines() if "error: lost" in line]
+    assert len(lost) == 1, output[-4000:]
+    assert re.search(r"^\[0\]<stderr>:error: lost rank 1 on host localhost \(no answer from 127\.0\.0\.1:[0-9]+ "
+                     r"for 5 s\); stopping$", lost[0]), lost
+    assert not [line for line in output.splitlines() if line.startswith(("[0]", "[1]")) and "Traceback" in line]
+    saved = checkpoint.list_checkpoints(str(folder))
+    assert sorted(glob.glob(f"{folder}/step_*")) == saved, "a step folder without its manifest"
+    half_written = glob.glob(f"{folder}/.step_*.tmp-*")
+    assert half_written, "the freeze should have interrupted a save"
+
+    end = ["--max_steps", str(checkpoint.read_manifest(saved[-1]).step + 5)]
+    resumed = run_horovod(["main.py", *args, *end, "--auto_resume", "--save_checkpoint_path", str(folder)])
+    assert_ok(resumed)
+    assert f"removed what a run that ended mid-write left half-written: {os.path.basename(half_written[0])}" \
+        in resumed.stdout, resumed.stdout[-3000:]
+    assert not glob.glob(f"{folder}/.step_*.tmp-*")
+    assert_ok(run_horovod(["main.py", *args, *end, "--save_checkpoint_path", str(tmp_path / "whole")]))
+    after, whole = arrays(folder), arrays(tmp_path / "whole")
+    assert after.keys() == whole.keys()
+    for name in whole:
+        np.testing.assert_array_equal(after[name], whole[name], err_msg=name)
 
 
 def test_evaluation_stopped_by_sigterm_says_so_in_one_line(tmp_path):

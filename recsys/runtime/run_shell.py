@@ -7,10 +7,14 @@ Around the entry point's job it
   - installs the stop-signal handlers for the run and ignores further signals after it; a StopNow
     (a signal outside graceful training) is its one line and exit code 128+N,
   - starts Horovod (distributed.init) and the dllogger (rank 0 writes), closed at the end,
-  - checks the outputs and takes the save folder's lock on rank 0 (Session.claim_outputs), with the
-    verdict agreed on every rank: refused, every rank says why and waits for the others before it
-    exits (a launcher kills the other ranks at the first exit); a dead run's lock is taken over
-    with a message,
+  - with peers, starts the peer watch (peer_watch.py; DLRM_PEER_TIMEOUT read here, once): a rank
+    killed, frozen or cut off ends every other rank with one `error: lost rank ...` line and exit 1
+    instead of a hang; a rank leaving through the shell says "done" first, one whose job crashed
+    does not (its peers must not wait for it),
+  - checks the outputs and takes the save folder's lock on rank 0 (Session.claim_outputs), removing
+    the temporaries a run that ended mid-save left there, with the verdict agreed on every rank:
+    refused, every rank says why and waits for the others before it exits (a launcher kills the
+    other ranks at the first exit); a dead run's lock is taken over with a message,
   - maps the entry point's bad-input errors to one `error:` line and exit 2 (cli.py's convention),
   - gives the lock back at the end, however the run ends.
 """
@@ -19,6 +23,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Tuple, Type
+
+
+# How long a rank whose job failed waits for the peer watch to name a lost peer (a killed peer's
+# connection closes at once) before its own traceback.
+LOSS_GRACE_S = 3.0
 
 
 class OutputsRefused(Exception):
@@ -56,12 +65,15 @@ class Session:
         from recsys.runtime import distributed as dist
         from recsys.runtime import folder_lock
         from recsys.runtime.logger import print_rank0
-        from recsys.runtime.safe_io import OutputPathError
+        from recsys.runtime.safe_io import OutputPathError, remove_foreign_temporaries
+
+        removed = []
 
         def check_and_hold() -> None:
             check()
             if save_folder:
                 self.lock = folder_lock.acquire(save_folder, save_flag)
+                removed.extend(remove_foreign_temporaries(save_folder))  # ours alone now: any other is stale
 
         message = dist.rank0_verdict(self.rank, check_and_hold, (OutputPathError, folder_lock.FolderLockedError))
         if message:
@@ -69,6 +81,9 @@ class Session:
         if self.lock is not None and self.lock.took_over is not None:
             print_rank0(f"{save_flag} {save_folder} was held by a run that ended without giving it back "
                         f"({self.lock.took_over.describe()}); taking it over", rank=self.rank)
+        if removed:
+            print_rank0(f"{save_flag}: removed what a run that ended mid-write left half-written: "
+                        f"{', '.join(os.path.basename(path) for path in removed)}", rank=self.rank)
 
 
 def run(config: ShellConfig, job: Callable[[Session], int]) -> int:
@@ -87,13 +102,25 @@ def run(config: ShellConfig, job: Callable[[Session], int]) -> int:
 def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # before the first TensorFlow import (just below)
     from recsys.runtime import distributed as dist
-    from recsys.runtime.cli import bad_input
+    from recsys.runtime import peer_watch
+    from recsys.runtime.cli import bad_input, failure
+
+    try:
+        peer_timeout_s = peer_watch.timeout_from_environment()
+    except ValueError as error:
+        return bad_input(error)
     from recsys.runtime.logger import DllLogger
 
     dist.init()
     session = Session(dist.rank(), dist.size(), dist.local_rank(), dist.local_size(),
                       DllLogger(config.log_path, enabled=dist.rank() == 0))  # the file opens at its first record
+    watch, crashed = None, False
     try:
+        if session.world_size > 1 and peer_timeout_s > 0:
+            try:
+                watch = peer_watch.start(session.rank, peer_timeout_s, dist.allgather_object, session.logger.flush)
+            except peer_watch.PeerWatchError as error:
+                return failure(error)
         try:
             return job(session)
         except OutputsRefused as refused:
@@ -102,7 +129,15 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
             return code
         except config.user_errors() as error:
             return bad_input(error)
+        except Exception:
+            crashed = True
+            if watch is not None:
+                # a peer's death also fails the collective this rank was in: its line, not this traceback
+                watch.wait_for_loss(LOSS_GRACE_S)
+            raise
     finally:
+        if watch is not None and not crashed:
+            watch.stop()
         session.logger.close()
         if session.lock is not None:
             session.lock.release()

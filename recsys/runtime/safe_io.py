@@ -6,14 +6,23 @@ path costs one error line, not hours of training.
 Writers (checkpoints, SavedModel export, transcribe, gen_csv, synthetic data, preprocessing) build
 their output in a hidden temporary sibling and rename it into place once it is complete
 (`atomic_directory`, `atomic_file`): a failure leaves neither partial output nor a stray temporary,
-nor a parent folder made for the output.
+nor a parent folder made for the output. A thread that must end the process at once (the peer
+watch, the stop-signal watchdog) goes through `exit_now`, which waits out a rename in progress, so
+an output is never left between its renames.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
-from typing import IO, Iterable, Iterator, Mapping, Optional
+import threading
+from typing import IO, Iterable, Iterator, Mapping, Optional, Tuple
+
+# Held while a staged output is renamed into place (two renames when it replaces one); `exit_now` takes it.
+_RENAMING = threading.Lock()
+RENAME_WAIT_S = 30.0
+_TEMPORARY = re.compile(r"\.(?P<output>.+)\.tmp-(?P<pid>[0-9]+)(\.old)?")
 
 
 class OutputPathError(ValueError):
@@ -146,19 +155,46 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
+def _temporaries(parent: str) -> Iterator[Tuple[str, str, int]]:
+    """(entry, the output it was for, its writer's pid) for every temporary in `parent`: a
+    `temporary_sibling` or a publish's `.old`."""
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        found = _TEMPORARY.fullmatch(name)
+        if found:
+            yield os.path.join(parent, name), found["output"], int(found["pid"])
+
+
 def remove_stale_temporaries(final: str) -> list:
-    """Remove the temporary siblings of `final` (`temporary_sibling`, and a publish's `.old`) left by a
-    writer of this machine that no longer runs (killed with SIGKILL, say); returns their paths. Only
-    for outputs one machine writes: a live writer of another machine sharing the folder would look dead."""
+    """Remove the temporary siblings of `final` left by a writer of this machine that no longer runs
+    (killed with SIGKILL, say); returns their paths. Only for outputs one machine writes: a live writer
+    of another machine sharing the folder would look dead."""
     final = os.path.abspath(final)
-    parent, prefix = os.path.dirname(final), f".{os.path.basename(final)}.tmp-"
     removed = []
-    for name in os.listdir(parent) if os.path.isdir(parent) else []:
-        pid = name[len(prefix):].removesuffix(".old")
-        if name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not _process_exists(int(pid)):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-            removed.append(os.path.join(parent, name))
+    for path, output, pid in _temporaries(os.path.dirname(final)):
+        if output == os.path.basename(final) and pid != os.getpid() and not _process_exists(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
+
+
+def remove_foreign_temporaries(folder: str) -> list:
+    """Remove every temporary in `folder` that this process did not make; returns their paths. Only
+    for a folder this run holds alone (folder_lock): any other writer's temporary there is stale,
+    whichever machine it ran on (a rank ended mid-save by a lost peer, a SIGKILL)."""
+    removed = []
+    for path, _, pid in _temporaries(folder):
+        if pid != os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def exit_now(code: int) -> None:
+    """End the process at once with `code` (os._exit: for a thread, which cannot end a main thread
+    that is stuck in a collective), but never between a staged output's renames: one in progress is
+    waited for (up to RENAME_WAIT_S, a hung file system is not)."""
+    _RENAMING.acquire(timeout=RENAME_WAIT_S)
+    os._exit(code)
 
 
 def _rename_no_replace(source: str, target: str) -> None:
@@ -208,17 +244,18 @@ class StagedDirectory:
             if os.path.lexists(self.final) and not self.replace:
                 raise OutputPathError(f"{self.final} appeared while this output was being written (another "
                                       f"writer's?); refusing to replace it")
-            if os.path.lexists(self.final):
-                old = self.path + ".old"
-                os.rename(self.final, old)
-                try:
-                    os.rename(self.path, self.final)
-                except BaseException:
-                    os.rename(old, self.final)
-                    raise
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                _rename_no_replace(self.path, self.final)
+            old = self.path + ".old"
+            with _RENAMING:  # exit_now waits: `final` is never left missing or an empty folder
+                if os.path.lexists(self.final):
+                    os.rename(self.final, old)
+                    try:
+                        os.rename(self.path, self.final)
+                    except BaseException:
+                        os.rename(old, self.final)
+                        raise
+                else:
+                    _rename_no_replace(self.path, self.final)
+            shutil.rmtree(old, ignore_errors=True)
         except BaseException:
             self.discard()
             raise

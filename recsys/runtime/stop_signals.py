@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from recsys.runtime.cli import signal_exit_code
+from recsys.runtime.safe_io import exit_now
 
 HANDLER_DEADLINE_S = 30.0
 
@@ -91,7 +92,7 @@ class StopRequest:
                 print(f"received {signal_name(signum)}, but the run has not reached a point where it can stop in "
                       f"{HANDLER_DEADLINE_S:.0f} s (blocked, e.g. waiting for a rank that is gone): exiting without "
                       f"a checkpoint; the checkpoints on disk are whole", file=sys.stderr, flush=True)
-                os._exit(signal_exit_code(signum))
+                exit_now(signal_exit_code(signum))
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[Callable[[], None]]:
