@@ -134,6 +134,7 @@ class DualEmbeddingGroup(tf.keras.layers.Layer):
         self.dims = [int(d) for d in dims]
         self.poolings = list(poolings or [POOLINGS[0]] * len(self.cardinalities))
         self.host_tables = sorted(host_tables)
+        self.output_dtype = output_dtype
         single_width = len(set(self.dims)) == 1
         self.groups: List[Tuple[List[int], bool, tf.keras.layers.Layer]] = []  # (tables, on host, layer)
         for on_host, tier, embedding_type, dtype in ((False, "device_tables", device_embedding_type, table_dtype),

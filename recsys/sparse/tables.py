@@ -238,6 +238,7 @@ class EmbeddingLayer(Protocol):
 
     trainable_variables: List[tf.Variable]
     exchanges_ids: bool  # whether exchange_ids sends ids between ranks (worth running ahead of a step)
+    output_dtype: tf.DType  # the vectors' dtype (what the embedding all-to-all sends)
 
     def __call__(self, ids: Any, as_blocks: bool = False, exchanged: bool = False, tag: str = "") -> Vectors:
         """The vectors of `ids`, or with `exchanged` of `exchange_ids(ids)`; `tag` ends the names of
