@@ -1,5 +1,6 @@
 """main.py outputs (log, checkpoints, SavedModel export) are checked before any work, never land on
 an input, and an export replaces only an earlier export; final records say when no evaluation ran."""
+import contextlib
 import json
 import os
 
@@ -325,13 +326,16 @@ def test_a_demo_rerun_removes_only_what_it_wrote(tmp_path, script):
         process = subprocess.Popen(["bash", script], cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, start_new_session=True)
         if stop_after_first_step:  # as step 2 begins: step 1's folder is whole
-            seen = []
+            seen, stopping = [], False
             for line in process.stdout:
                 seen.append(line)
-                if line.startswith("== 2"):
-                    os.killpg(process.pid, signal.SIGTERM)
-                    break
-            else:  # the demo ended without starting step 2 where this test could see it
+                # a signal that reaches bash as it forks the step's process can go unanswered (seen on a
+                # loaded machine): a user presses Ctrl-C again, and so does this test at the next step
+                if line.startswith("== 2") or (stopping and line.startswith("== ")):
+                    with contextlib.suppress(ProcessLookupError):  # the line may outlive the demo in the pipe
+                        os.killpg(process.pid, signal.SIGTERM)
+                    stopping = True
+            if not stopping:  # the demo ended without starting step 2 where this test could see it
                 raise AssertionError(f"no '== 2' line in the demo's output:\n{''.join(seen)[-3000:]}")
         out, err = process.communicate(timeout=600)  # generous: a loaded machine slows the demo, not the check
         return process.returncode, err
