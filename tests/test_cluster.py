@@ -3,15 +3,23 @@ their bad input, then DLRM (Gloo and MPI) and Wide & Deep trained by horovodrun 
 cluster is the session's (`cluster` fixture): up once, whole and unlimited for each test."""
 import os
 import re
+import shlex
 import socket
 import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from cluster import INTERFACE, SCRIPT, SUBNET, rank_hosts
-from multiproc import assert_ok, assert_one_error, run_horovod, snapshot
+from cluster import INTERFACE, RANK_HOST, SCRIPT, SUBNET, rank_hosts
+from multiproc import REPO_ROOT, assert_ok, assert_one_error, launch_env, require, run_horovod, snapshot
+from recsys.training import checkpoint
+from slurm_cluster import SlurmCluster, SlurmNode, SlurmStartError, missing_binaries
 from test_main import SMALL, checkpoint_arrays
+from test_slurm import SCRIPT as SLURM_SCRIPT
+from test_slurm import TRAINING_ARGS as SLURM_TRAINING_ARGS
+from test_slurm import job_report, start_requeued_job_now
 from test_wd_train import SMALL as WD_SMALL
 from test_wd_train import WD_DIR, data_flags, final, write_dataset
 
@@ -170,3 +178,66 @@ def test_wide_and_deep_trains_across_three_hosts(cluster, tmp_path):
     assert_ok(job)
     assert sorted(rank_hosts(job.stdout)) == cluster.hosts, job.stdout[-3000:]
     assert 0 < final(str(tmp_path / "results"))["exact_map_val"] <= 1
+
+
+# ---- Slurm and Spark across the hosts (one slurmd per host; a Spark standalone cluster) ----
+
+SLURM_RANKS = ["--batch_size", "96", "--valid_batch_size", "96", "--print_freq", "10", "--deterministic",
+               "--seed", "3", "--learning_rate", "0.1", "--warmup_steps", "2"]
+
+
+@pytest.fixture
+def slurm_on_hosts(cluster):
+    """A private Slurm cluster whose 3 nodes are the cluster's hosts: slurmctld on this machine (dlrm-head),
+    each host's slurmd started inside it and reached at its address; torn down after the test."""
+    missing = missing_binaries()
+    require(not missing, f"Slurm/munge not installed ({', '.join(missing)}); Debian: slurmctld slurmd slurm-client munge")
+    nodes = [SlurmNode(host, cluster.address(host), tuple(cluster.inside(host))) for host in cluster.hosts]
+    slurm = SlurmCluster(cpus=1, nodes=nodes, controller_address=socket.gethostbyname("dlrm-head"))
+    try:
+        slurm.start()
+    except SlurmStartError as error:
+        require(False, f"a Slurm cluster on the hosts could not start: {error}")
+    plugins = slurm.run_client(["srun", "--mpi=list"])
+    try:
+        require("pmix" in plugins.stdout + plugins.stderr, "Slurm has no pmix MPI plugin")
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def test_sbatch_on_three_hosts_trains_is_warned_requeued_and_resumes_by_itself(cluster, slurm_on_hosts, tmp_path):
+    """`sbatch -N 3 slurm_multinode.sh`: one rank per host (srun --mpi=pmix across the hosts' slurmds). The
+    time-limit warning (SIGUSR1 to the batch script) makes every rank save and stop, requeue=1 requeues the
+    job, and its second run, again on the 3 hosts, resumes from that checkpoint and finishes training."""
+    slurm, folder, output = slurm_on_hosts, tmp_path / "ckpt", tmp_path / "job.out"
+    train = [sys.executable, os.path.join(REPO_ROOT, "main.py"), *SLURM_TRAINING_ARGS, *SLURM_RANKS,
+             "--synthetic_dataset_train_batches", "150", "--auto_resume", "--save_checkpoint_path", str(folder)]
+    cmd = f'echo "{RANK_HOST}$(hostname)"; exec {shlex.join(train)}'
+    env = {**launch_env({"cmd": cmd, "requeue": "1"}), "SLURM_CONF": slurm.conf_path}
+    job = subprocess.Popen(["sbatch", "-N", "3", "-n", "3", "--time=5", "--wait", "--export=ALL", f"--output={output}",
+                            "--open-mode=append", "--parsable", SLURM_SCRIPT],
+                           env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = job.stdout.readline().strip().split(";")[0]
+        deadline = time.time() + 150
+        while time.time() < deadline and not (output.exists() and "step=" in output.read_text(errors="replace")):
+            time.sleep(0.2)
+        slurm.run_client(["scancel", "--batch", "--signal=USR1", job_id])
+        start_requeued_job_now(slurm, job_id, output)
+        _, errors = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    report = f"sbatch: {errors}\n" + job_report(None, output, slurm)
+    assert job.returncode == 0, report
+    text = output.read_text(errors="replace")
+    runs = text.split("requeueing job")
+    assert len(runs) == 2 and "received SIGUSR1, passing it to the tasks" in runs[0], report
+    for run in runs:  # each run: 3 tasks on 3 nodes, one rank on each host (the tasks' own lines)
+        hosts = re.findall(rf"^{RANK_HOST}(\S+)$", run, re.MULTILINE)
+        assert "3 task(s) on 3 node(s) (dlrm-node[1-3])" in run and sorted(hosts) == cluster.hosts, report
+    stopped = [line for line in text.splitlines() if "stopped by SIGUSR1 after step" in line]
+    assert len(stopped) == 1 and 0 < int(stopped[0].split(" after step ")[1].split()[0]) < 150, report
+    assert "--auto_resume: resuming from the newest checkpoint" in runs[1] and "Traceback" not in text, report
+    assert checkpoint.resolve(str(folder)).endswith("step_000000150"), report
