@@ -182,7 +182,7 @@ def test_wide_and_deep_trains_across_three_hosts(cluster, tmp_path):
 
 # ---- Slurm and Spark across the hosts (one slurmd per host; a Spark standalone cluster) ----
 
-SLURM_RANKS = ["--batch_size", "96", "--valid_batch_size", "96", "--print_freq", "10", "--deterministic",
+SLURM_RANKS = ["--batch_size", "96", "--valid_batch_size", "96", "--print_freq", "5", "--deterministic",
                "--seed", "3", "--learning_rate", "0.1", "--warmup_steps", "2"]
 
 
@@ -212,7 +212,7 @@ def test_sbatch_on_three_hosts_trains_is_warned_requeued_and_resumes_by_itself(c
     job, and its second run, again on the 3 hosts, resumes from that checkpoint and finishes training."""
     slurm, folder, output = slurm_on_hosts, tmp_path / "ckpt", tmp_path / "job.out"
     train = [sys.executable, os.path.join(REPO_ROOT, "main.py"), *SLURM_TRAINING_ARGS, *SLURM_RANKS,
-             "--synthetic_dataset_train_batches", "150", "--auto_resume", "--save_checkpoint_path", str(folder)]
+             "--synthetic_dataset_train_batches", "100", "--auto_resume", "--save_checkpoint_path", str(folder)]
     cmd = f'echo "{RANK_HOST}$(hostname)"; exec {shlex.join(train)}'
     env = {**launch_env({"cmd": cmd, "requeue": "1"}), "SLURM_CONF": slurm.conf_path}
     job = subprocess.Popen(["sbatch", "-N", "3", "-n", "3", "--time=5", "--wait", "--export=ALL", f"--output={output}",
@@ -238,6 +238,6 @@ def test_sbatch_on_three_hosts_trains_is_warned_requeued_and_resumes_by_itself(c
         hosts = re.findall(rf"^{RANK_HOST}(\S+)$", run, re.MULTILINE)
         assert "3 task(s) on 3 node(s) (dlrm-node[1-3])" in run and sorted(hosts) == cluster.hosts, report
     stopped = [line for line in text.splitlines() if "stopped by SIGUSR1 after step" in line]
-    assert len(stopped) == 1 and 0 < int(stopped[0].split(" after step ")[1].split()[0]) < 150, report
+    assert len(stopped) == 1 and 0 < int(stopped[0].split(" after step ")[1].split()[0]) < 100, report
     assert "--auto_resume: resuming from the newest checkpoint" in runs[1] and "Traceback" not in text, report
-    assert checkpoint.resolve(str(folder)).endswith("step_000000150"), report
+    assert checkpoint.resolve(str(folder)).endswith("step_000000100"), report
