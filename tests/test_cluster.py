@@ -1,6 +1,8 @@
 """A cluster of 3 hosts on this machine (scripts/test_cluster.sh, tests/cluster.py): the script's verbs and
 their bad input, then DLRM (Gloo and MPI) and Wide & Deep trained by horovodrun across the hosts. The
 cluster is the session's (`cluster` fixture): up once, whole and unlimited for each test."""
+import concurrent.futures
+import contextlib
 import os
 import re
 import shlex
@@ -12,7 +14,10 @@ import time
 import numpy as np
 import pytest
 
+import test_preproc
+
 from cluster import INTERFACE, RANK_HOST, SCRIPT, SUBNET, rank_hosts
+from preproc import synthetic_criteo
 from multiproc import REPO_ROOT, assert_ok, assert_one_error, launch_env, require, run_horovod, snapshot
 from recsys.training import checkpoint
 from slurm_cluster import SlurmCluster, SlurmNode, SlurmStartError, missing_binaries
@@ -241,3 +246,100 @@ def test_sbatch_on_three_hosts_trains_is_warned_requeued_and_resumes_by_itself(c
     assert len(stopped) == 1 and 0 < int(stopped[0].split(" after step ")[1].split()[0]) < 100, report
     assert "--auto_resume: resuming from the newest checkpoint" in runs[1] and "Traceback" not in text, report
     assert checkpoint.resolve(str(folder)).endswith("step_000000100"), report
+
+
+SPARK_MASTER_HOST, SPARK_MASTER_PORT, SPARK_WORKER_PORT = "dlrm-node1", 7077, 7078  # each host has its own ports
+SPARK_DAYS, SPARK_LINES_PER_DAY = 4, 1500
+
+
+@contextlib.contextmanager
+def spark_standalone(cluster, folder):
+    """A Spark standalone cluster on the hosts: the master on dlrm-node1, a 1-core worker on each other host,
+    every daemon inside its host and bound to its address (logs in folder/spark.log); yields the master URL."""
+    require(test_preproc.HAVE_SPARK, "needs java and pyspark")
+    daemons = []
+    with open(folder / "spark.log", "w") as log:
+        try:
+            for node in cluster.hosts:
+                role, port = ("Master", SPARK_MASTER_PORT) if node == SPARK_MASTER_HOST else ("Worker", SPARK_WORKER_PORT)
+                env = test_preproc._environment(SPARK_LOCAL_IP=cluster.address(node), SPARK_LOG_DIR=str(folder / "logs"),
+                                                SPARK_WORKER_DIR=str(folder / "work" / node),
+                                                SPARK_LOCAL_DIRS=str(folder / "scratch" / node))
+                worker_args = [] if role == "Master" else ["--cores", "1", "--memory", "1g",
+                                                           f"spark://{SPARK_MASTER_HOST}:{SPARK_MASTER_PORT}"]
+                daemons.append(test_preproc.spark_daemon(role, cluster.address(node), port, env, log, *worker_args,
+                                                         inside=cluster.inside(node)))
+            yield f"spark://{SPARK_MASTER_HOST}:{SPARK_MASTER_PORT}"
+        finally:
+            for daemon in reversed(daemons):
+                test_preproc._stop_daemon(daemon)
+
+
+def executor_log(folder, node: str) -> str:
+    """What the executors on `node`'s worker wrote to stderr so far."""
+    logs = sorted((folder / "work" / node).glob("app-*/*/stderr"))
+    return "".join(log.read_text(errors="replace") for log in logs)
+
+
+def prepare_on_the_cluster(cluster, folder, master, **env: str):
+    """prepare_dataset.sh CPU 2 with the Spark engine, its driver on the master's host, two 1-core executors."""
+    return test_preproc.run_prepare(str(folder), "CPU", "2", raw=str(folder.parent / "raw"),
+                                    inside=cluster.inside(SPARK_MASTER_HOST), SPARK_MASTER=master,
+                                    SPARK_LOCAL_IP=cluster.address(SPARK_MASTER_HOST), NUM_DAYS=str(SPARK_DAYS),
+                                    TOTAL_CORES="2", NUM_EXECUTORS="2", EXECUTOR_CORES="1", EXECUTOR_MEMORY="768m",
+                                    DRIVER_MEMORY="1g", **env)
+
+
+@pytest.fixture
+def criteo_days(tmp_path):
+    """Small synthetic Criteo days in tmp_path/raw and the digest of the embedded engine's dataset of them."""
+    test_preproc.engine_available("duckdb")
+    synthetic_criteo.write_days(str(tmp_path / "raw"), SPARK_DAYS, SPARK_LINES_PER_DAY, seed=21,
+                                bad_lines={2: {5: "bad_label"}})
+    local = test_preproc.run_prepare(str(tmp_path / "local"), "--engine", "duckdb", "CPU", "2",
+                                     raw=str(tmp_path / "raw"), NUM_DAYS=str(SPARK_DAYS))
+    assert local.returncode == 0, local.stderr[-3000:]
+    return test_preproc.dataset_digest(str(tmp_path / "local" / "final"))
+
+
+def test_spark_standalone_across_hosts_writes_the_local_runs_bytes(cluster, tmp_path, criteo_days):
+    """SPARK_MASTER=spark://dlrm-node1:7077 with workers on dlrm-node2 and dlrm-node3: the executors run on
+    those hosts and the dataset is byte for byte the local run's."""
+    run = tmp_path / "spark"
+    run.mkdir()
+    with spark_standalone(cluster, run) as master:
+        result = prepare_on_the_cluster(cluster, run, master)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for node in ("dlrm-node2", "dlrm-node3"):  # an executor on each worker's host ran tasks
+        assert "Finished task" in executor_log(run, node), node
+    assert test_preproc.dataset_digest(str(run / "final")) == criteo_days
+
+
+def test_a_spark_workers_host_cut_mid_run_ends_complete_or_with_one_error_line(cluster, tmp_path, criteo_days):
+    """dlrm-node3's link is cut while its executor is working (it holds shuffle output by then): within a couple
+    of minutes (the project's spark.network.timeout) the run either ends complete on dlrm-node2's executor,
+    its dataset byte for byte the local run's, or fails with one `error:` line and a non-zero exit; never
+    a half-written output (no final folder, no Spark output, no partial folder left)."""
+    run = tmp_path / "spark"
+    run.mkdir()
+    with spark_standalone(cluster, run) as master, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        job = pool.submit(prepare_on_the_cluster, cluster, run, master, SPARK_NETWORK_TIMEOUT="30")
+        deadline = time.monotonic() + 300
+        while executor_log(run, "dlrm-node3").count("Finished task") < 10 and not job.done():
+            assert time.monotonic() < deadline, "dlrm-node3's executor finished no tasks in 300 s"
+            time.sleep(0.2)
+        assert not job.done(), f"the run ended before the cut: {job.result()}"
+        cluster.cut("dlrm-node3")
+        cut = time.monotonic()
+        result = job.result(timeout=600)
+        after_cut = time.monotonic() - cut
+    report = f"exit {result.returncode} {after_cut:.0f} s after the cut\n{result.stdout[-3000:]}{result.stderr[-5000:]}"
+    print(report[:200])
+    assert after_cut < 180, report
+    if result.returncode == 0:
+        assert test_preproc.dataset_digest(str(run / "final")) == criteo_days, report
+    else:
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in result.stderr, report
+        assert not (run / "final").exists() and not (run / "spark").exists(), report
+    assert not [path for path in run.iterdir() if path.name.endswith((".partial", ".halves"))], report
