@@ -56,8 +56,9 @@ find_spark_home() {
 # A worker whose host drops off the network then costs that long, not a hung job.
 set_spark_submit_args() {
     local network_timeout="${SPARK_NETWORK_TIMEOUT:-120}"
-    [[ "$network_timeout" =~ ^[0-9]+$ ]] && (( 10#$network_timeout >= 20 )) \
-        || die "SPARK_NETWORK_TIMEOUT must be whole seconds, at least 20 (twice the executors' 10 s heartbeat), got '$network_timeout'"
+    if [[ ! "$network_timeout" =~ ^[0-9]{1,6}$ ]] || (( 10#$network_timeout < 20 )); then
+        die "SPARK_NETWORK_TIMEOUT must be whole seconds, at least 20 (twice the executors' 10 s heartbeat), got '$network_timeout'"
+    fi
     SPARK_SUBMIT_ARGS=(
         --master "$SPARK_MASTER"
         --driver-memory "$DRIVER_MEMORY"

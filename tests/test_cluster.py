@@ -287,6 +287,7 @@ def prepare_on_the_cluster(cluster, folder, master, **env: str):
                                     inside=cluster.inside(SPARK_MASTER_HOST), SPARK_MASTER=master,
                                     SPARK_LOCAL_IP=cluster.address(SPARK_MASTER_HOST), NUM_DAYS=str(SPARK_DAYS),
                                     TOTAL_CORES="2", NUM_EXECUTORS="2", EXECUTOR_CORES="1", EXECUTOR_MEMORY="768m",
+                                    SHUFFLE_PARTITIONS="4", TEST_SHUFFLE_PARTITIONS="2",
                                     DRIVER_MEMORY="1g", **env)
 
 
@@ -323,9 +324,9 @@ def test_a_spark_workers_host_cut_mid_run_ends_complete_or_with_one_error_line(c
     run = tmp_path / "spark"
     run.mkdir()
     with spark_standalone(cluster, run) as master, concurrent.futures.ThreadPoolExecutor(1) as pool:
-        job = pool.submit(prepare_on_the_cluster, cluster, run, master, SPARK_NETWORK_TIMEOUT="30")
+        job = pool.submit(prepare_on_the_cluster, cluster, run, master, SPARK_NETWORK_TIMEOUT="20")
         deadline = time.monotonic() + 300
-        while executor_log(run, "dlrm-node3").count("Finished task") < 10 and not job.done():
+        while executor_log(run, "dlrm-node3").count("Finished task") < 4 and not job.done():
             assert time.monotonic() < deadline, "dlrm-node3's executor finished no tasks in 300 s"
             time.sleep(0.2)
         assert not job.done(), f"the run ended before the cut: {job.result()}"

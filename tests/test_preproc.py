@@ -475,6 +475,13 @@ def test_unknown_engine_is_one_clear_error(small_raw):
     assert_nothing_written(small_raw)
 
 
+@needs_spark
+def test_a_bad_spark_network_timeout_is_one_clear_error(small_raw):
+    result = run_prepare(str(small_raw), "--engine", "spark", "CPU", "2", SPARK_NETWORK_TIMEOUT="5")
+    assert_one_error(result, "SPARK_NETWORK_TIMEOUT must be whole seconds, at least 20", "got '5'")
+    assert_nothing_written(small_raw)
+
+
 # ----------------------------------------------------------------------------- library pieces
 @pytest.fixture(scope="module")
 def spark_utils():
