@@ -766,9 +766,11 @@ def test_spark_outputs_are_written_whole_or_not_at_all(spark_utils, tmp_path, ca
     old = snapshot(tmp_path)
     failing = spark.range(5).select(F.when(F.col("id") < 3, F.col("id"))
                                     .otherwise(F.raise_error(F.lit("boom"))).alias("id"))
-    with pytest.raises(Exception, match="boom"):
+    with pytest.raises((u.Py4JJavaError, u.PySparkException), match="boom") as failure:
         u.write_parquet(failing.write, str(final), "overwrite")
     assert snapshot(tmp_path) == old  # the previous output is intact and no temporary folder is left
+    gist = u.spark_failure(failure.value)  # main's `error: the Spark job failed: ...` line
+    assert "boom" in gist and "\n" not in gist, gist
     raw = tmp_path / "raw"
     raw.mkdir()
     for args, message in (
