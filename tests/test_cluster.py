@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -281,9 +282,10 @@ def executor_log(folder, node: str) -> str:
     return "".join(log.read_text(errors="replace") for log in logs)
 
 
-def prepare_on_the_cluster(cluster, folder, master, **env: str):
-    """prepare_dataset.sh CPU 2 with the Spark engine, its driver on the master's host, two 1-core executors."""
-    return test_preproc.run_prepare(str(folder), "CPU", "2", raw=str(folder.parent / "raw"),
+def prepare_on_the_cluster(cluster, folder, raw, master, **env: str):
+    """prepare_dataset.sh CPU 2 of the days in `raw` with the Spark engine, its driver on the master's host, two
+    1-core executors."""
+    return test_preproc.run_prepare(str(folder), "CPU", "2", raw=str(raw),
                                     inside=cluster.inside(SPARK_MASTER_HOST), SPARK_MASTER=master,
                                     SPARK_LOCAL_IP=cluster.address(SPARK_MASTER_HOST), NUM_DAYS=str(SPARK_DAYS),
                                     TOTAL_CORES="2", NUM_EXECUTORS="2", EXECUTOR_CORES="1", EXECUTOR_MEMORY="768m",
@@ -291,16 +293,17 @@ def prepare_on_the_cluster(cluster, folder, master, **env: str):
                                     DRIVER_MEMORY="1g", **env)
 
 
-@pytest.fixture
-def criteo_days(tmp_path):
-    """Small synthetic Criteo days in tmp_path/raw and the digest of the embedded engine's dataset of them."""
+@pytest.fixture(scope="module")
+def criteo_days(tmp_path_factory):
+    """Small synthetic Criteo days (in `.raw`) and the digest of the embedded engine's dataset of them (`.digest`)."""
     test_preproc.engine_available("duckdb")
-    synthetic_criteo.write_days(str(tmp_path / "raw"), SPARK_DAYS, SPARK_LINES_PER_DAY, seed=21,
+    folder = tmp_path_factory.mktemp("criteo_days")
+    synthetic_criteo.write_days(str(folder / "raw"), SPARK_DAYS, SPARK_LINES_PER_DAY, seed=21,
                                 bad_lines={2: {5: "bad_label"}})
-    local = test_preproc.run_prepare(str(tmp_path / "local"), "--engine", "duckdb", "CPU", "2",
-                                     raw=str(tmp_path / "raw"), NUM_DAYS=str(SPARK_DAYS))
+    local = test_preproc.run_prepare(str(folder / "local"), "--engine", "duckdb", "CPU", "2", raw=str(folder / "raw"),
+                                     NUM_DAYS=str(SPARK_DAYS))
     assert local.returncode == 0, local.stderr[-3000:]
-    return test_preproc.dataset_digest(str(tmp_path / "local" / "final"))
+    return SimpleNamespace(raw=folder / "raw", digest=test_preproc.dataset_digest(str(folder / "local" / "final")))
 
 
 def test_spark_standalone_across_hosts_writes_the_local_runs_bytes(cluster, tmp_path, criteo_days):
@@ -309,11 +312,11 @@ def test_spark_standalone_across_hosts_writes_the_local_runs_bytes(cluster, tmp_
     run = tmp_path / "spark"
     run.mkdir()
     with spark_standalone(cluster, run) as master:
-        result = prepare_on_the_cluster(cluster, run, master)
+        result = prepare_on_the_cluster(cluster, run, criteo_days.raw, master)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for node in ("dlrm-node2", "dlrm-node3"):  # an executor on each worker's host ran tasks
         assert "Finished task" in executor_log(run, node), node
-    assert test_preproc.dataset_digest(str(run / "final")) == criteo_days
+    assert test_preproc.dataset_digest(str(run / "final")) == criteo_days.digest
 
 
 def test_a_spark_workers_host_cut_mid_run_and_the_run_ends_on_the_other_with_the_same_bytes(cluster, tmp_path,
@@ -325,7 +328,7 @@ def test_a_spark_workers_host_cut_mid_run_and_the_run_ends_on_the_other_with_the
     run = tmp_path / "spark"
     run.mkdir()
     with spark_standalone(cluster, run) as master, concurrent.futures.ThreadPoolExecutor(1) as pool:
-        job = pool.submit(prepare_on_the_cluster, cluster, run, master, SPARK_NETWORK_TIMEOUT="20")
+        job = pool.submit(prepare_on_the_cluster, cluster, run, criteo_days.raw, master, SPARK_NETWORK_TIMEOUT="20")
         deadline = time.monotonic() + 300
         while executor_log(run, "dlrm-node3").count("Finished task") < 4 and not job.done():
             assert time.monotonic() < deadline, "dlrm-node3's executor finished no tasks in 300 s"
@@ -338,5 +341,5 @@ def test_a_spark_workers_host_cut_mid_run_and_the_run_ends_on_the_other_with_the
     report = f"exit {result.returncode} {after_cut:.0f} s after the cut\n{result.stdout[-3000:]}{result.stderr[-5000:]}"
     assert result.returncode == 0 and after_cut < 180, report
     assert "Lost executor" in result.stderr and "10.213.57.13" in result.stderr, report
-    assert test_preproc.dataset_digest(str(run / "final")) == criteo_days, report
+    assert test_preproc.dataset_digest(str(run / "final")) == criteo_days.digest, report
     assert not [path.name for path in run.iterdir() if path.name.endswith((".partial", ".halves"))], report
