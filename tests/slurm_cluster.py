@@ -208,6 +208,9 @@ class SlurmCluster:
         ]
         with open(self.conf_path, "w") as conf:
             conf.writelines(f"{key}={value}\n" for key, value in settings)
+        # slurmd loads a cgroup plugin even where, as here (linuxproc, task/none), nothing uses it; its
+        # autodetection fails where /sys/fs/cgroup is not mounted (a test cluster's host has a /sys of its
+        # own), while the named plugin loads without mounts.
         with open(self._path("cgroup.conf"), "w") as conf:
             conf.write("CgroupPlugin=cgroup/v1\n")
 
