@@ -50,8 +50,15 @@ find_spark_home() {
 }
 
 # Sets SPARK_SUBMIT_ARGS from the resource variables both pipelines define (SPARK_MASTER,
-# DRIVER_MEMORY, NUM_EXECUTORS, EXECUTOR_CORES, EXECUTOR_MEMORY, MAX_PARTITION_BYTES, SPARK_LOCAL_DIRS).
+# DRIVER_MEMORY, NUM_EXECUTORS, EXECUTOR_CORES, EXECUTOR_MEMORY, MAX_PARTITION_BYTES, SPARK_LOCAL_DIRS)
+# and SPARK_NETWORK_TIMEOUT: how long the driver waits for a silent executor (no heartbeat, a shuffle
+# fetch or an RPC without answer) before it counts the executor lost and runs its tasks elsewhere.
+# A worker whose host drops off the network then costs that long, not a hung job.
 set_spark_submit_args() {
+    local network_timeout="${SPARK_NETWORK_TIMEOUT:-120}"
+    if [[ ! "$network_timeout" =~ ^[0-9]{1,6}$ ]] || (( 10#$network_timeout < 20 )); then
+        die "SPARK_NETWORK_TIMEOUT must be whole seconds, at least 20 (twice the executors' 10 s heartbeat), got '$network_timeout'"
+    fi
     SPARK_SUBMIT_ARGS=(
         --master "$SPARK_MASTER"
         --driver-memory "$DRIVER_MEMORY"
@@ -63,7 +70,8 @@ set_spark_submit_args() {
         --conf "spark.sql.files.maxPartitionBytes=$MAX_PARTITION_BYTES"
         --conf "spark.driver.maxResultSize=2g"
         --conf "spark.locality.wait=0s"
-        --conf "spark.network.timeout=1800s"
+        --conf "spark.network.timeout=$((10#$network_timeout))s"
+        --conf "spark.network.timeoutInterval=10s"
         --conf "spark.ui.showConsoleProgress=false"
         --conf "spark.log.level=${SPARK_LOG_LEVEL:-WARN}"
     )

@@ -17,6 +17,8 @@
 #   SPARK_LOCAL_DIRS         shuffle scratch space (default /data/dlrm/spark/tmp)
 #   SPARK_DRIVER_JAVA_OPTIONS  extra JVM options of the driver (none; e.g. -XX:TieredStopAtLevel=1
 #                            makes small local runs start faster)
+#   SPARK_NETWORK_TIMEOUT    seconds before a silent executor counts as lost and its tasks run
+#                            elsewhere (default 120, at least 20)
 #   NUM_DAYS (24), STRICT (0), RANDOM_SEED (12345), BROADCAST_MAX_ROWS (1000000), PYTHON (python3)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -21,6 +21,8 @@
 #   SPARK_LOG_DIR     master and worker logs (default: SPARK_LOCAL_DIRS/logs)
 #   TOTAL_CORES (80), TOTAL_MEMORY_GB (800), DRIVER_MEMORY_GB (32), EXECUTOR_MEMORY_GB, and
 #   SHUFFLE_PARTITIONS (600), TEST_SHUFFLE_PARTITIONS (30), SPARK_LOCAL_DIRS (/data/dlrm/spark/tmp),
+#   SPARK_NETWORK_TIMEOUT    seconds before a silent executor counts as lost and its tasks run
+#                            elsewhere (default 120, at least 20)
 #   NUM_DAYS (24), STRICT (0), RANDOM_SEED (12345), BROADCAST_MAX_ROWS (1000000), PYTHON (python3)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -28,6 +28,9 @@ import sys
 import urllib.parse
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from py4j.protocol import Py4JJavaError
+from pyspark import StorageLevel
+from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, DataFrameWriter, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -217,6 +220,13 @@ def block_bucket(partitions: int) -> Column:
 
 
 # ----------------------------------------------------------------------------- dictionaries
+# A result several jobs read is kept (memory, then disk), not checkpointed locally: a block lost with its
+# executor (a worker's host gone) is computed again from its lineage, where a local checkpoint's loss
+# fails the run. Both such results are deterministic (totally ordered, or aggregates), so the
+# recomputed block equals the lost one.
+REUSED = StorageLevel.MEMORY_AND_DISK
+
+
 def count_pass(parsed: DataFrame) -> DataFrame:
     """One aggregation: (column, data, model_count) of the valid lines' categorical keys (column
     index 0..25), plus one row per (day, reason) with column -1 - reason (0 = valid), data = the day
@@ -252,7 +262,7 @@ def assign_ids(spark: SparkSession, counts: DataFrame, limits: Sequence[int], pa
             .select("column", F.col("data").alias("key"), key_to_long(F.col("data")).alias("value"), "model_count"))
     ranked = (kept.repartitionByRange(partitions, *order).sortWithinPartitions(*order)
               .select("*", F.spark_partition_id().alias("_part"), F.monotonically_increasing_id().alias("_pos"))
-              .localCheckpoint(eager=True))
+              .persist(REUSED))
     starts: Dict[Tuple[int, int], int] = {}
     seen: Dict[int, int] = {}
     for row in (ranked.groupBy("_part", "column").agg(F.count(F.lit(1)).alias("n"), F.min("_pos").alias("first"))
@@ -355,7 +365,7 @@ def prepare(spark: SparkSession, input_folder: str, num_days: int, halves_folder
     spark.conf.set("spark.sql.adaptive.enabled", "false")
     total_bytes = sum(os.path.getsize(p) for p in paths if not is_cluster_path(p))
     with progress.stage("dictionary", int(total_bytes / 256), tasks, of_tasks):
-        counts = count_pass(parse_lines(read_day_files(spark, paths))).localCheckpoint(eager=True)
+        counts = count_pass(parse_lines(read_day_files(spark, paths))).persist(REUSED)
         lines = line_counts(counts)
     if strict:
         for path, day in zip(paths, days):
@@ -462,6 +472,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def spark_failure(error: Exception) -> str:
+    """The gist of a failed Spark job in one line: its first line that is not py4j's call site."""
+    lines = [line.strip(" :") for line in str(error).splitlines()]
+    gist = next((line for line in lines if line and not line.startswith("An error occurred while calling")), "")
+    return (gist or type(error).__name__)[:400]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_arg_parser().parse_args(argv)
     if args.num_days < 2 or args.partitions < 1 or args.test_partitions < 1:
@@ -483,6 +500,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             args.progress_interval)
     except (InputError, OutputPathError) as error:
         return bad_input(error)
+    except (Py4JJavaError, PySparkException) as error:  # Spark's own log above holds the details
+        print(f"error: the Spark job failed: {spark_failure(error)}", file=sys.stderr)
+        return 1
     finally:
         spark.stop()
     for name, summary in summaries.items():

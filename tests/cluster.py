@@ -112,7 +112,11 @@ class Cluster:
 
     def popen(self, node: str, *command: str) -> subprocess.Popen:
         """Start `command` inside `node`; stdout is a text pipe."""
-        return subprocess.Popen([SCRIPT, "run", node, *command], stdout=subprocess.PIPE, text=True)
+        return subprocess.Popen([*self.inside(node), *command], stdout=subprocess.PIPE, text=True)
+
+    def inside(self, node: str) -> List[str]:
+        """The words that run a command inside `node` (put before it; the command's exit code is theirs)."""
+        return [SCRIPT, "run", node]
 
     def horovod_hosts(self, slots: int = 1) -> str:
         """horovodrun's -H for `slots` processes on every host."""

@@ -1,10 +1,13 @@
-"""A throwaway one-node Slurm cluster for tests: its own munged, slurmctld and slurmd.
+"""A throwaway Slurm cluster for tests: its own munged, slurmctld and one slurmd per node.
 
-Everything lives in one private directory (config, munge key and socket, spool, state, logs) and
-the daemons listen on free ports, so a system cluster on the default paths is never touched.
-Client commands reach this cluster through `SLURM_CONF` (see `SlurmCluster.env`). `stop()` cancels
-the jobs, stops the daemons it started and ends any job process left behind, found by its
-`SLURM_CONF` pointing into this cluster.
+Everything lives in one private directory (config, munge key and socket, per-node spools, state,
+logs) and the daemons listen on free ports, so a system cluster on the default paths is never
+touched. By default there is one node, this machine; given `SlurmNode`s, each node's slurmd starts
+through that node's launcher (e.g. `scripts/test_cluster.sh run dlrm-node2`, so the daemon and every
+job step it starts live in that host's namespaces) and is reached at the node's address, while the
+one munged serves them all through its socket on the shared file system. Client commands reach the
+cluster through `SLURM_CONF` (see `SlurmCluster.env`). `stop()` cancels the jobs, stops the daemons
+it started and ends any job process left behind, found by its `SLURM_CONF` pointing into this cluster.
 """
 from __future__ import annotations
 
@@ -16,12 +19,13 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 DAEMON_BINARIES = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENT_BINARIES = ("sbatch", "sinfo", "squeue", "scancel", "scontrol", "srun")
 SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
-LOG_FILES = ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out", "munge/munged.log")
+LOG_FILES = ("slurmctld.log", "slurmctld.out", "munge/munged.log")  # and each node's slurmd-<node>.{log,out}
 
 
 class SlurmStartError(RuntimeError):
@@ -46,13 +50,27 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-class SlurmCluster:
-    """One node named after this host with `cpus` CPUs and a single default partition."""
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node of the cluster: its name, the address slurmctld and srun reach its slurmd at, and the
+    words that run a command inside it (empty: on this machine)."""
 
-    def __init__(self, cpus: int = 2, partition: str = "debug") -> None:
+    name: str
+    address: str = "127.0.0.1"
+    launcher: Tuple[str, ...] = ()
+
+
+class SlurmCluster:
+    """Nodes with `cpus` CPUs each in a single default partition; slurmctld runs on this machine,
+    reached at `controller_address`. Without `nodes`, one node named after this machine."""
+
+    def __init__(self, cpus: int = 2, partition: str = "debug", nodes: Optional[Sequence[SlurmNode]] = None,
+                 controller_address: str = "127.0.0.1") -> None:
         self.cpus = cpus
         self.partition = partition
-        self.node_name = socket.gethostname().split(".")[0]
+        self.host_name = socket.gethostname().split(".")[0]  # slurmctld insists on running on its host
+        self.controller_address = controller_address
+        self.nodes = list(nodes or [SlurmNode(self.host_name)])
         self.user = pwd.getpwuid(os.getuid()).pw_name
         self.base_dir = ""
         self.conf_path = ""
@@ -82,8 +100,10 @@ class SlurmCluster:
         try:
             self._start_munge()
             self._write_config()
-            self._start_daemon("slurmctld", ["-D", "-f", self.conf_path])
-            self._start_daemon("slurmd", ["-D", "-f", self.conf_path, "-N", self.node_name])
+            self._start_daemon("slurmctld", [find_binary("slurmctld"), "-D", "-f", self.conf_path])
+            for node in self.nodes:
+                self._start_daemon(f"slurmd-{node.name}", [*node.launcher, find_binary("slurmd"), "-D",
+                                                           "-f", self.conf_path, "-N", node.name])
             self._wait_until_idle(timeout_s)
         except Exception as error:
             logs = self.log_tail()
@@ -99,7 +119,7 @@ class SlurmCluster:
             return
         if self._alive("slurmctld"):
             self._cancel_jobs()
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*(f"slurmd-{node.name}" for node in self.nodes), "slurmctld", "munged"):
             daemon = self._daemons.pop(name, None)
             if daemon is not None:
                 terminate(daemon)
@@ -115,7 +135,7 @@ class SlurmCluster:
     def log_tail(self, lines: int = 30) -> str:
         """The last `lines` lines of every daemon log, for failure messages."""
         parts = []
-        for name in LOG_FILES:
+        for name in (*LOG_FILES, *(f"slurmd-{node.name}.{kind}" for node in self.nodes for kind in ("log", "out"))):
             path = os.path.join(self.base_dir, name)
             if os.path.exists(path):
                 with open(path, errors="replace") as log:
@@ -134,7 +154,7 @@ class SlurmCluster:
         subprocess.run([find_binary("mungekey"), "--create", f"--keyfile={key_path}"], check=True,
                        capture_output=True, timeout=30)
         os.chmod(key_path, 0o400)
-        self._start_daemon("munged", ["--foreground", f"--socket={self._munge_socket}",
+        self._start_daemon("munged", [find_binary("munged"), "--foreground", f"--socket={self._munge_socket}",
                                       f"--key-file={key_path}",
                                       f"--pid-file={os.path.join(munge_dir, 'munged.pid')}",
                                       f"--log-file={os.path.join(munge_dir, 'munged.log')}",
@@ -150,43 +170,53 @@ class SlurmCluster:
         return self._path("munge", "munge.socket")
 
     def _write_config(self) -> None:
-        for name in ("state", "spool"):
-            os.makedirs(self._path(name))
-        settings = {
-            "ClusterName": "dlrmtest",
-            "SlurmctldHost": f"{self.node_name}(127.0.0.1)",
-            "SlurmctldPort": free_port(),
-            "SlurmdPort": free_port(),
-            "AuthType": "auth/munge",
-            "AuthInfo": f"socket={self._munge_socket}",
-            "CredType": "cred/munge",
-            "SlurmUser": self.user,
-            "SlurmdUser": self.user,
-            "StateSaveLocation": self._path("state"),
-            "SlurmdSpoolDir": self._path("spool"),
-            "SlurmctldPidFile": self._path("slurmctld.pid"),
-            "SlurmdPidFile": self._path("slurmd.pid"),
-            "SlurmctldLogFile": self._path("slurmctld.log"),
-            "SlurmdLogFile": self._path("slurmd.log"),
-            "SlurmdParameters": "config_overrides",
-            "MailProg": "/bin/true",
-            "ProctrackType": "proctrack/linuxproc",
-            "TaskPlugin": "task/none",
-            "JobAcctGatherType": "jobacct_gather/none",
-            "SelectType": "select/cons_tres",
-            "SelectTypeParameters": "CR_CPU",
-            "MpiDefault": "none",
-            "ReturnToService": 2,
-            "NodeName": f"{self.node_name} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
-            "PartitionName": f"{self.partition} Nodes={self.node_name} Default=YES "
-                             "MaxTime=INFINITE State=UP",
-        }
+        os.makedirs(self._path("state"))
+        for node in self.nodes:
+            os.makedirs(self._path("spool", node.name))
+            os.makedirs(self._path("tmp", node.name))
+        settings = [
+            ("ClusterName", "dlrmtest"),
+            ("SlurmctldHost", f"{self.host_name}({self.controller_address})"),
+            ("SlurmctldPort", free_port()),
+            ("SlurmdPort", free_port()),
+            ("AuthType", "auth/munge"),
+            ("AuthInfo", f"socket={self._munge_socket}"),
+            ("CredType", "cred/munge"),
+            ("SlurmUser", self.user),
+            ("SlurmdUser", self.user),
+            ("StateSaveLocation", self._path("state")),
+            # slurmd expands %n to its node name: the nodes share this file system, not their files
+            ("SlurmdSpoolDir", self._path("spool", "%n")),
+            ("SlurmctldPidFile", self._path("slurmctld.pid")),
+            ("SlurmdPidFile", self._path("slurmd-%n.pid")),
+            ("SlurmctldLogFile", self._path("slurmctld.log")),
+            ("SlurmdLogFile", self._path("slurmd-%n.log")),
+            ("TmpFS", self._path("tmp", "%n")),  # where PMIx puts its per-step client folders
+            ("SlurmdParameters", "config_overrides"),
+            ("MailProg", "/bin/true"),
+            ("ProctrackType", "proctrack/linuxproc"),
+            ("TaskPlugin", "task/none"),
+            ("JobAcctGatherType", "jobacct_gather/none"),
+            ("SelectType", "select/cons_tres"),
+            ("SelectTypeParameters", "CR_CPU"),
+            ("MpiDefault", "none"),
+            ("ReturnToService", 2),
+            *(("NodeName", f"{node.name} NodeAddr={node.address} CPUs={self.cpus} State=UNKNOWN")
+              for node in self.nodes),
+            ("PartitionName", f"{self.partition} Nodes={','.join(node.name for node in self.nodes)} Default=YES "
+                              "MaxTime=INFINITE State=UP"),
+        ]
         with open(self.conf_path, "w") as conf:
-            conf.writelines(f"{key}={value}\n" for key, value in settings.items())
+            conf.writelines(f"{key}={value}\n" for key, value in settings)
+        # slurmd loads a cgroup plugin even where, as here (linuxproc, task/none), nothing uses it; its
+        # autodetection fails where /sys/fs/cgroup is not mounted (a test cluster's host has a /sys of its
+        # own), while the named plugin loads without mounts.
+        with open(self._path("cgroup.conf"), "w") as conf:
+            conf.write("CgroupPlugin=cgroup/v1\n")
 
-    def _start_daemon(self, name: str, args: List[str]) -> None:
+    def _start_daemon(self, name: str, command: List[str]) -> None:
         with open(self._path(f"{name}.out"), "w") as output:
-            self._daemons[name] = subprocess.Popen([find_binary(name), *args], env=self.env,
+            self._daemons[name] = subprocess.Popen(command, env=self.env,
                                                    stdout=output, stderr=subprocess.STDOUT,
                                                    stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -196,21 +226,21 @@ class SlurmCluster:
 
     def _wait_until_idle(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        state = "no answer"
+        names = [node.name for node in self.nodes]
+        states: Dict[str, str] = {}
         while time.monotonic() < deadline:
-            for name in ("slurmctld", "slurmd"):
+            for name in ("slurmctld", *(f"slurmd-{node}" for node in names)):
                 if not self._alive(name):
                     raise SlurmStartError(f"{name} exited with status {self._daemons[name].poll()}")
-            result = self.run_client(["sinfo", "--noheader", "--Node", "--format=%T",
-                                      f"--nodes={self.node_name}"])
-            state = result.stdout.strip().lower() or result.stderr.strip() or "no answer"
-            if state == "idle":
+            result = self.run_client(["sinfo", "--noheader", "--Node", "--format=%N %T", f"--nodes={','.join(names)}"])
+            states = dict(line.lower().split(None, 1) for line in result.stdout.splitlines() if line.strip())
+            if sorted(states) == sorted(names) and set(states.values()) == {"idle"}:
                 return
-            if state.startswith(("down", "drain")):
-                self.run_client(["scontrol", "update", f"nodename={self.node_name}",
-                                 "state=resume"])
+            stuck = [node for node, state in states.items() if state.startswith(("down", "drain"))]
+            if stuck:
+                self.run_client(["scontrol", "update", f"nodename={','.join(stuck)}", "state=resume"])
             time.sleep(0.5)
-        raise SlurmStartError(f"node {self.node_name} not idle after {timeout_s:.0f} s (state: {state})")
+        raise SlurmStartError(f"nodes not idle after {timeout_s:.0f} s (states: {states or 'no answer'})")
 
     def _cancel_jobs(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

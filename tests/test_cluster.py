@@ -1,17 +1,31 @@
 """A cluster of 3 hosts on this machine (scripts/test_cluster.sh, tests/cluster.py): the script's verbs and
 their bad input, then DLRM (Gloo and MPI) and Wide & Deep trained by horovodrun across the hosts. The
 cluster is the session's (`cluster` fixture): up once, whole and unlimited for each test."""
+import concurrent.futures
+import contextlib
 import os
 import re
+import shlex
 import socket
 import subprocess
+import sys
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from cluster import INTERFACE, SCRIPT, SUBNET, rank_hosts
-from multiproc import assert_ok, assert_one_error, run_horovod, snapshot
+import test_preproc
+
+from cluster import INTERFACE, RANK_HOST, SCRIPT, SUBNET, rank_hosts
+from preproc import synthetic_criteo
+from multiproc import REPO_ROOT, assert_ok, assert_one_error, launch_env, require, run_horovod, snapshot
+from recsys.training import checkpoint
+from slurm_cluster import SlurmCluster, SlurmNode, SlurmStartError, missing_binaries
 from test_main import SMALL, checkpoint_arrays
+from test_slurm import SCRIPT as SLURM_SCRIPT
+from test_slurm import TRAINING_ARGS as SLURM_TRAINING_ARGS
+from test_slurm import job_report, start_requeued_job_now
 from test_wd_train import SMALL as WD_SMALL
 from test_wd_train import WD_DIR, data_flags, final, write_dataset
 
@@ -170,3 +184,162 @@ def test_wide_and_deep_trains_across_three_hosts(cluster, tmp_path):
     assert_ok(job)
     assert sorted(rank_hosts(job.stdout)) == cluster.hosts, job.stdout[-3000:]
     assert 0 < final(str(tmp_path / "results"))["exact_map_val"] <= 1
+
+
+# ---- Slurm and Spark across the hosts (one slurmd per host; a Spark standalone cluster) ----
+
+SLURM_RANKS = ["--batch_size", "96", "--valid_batch_size", "96", "--print_freq", "5", "--deterministic",
+               "--seed", "3", "--learning_rate", "0.1", "--warmup_steps", "2"]
+
+
+@pytest.fixture
+def slurm_on_hosts(cluster):
+    """A private Slurm cluster whose 3 nodes are the cluster's hosts: slurmctld on this machine (dlrm-head),
+    each host's slurmd started inside it and reached at its address; torn down after the test."""
+    missing = missing_binaries()
+    require(not missing, f"Slurm/munge not installed ({', '.join(missing)}); Debian: slurmctld slurmd slurm-client munge")
+    nodes = [SlurmNode(host, cluster.address(host), tuple(cluster.inside(host))) for host in cluster.hosts]
+    slurm = SlurmCluster(cpus=1, nodes=nodes, controller_address=socket.gethostbyname("dlrm-head"))
+    try:
+        slurm.start()
+    except SlurmStartError as error:
+        require(False, f"a Slurm cluster on the hosts could not start: {error}")
+    plugins = slurm.run_client(["srun", "--mpi=list"])
+    try:
+        require("pmix" in plugins.stdout + plugins.stderr, "Slurm has no pmix MPI plugin")
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def test_sbatch_on_three_hosts_trains_is_warned_requeued_and_resumes_by_itself(cluster, slurm_on_hosts, tmp_path):
+    """`sbatch -N 3 slurm_multinode.sh`: one rank per host (srun --mpi=pmix across the hosts' slurmds). The
+    time-limit warning (SIGUSR1 to the batch script) makes every rank save and stop, requeue=1 requeues the
+    job, and its second run, again on the 3 hosts, resumes from that checkpoint and finishes training."""
+    slurm, folder, output = slurm_on_hosts, tmp_path / "ckpt", tmp_path / "job.out"
+    train = [sys.executable, os.path.join(REPO_ROOT, "main.py"), *SLURM_TRAINING_ARGS, *SLURM_RANKS,
+             "--synthetic_dataset_train_batches", "100", "--auto_resume", "--save_checkpoint_path", str(folder)]
+    cmd = f'echo "{RANK_HOST}$(hostname)"; exec {shlex.join(train)}'
+    env = {**launch_env({"cmd": cmd, "requeue": "1"}), "SLURM_CONF": slurm.conf_path}
+    job = subprocess.Popen(["sbatch", "-N", "3", "-n", "3", "--time=5", "--wait", "--export=ALL", f"--output={output}",
+                            "--open-mode=append", "--parsable", SLURM_SCRIPT],
+                           env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = job.stdout.readline().strip().split(";")[0]
+        deadline = time.time() + 150
+        while time.time() < deadline and not (output.exists() and "step=" in output.read_text(errors="replace")):
+            time.sleep(0.2)
+        slurm.run_client(["scancel", "--batch", "--signal=USR1", job_id])
+        start_requeued_job_now(slurm, job_id, output)
+        _, errors = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    report = f"sbatch: {errors}\n" + job_report(None, output, slurm)
+    assert job.returncode == 0, report
+    text = output.read_text(errors="replace")
+    runs = text.split("requeueing job")
+    assert len(runs) == 2 and "received SIGUSR1, passing it to the tasks" in runs[0], report
+    for run in runs:  # each run: 3 tasks on 3 nodes, one rank on each host (the tasks' own lines)
+        hosts = re.findall(rf"^{RANK_HOST}(\S+)$", run, re.MULTILINE)
+        assert "3 task(s) on 3 node(s) (dlrm-node[1-3])" in run and sorted(hosts) == cluster.hosts, report
+    stopped = [line for line in text.splitlines() if "stopped by SIGUSR1 after step" in line]
+    assert len(stopped) == 1 and 0 < int(stopped[0].split(" after step ")[1].split()[0]) < 100, report
+    assert "--auto_resume: resuming from the newest checkpoint" in runs[1] and "Traceback" not in text, report
+    assert checkpoint.resolve(str(folder)).endswith("step_000000100"), report
+
+
+SPARK_MASTER_HOST, SPARK_MASTER_PORT, SPARK_WORKER_PORT = "dlrm-node1", 7077, 7078  # each host has its own ports
+SPARK_DAYS, SPARK_LINES_PER_DAY = 4, 1500
+
+
+@contextlib.contextmanager
+def spark_standalone(cluster, folder):
+    """A Spark standalone cluster on the hosts: the master on dlrm-node1, a 1-core worker on each other host,
+    every daemon inside its host and bound to its address (logs in folder/spark.log); yields the master URL."""
+    require(test_preproc.HAVE_SPARK, "needs java and pyspark")
+    daemons = []
+    with open(folder / "spark.log", "w") as log:
+        try:
+            for node in cluster.hosts:
+                role, port = ("Master", SPARK_MASTER_PORT) if node == SPARK_MASTER_HOST else ("Worker", SPARK_WORKER_PORT)
+                env = test_preproc._environment(SPARK_LOCAL_IP=cluster.address(node), SPARK_LOG_DIR=str(folder / "logs"),
+                                                SPARK_WORKER_DIR=str(folder / "work" / node),
+                                                SPARK_LOCAL_DIRS=str(folder / "scratch" / node))
+                worker_args = [] if role == "Master" else ["--cores", "1", "--memory", "1g",
+                                                           f"spark://{SPARK_MASTER_HOST}:{SPARK_MASTER_PORT}"]
+                daemons.append(test_preproc.spark_daemon(role, cluster.address(node), port, env, log, *worker_args,
+                                                         inside=cluster.inside(node)))
+            yield f"spark://{SPARK_MASTER_HOST}:{SPARK_MASTER_PORT}"
+        finally:
+            for daemon in reversed(daemons):
+                test_preproc._stop_daemon(daemon)
+
+
+def executor_log(folder, node: str) -> str:
+    """What the executors on `node`'s worker wrote to stderr so far."""
+    logs = sorted((folder / "work" / node).glob("app-*/*/stderr"))
+    return "".join(log.read_text(errors="replace") for log in logs)
+
+
+def prepare_on_the_cluster(cluster, folder, raw, master, **env: str):
+    """prepare_dataset.sh CPU 2 of the days in `raw` with the Spark engine, its driver on the master's host, two
+    1-core executors."""
+    return test_preproc.run_prepare(str(folder), "CPU", "2", raw=str(raw),
+                                    inside=cluster.inside(SPARK_MASTER_HOST), SPARK_MASTER=master,
+                                    SPARK_LOCAL_IP=cluster.address(SPARK_MASTER_HOST), NUM_DAYS=str(SPARK_DAYS),
+                                    TOTAL_CORES="2", NUM_EXECUTORS="2", EXECUTOR_CORES="1", EXECUTOR_MEMORY="768m",
+                                    SHUFFLE_PARTITIONS="4", TEST_SHUFFLE_PARTITIONS="2",
+                                    DRIVER_MEMORY="1g", **env)
+
+
+@pytest.fixture(scope="module")
+def criteo_days(tmp_path_factory):
+    """Small synthetic Criteo days (in `.raw`) and the digest of the embedded engine's dataset of them (`.digest`)."""
+    test_preproc.engine_available("duckdb")
+    folder = tmp_path_factory.mktemp("criteo_days")
+    synthetic_criteo.write_days(str(folder / "raw"), SPARK_DAYS, SPARK_LINES_PER_DAY, seed=21,
+                                bad_lines={2: {5: "bad_label"}})
+    local = test_preproc.run_prepare(str(folder / "local"), "--engine", "duckdb", "CPU", "2", raw=str(folder / "raw"),
+                                     NUM_DAYS=str(SPARK_DAYS))
+    assert local.returncode == 0, local.stderr[-3000:]
+    return SimpleNamespace(raw=folder / "raw", digest=test_preproc.dataset_digest(str(folder / "local" / "final")))
+
+
+def test_spark_standalone_across_hosts_writes_the_local_runs_bytes(cluster, tmp_path, criteo_days):
+    """SPARK_MASTER=spark://dlrm-node1:7077 with workers on dlrm-node2 and dlrm-node3: the executors run on
+    those hosts and the dataset is byte for byte the local run's."""
+    run = tmp_path / "spark"
+    run.mkdir()
+    with spark_standalone(cluster, run) as master:
+        result = prepare_on_the_cluster(cluster, run, criteo_days.raw, master)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for node in ("dlrm-node2", "dlrm-node3"):  # an executor on each worker's host ran tasks
+        assert "Finished task" in executor_log(run, node), node
+    assert test_preproc.dataset_digest(str(run / "final")) == criteo_days.digest
+
+
+def test_a_spark_workers_host_cut_mid_run_and_the_run_ends_on_the_other_with_the_same_bytes(cluster, tmp_path,
+                                                                                          criteo_days):
+    """dlrm-node3's link is cut while its executor works (it holds results and shuffle output by then): after
+    SPARK_NETWORK_TIMEOUT the driver counts that executor lost, dlrm-node2's executor recomputes what it held
+    and runs the rest, and the run ends complete, its dataset byte for byte the local run's, with no partial
+    folder left behind."""
+    run = tmp_path / "spark"
+    run.mkdir()
+    with spark_standalone(cluster, run) as master, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        job = pool.submit(prepare_on_the_cluster, cluster, run, criteo_days.raw, master, SPARK_NETWORK_TIMEOUT="20")
+        deadline = time.monotonic() + 300
+        while executor_log(run, "dlrm-node3").count("Finished task") < 4 and not job.done():
+            assert time.monotonic() < deadline, "dlrm-node3's executor finished no tasks in 300 s"
+            time.sleep(0.2)
+        assert not job.done(), f"the run ended before the cut: {job.result()}"
+        cluster.cut("dlrm-node3")
+        cut = time.monotonic()
+        result = job.result(timeout=600)
+        after_cut = time.monotonic() - cut
+    report = f"exit {result.returncode} {after_cut:.0f} s after the cut\n{result.stdout[-3000:]}{result.stderr[-5000:]}"
+    assert result.returncode == 0 and after_cut < 180, report
+    assert "Lost executor" in result.stderr and "10.213.57.13" in result.stderr, report
+    assert test_preproc.dataset_digest(str(run / "final")) == criteo_days.digest, report
+    assert not [path.name for path in run.iterdir() if path.name.endswith((".partial", ".halves"))], report

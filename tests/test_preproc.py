@@ -105,14 +105,15 @@ def _environment(**overrides: str) -> Dict[str, str]:
     return env
 
 
-def run_prepare(tmp: str, *args: str, raw: str = "", **env: str) -> subprocess.CompletedProcess:
-    """prepare_dataset.sh with every path under `tmp` (raw input in `tmp/raw` unless `raw`)."""
+def run_prepare(tmp: str, *args: str, raw: str = "", inside: Sequence[str] = (), **env: str) -> subprocess.CompletedProcess:
+    """prepare_dataset.sh with every path under `tmp` (raw input in `tmp/raw` unless `raw`); `inside`: words
+    that run it in another host (a test cluster's host)."""
     paths = dict(download_dir=raw or os.path.join(tmp, "raw"), spark_output_path=os.path.join(tmp, "spark"),
                  conversion_intermediate_dir=os.path.join(tmp, "intermediate"),
                  final_output_dir=os.path.join(tmp, "final"), SPARK_LOCAL_DIRS=os.path.join(tmp, "spark_tmp"),
                  NUM_DAYS=str(NUM_DAYS), SPARK_DRIVER_JAVA_OPTIONS=QUICK_JIT, PROGRESS_INTERVAL="0")
     paths.update(env)
-    return subprocess.run(["bash", os.path.join(PREPROC, "prepare_dataset.sh"), *args], env=_environment(**paths),
+    return subprocess.run([*inside, "bash", os.path.join(PREPROC, "prepare_dataset.sh"), *args], env=_environment(**paths),
                           capture_output=True, text=True, timeout=900)
 
 
@@ -474,6 +475,13 @@ def test_unknown_engine_is_one_clear_error(small_raw):
     assert_nothing_written(small_raw)
 
 
+@needs_spark
+def test_a_bad_spark_network_timeout_is_one_clear_error(small_raw):
+    result = run_prepare(str(small_raw), "--engine", "spark", "CPU", "2", SPARK_NETWORK_TIMEOUT="5")
+    assert_one_error(result, "SPARK_NETWORK_TIMEOUT must be whole seconds, at least 20", "got '5'")
+    assert_nothing_written(small_raw)
+
+
 # ----------------------------------------------------------------------------- library pieces
 @pytest.fixture(scope="module")
 def spark_utils():
@@ -758,9 +766,11 @@ def test_spark_outputs_are_written_whole_or_not_at_all(spark_utils, tmp_path, ca
     old = snapshot(tmp_path)
     failing = spark.range(5).select(F.when(F.col("id") < 3, F.col("id"))
                                     .otherwise(F.raise_error(F.lit("boom"))).alias("id"))
-    with pytest.raises(Exception, match="boom"):
+    with pytest.raises((u.Py4JJavaError, u.PySparkException), match="boom") as failure:
         u.write_parquet(failing.write, str(final), "overwrite")
     assert snapshot(tmp_path) == old  # the previous output is intact and no temporary folder is left
+    gist = u.spark_failure(failure.value)  # main's `error: the Spark job failed: ...` line
+    assert "boom" in gist and "\n" not in gist, gist
     raw = tmp_path / "raw"
     raw.mkdir()
     for args, message in (
@@ -781,15 +791,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: float = 120) -> None:
+def _wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: float = 120,
+                   host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert process.poll() is None, f"the {what} exited with {process.returncode}"
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.5)
-    raise AssertionError(f"the {what} did not listen on port {port} within {timeout} s")
+    raise AssertionError(f"the {what} did not listen on {host}:{port} within {timeout} s")
 
 
 def _stop_daemon(process: subprocess.Popen, grace: float = 20) -> None:
@@ -805,30 +816,40 @@ def _stop_daemon(process: subprocess.Popen, grace: float = 20) -> None:
         process.wait(timeout=60)
 
 
+def spark_daemon(role: str, host: str, port: int, env: Dict[str, str], log, *args: str,
+                 inside: Sequence[str] = ()) -> subprocess.Popen:
+    """Start a Spark standalone `Master` or `Worker` (spark-class) bound to `host`:`port`, in a process group
+    of its own (its executors too, for _stop_daemon); `inside`: words that run it in another host (a
+    test cluster's host). Returns once it listens."""
+    import pyspark
+    spark_class = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    daemon = subprocess.Popen([*inside, spark_class, f"org.apache.spark.deploy.{role.lower()}.{role}", "--host", host,
+                               "--port", str(port), "--webui-port", str(_free_port()), *args],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_port(port, daemon, role.lower(), host=host)
+    except BaseException:
+        _stop_daemon(daemon)
+        raise
+    return daemon
+
+
 @needs_spark
 def test_spark_runs_on_a_standalone_cluster(tmp_path):
     """SPARK_MASTER=spark://...: a master and a worker started here (spark-class), the Spark engine
     run against them, and its dataset equal to the embedded engine's on the same input."""
     engine_available("duckdb")
-    import pyspark
-    spark_class = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "bin", "spark-class")
     synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, 1500, seed=21, bad_lines={2: {5: "bad_label"}})
-    master_port, worker_port = _free_port(), _free_port()
+    master_port = _free_port()
     env = _environment(SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path / "logs"),
                        SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_DIRS=str(tmp_path / "spark_tmp"))
     master_url = f"spark://127.0.0.1:{master_port}"
     logs = open(tmp_path / "cluster.log", "w")
     daemons = []
     try:
-        daemons.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                         "--port", str(master_port), "--webui-port", str(_free_port())],
-                                        env=env, stdout=logs, stderr=subprocess.STDOUT, start_new_session=True))
-        _wait_for_port(master_port, daemons[0], "master")
-        daemons.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                         "--port", str(worker_port), "--webui-port", str(_free_port()),
-                                         "--cores", "2", "--memory", "2g", master_url],
-                                        env=env, stdout=logs, stderr=subprocess.STDOUT, start_new_session=True))
-        _wait_for_port(worker_port, daemons[1], "worker")
+        daemons.append(spark_daemon("Master", "127.0.0.1", master_port, env, logs))
+        daemons.append(spark_daemon("Worker", "127.0.0.1", _free_port(), env, logs, "--cores", "2", "--memory", "2g",
+                                    master_url))
         cluster = run_prepare(str(tmp_path / "cluster"), "CPU", "2", raw=str(tmp_path / "raw"), SPARK_MASTER=master_url,
                               SPARK_LOCAL_IP="127.0.0.1", NUM_EXECUTORS="1", EXECUTOR_CORES="2",
                               EXECUTOR_MEMORY="1g", DRIVER_MEMORY="1g")
