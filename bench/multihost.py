@@ -22,7 +22,7 @@ Timings on a shared machine are no results: run it on a quiet cluster.
 On the cluster of scripts/test_cluster.sh (`--cluster N`, as root: N hosts on this machine, one rank
 each, the cpu-bench-like config below unless --quick) it brings the cluster up itself, measures once
 on unlimited links, then limits every host's link (`slow`) to rates at which the comm model expects
-the exchange to take about 0.5x, 1x and 2x the measured compute (or `--rates`), one job per rate.
+the all-to-alls' bytes to take about 0.5x, 1x and 2x the measured compute on the wire (or `--rates`), one job per rate.
 Each row then also holds the comm model's prediction (recsys.sparse.comm_model): the all-to-alls
 the exchange timing covers on those links (`predicted_exchange_ms`: the unlimited row's measured
 exchange, the lookups and the hosts' own copying, plus the all-to-alls' bytes over the rate), the
@@ -267,12 +267,12 @@ def add_predictions(rows: List[dict], base_exchange_ms: float, np: int, ranks_pe
                    and abs(step - row["step_ms"]) <= 0.25 * row["step_ms"])
 
 
-def automatic_rates(options: dict, np: int, compute_ms: float, base_exchange_ms: float) -> List[int]:
-    """Link rates (Mbit/s) at which the model expects the exchange to take EXCHANGE_RATIOS x the
-    compute: the unlimited exchange plus the all-to-alls' bytes over the rate (time ~ 1 / rate)."""
+def automatic_rates(options: dict, np: int, compute_ms: float) -> List[int]:
+    """Link rates (Mbit/s) at which the model expects the all-to-alls' bytes to take EXCHANGE_RATIOS x
+    the compute on the wire (time ~ 1 / rate; the lookups and copies, small on a quiet machine, come
+    on top)."""
     at_1000 = alltoall_ms(options, np, 1, 1000.0)
-    return [max(1, round(1000 * at_1000 / (ratio * compute_ms - base_exchange_ms)))
-            for ratio in EXCHANGE_RATIOS if ratio * compute_ms > base_exchange_ms]
+    return [max(1, round(1000 * at_1000 / (ratio * compute_ms))) for ratio in EXCHANGE_RATIOS]
 
 
 def cluster(*args: str) -> None:
@@ -283,7 +283,9 @@ def cluster(*args: str) -> None:
 
 
 def on_cluster(nodes: int, rates: str, transport: str, options: dict) -> List[dict]:
-    """Every row of the cluster runs (module docstring): unlimited, then one job per link rate."""
+    """Every row of the cluster runs (module docstring): unlimited, then one job per link rate. A
+    cluster this brought up is taken down at the end; one already up is left up, unlimited."""
+    was_up = subprocess.run([CLUSTER_SCRIPT, "status"], capture_output=True).returncode == 0
     cluster("up", str(nodes))
     hosts = ",".join(f"dlrm-node{k}:1" for k in range(1, nodes + 1))
     threads = max(1, (os.cpu_count() or 1) // nodes)  # the hosts share this machine's cores
@@ -296,14 +298,16 @@ def on_cluster(nodes: int, rates: str, transport: str, options: dict) -> List[di
 
     try:
         rows = measure(None)
-        base_exchange, compute = rows[0]["exchange_ms"], rows[0]["compute_ms"]
-        chosen = automatic_rates(options, nodes, compute, base_exchange) if rates == "auto" \
+        base_exchange = rows[0]["exchange_ms"]
+        chosen = automatic_rates(options, nodes, rows[0]["compute_ms"]) if rates == "auto" \
             else [int(rate) for rate in rates.split(",")]
         for mbit in chosen:
             rows += measure(mbit)
     finally:
         for k in range(1, nodes + 1):
             subprocess.run([CLUSTER_SCRIPT, "slow", f"dlrm-node{k}", "0"], capture_output=True)
+        if not was_up:
+            subprocess.run([CLUSTER_SCRIPT, "down"], capture_output=True)
     add_predictions(rows, base_exchange, nodes, 1)
     return rows
 
