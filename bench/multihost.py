@@ -19,7 +19,18 @@ link rate in bench/results/multihost.json; a table is printed. The goal on rate-
 pipelined step <= 1.2 x max(compute, exchange), with the unpipelined near compute + exchange.
 Timings on a shared machine are no results: run it on a quiet cluster.
 
+On the cluster of scripts/test_cluster.sh (`--cluster N`, as root: N hosts on this machine, one rank
+each, the cpu-bench-like config below unless --quick) it brings the cluster up itself, measures once
+on unlimited links, then limits every host's link (`slow`) to rates at which the comm model expects
+the all-to-alls' bytes to take about 0.5x, 1x and 2x the measured compute on the wire (or `--rates`), one job per rate.
+Each row then also holds the comm model's prediction (recsys.sparse.comm_model): the all-to-alls
+the exchange timing covers on those links (`predicted_exchange_ms`: the unlimited row's measured
+exchange, the lookups and the hosts' own copying, plus the all-to-alls' bytes over the rate), the
+step from it and the measured compute (`predicted_step_ms`: compute + exchange unpipelined, their
+maximum pipelined), and `within_25pct`: both within 25% of the measurement.
+
 Usage: python -m bench.multihost [--hosts H] [--np N] [--link_mbit X] [--transport gloo|mpi] [--quick]
+       python -m bench.multihost --cluster N [--rates auto|MBIT,MBIT,...] [--transport ...] [--quick]
        python -m bench.multihost --worker '<json options>'   (one rank, under horovodrun)
 """
 from __future__ import annotations
@@ -44,6 +55,13 @@ FULL = {"cardinalities": [200_000] * 6, "dim": 64, "batch": 12288, "bottom": [51
         "top": [1024, 512, 256, 1], "micro_batches": 4, "steps": 20, "batches": 4}
 QUICK = {"cardinalities": [2_000] * 6, "dim": 16, "batch": 384, "bottom": [32, 16], "top": [32, 1],
          "micro_batches": 2, "steps": 3, "batches": 2}
+# bench/train.py's cpu-bench (26 tables of 100,000 rows, dim 128, its MLPs) with 24 tables, so that
+# 2, 3, 4, 6 or 8 hosts hold equally many.
+CPU_BENCH = {"cardinalities": [100_000] * 24, "dim": 128, "batch": 6144, "bottom": [512, 256, 128],
+             "top": [1024, 1024, 512, 256, 1], "micro_batches": 4, "steps": 10, "batches": 4}
+CLUSTER_SCRIPT = os.path.join(REPO, "scripts", "test_cluster.sh")
+CLUSTER_INTERFACE = "dlrm0"  # the cluster's network on every host
+EXCHANGE_RATIOS = (0.5, 1.0, 2.0)  # exchange / compute the automatic rates aim at
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -167,14 +185,22 @@ def slots(hosts: str) -> int:
     return sum(int(entry.rsplit(":", 1)[1]) if ":" in entry else 1 for entry in hosts.split(",") if entry)
 
 
-def run_job(hosts: str, np: int, transport: str, options: dict) -> List[dict]:
-    """The worker on `np` ranks of `hosts`; every rank's result (rank 0 prints them)."""
+def run_job(hosts: str, np: int, transport: str, options: dict, interface: Optional[str] = None,
+            threads: Optional[int] = None) -> List[dict]:
+    """The worker on `np` ranks of `hosts` (over `interface` where given, with `threads` CPU threads
+    each where given); every rank's result (rank 0 prints them)."""
     launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     mode = ["--gloo"] if transport == "gloo" else ["--mpi"]
+    if interface:
+        mode += ["--network-interfaces", interface]
+        if transport == "mpi":
+            mode.append(f"--mpi-args=-mca oob_tcp_if_include {interface}")
     command = [launcher if os.path.exists(launcher) else "horovodrun", "-np", str(np), "-H", hosts, *mode,
                sys.executable, "-m", "bench.multihost", "--worker", json.dumps(options)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               TF_CPP_MIN_LOG_LEVEL="2")
+               TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), TF_NUM_INTRAOP_THREADS=str(threads))
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     for line in result.stdout.splitlines():
         if RESULT_MARK in line:
@@ -214,6 +240,78 @@ def save(rows: List[dict]) -> List[dict]:
     return merged
 
 
+def alltoall_ms(options: dict, np: int, ranks_per_host: int, link_mbit: float) -> float:
+    """The comm model's time of the step's all-to-alls (the ids, the embeddings and their gradient:
+    what `exchange_ms` times) on links of `link_mbit` Mbit/s, in ms."""
+    from recsys.sparse.comm_model import ALLTOALL, Network, StepLayout, predict_step, step_collectives
+    from recsys.sparse.sharding import plan_sharding
+
+    cardinalities = options["cardinalities"]
+    plan = plan_sharding(cardinalities, (options["dim"],) * len(cardinalities), np, "basic")
+    layout = StepLayout(options["batch"], data_parallel_input=True)
+    times = dict(predict_step(plan, layout, Network(link_mbit / 1000, ranks_per_host)).collective_ms)
+    return sum(times[c.name] for c in step_collectives(plan, layout) if c.kind == ALLTOALL)
+
+
+def add_predictions(rows: List[dict], base_exchange_ms: float, np: int, ranks_per_host: int) -> None:
+    """Each rate-limited row's predicted exchange and step and whether both are within 25% of the
+    measurement (module docstring); `base_exchange_ms`: the exchange measured on unlimited links."""
+    for row in rows:
+        if row["link_mbit"] is None:
+            continue
+        exchange = base_exchange_ms + alltoall_ms(row["config"], np, ranks_per_host, row["link_mbit"])
+        compute = row["compute_ms"]
+        step = max(compute, exchange) if row["pipelined"] else compute + exchange
+        row.update(predicted_exchange_ms=exchange, predicted_step_ms=step,
+                   within_25pct=abs(exchange - row["exchange_ms"]) <= 0.25 * row["exchange_ms"]
+                   and abs(step - row["step_ms"]) <= 0.25 * row["step_ms"])
+
+
+def automatic_rates(options: dict, np: int, compute_ms: float) -> List[int]:
+    """Link rates (Mbit/s) at which the model expects the all-to-alls' bytes to take EXCHANGE_RATIOS x
+    the compute on the wire (time ~ 1 / rate; the lookups and copies, small on a quiet machine, come
+    on top)."""
+    at_1000 = alltoall_ms(options, np, 1, 1000.0)
+    return [max(1, round(1000 * at_1000 / (ratio * compute_ms))) for ratio in EXCHANGE_RATIOS]
+
+
+def cluster(*args: str) -> None:
+    """A verb of scripts/test_cluster.sh; its error ends the benchmark."""
+    result = subprocess.run([CLUSTER_SCRIPT, *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(result.stderr.strip() or f"error: scripts/test_cluster.sh {' '.join(args)} failed")
+
+
+def on_cluster(nodes: int, rates: str, transport: str, options: dict) -> List[dict]:
+    """Every row of the cluster runs (module docstring): unlimited, then one job per link rate. A
+    cluster this brought up is taken down at the end; one already up is left up, unlimited."""
+    was_up = subprocess.run([CLUSTER_SCRIPT, "status"], capture_output=True).returncode == 0
+    cluster("up", str(nodes))
+    hosts = ",".join(f"dlrm-node{k}:1" for k in range(1, nodes + 1))
+    threads = max(1, (os.cpu_count() or 1) // nodes)  # the hosts share this machine's cores
+
+    def measure(mbit: Optional[int]) -> List[dict]:
+        for k in range(1, nodes + 1):
+            cluster("slow", f"dlrm-node{k}", str(mbit or 0))
+        ranks = run_job(hosts, nodes, transport, options, CLUSTER_INTERFACE, threads)
+        return rows_of(ranks, mbit, hosts, options)
+
+    try:
+        rows = measure(None)
+        base_exchange = rows[0]["exchange_ms"]
+        chosen = automatic_rates(options, nodes, rows[0]["compute_ms"]) if rates == "auto" \
+            else [int(rate) for rate in rates.split(",")]
+        for mbit in chosen:
+            rows += measure(mbit)
+    finally:
+        for k in range(1, nodes + 1):
+            subprocess.run([CLUSTER_SCRIPT, "slow", f"dlrm-node{k}", "0"], capture_output=True)
+        if not was_up:
+            subprocess.run([CLUSTER_SCRIPT, "down"], capture_output=True)
+    add_predictions(rows, base_exchange, nodes, 1)
+    return rows
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         ranks = worker(json.loads(sys.argv[2]))
@@ -226,22 +324,34 @@ def main() -> None:
     parser.add_argument("--link_mbit", type=float, default=None, help="the links' rate, recorded in the rows")
     parser.add_argument("--transport", choices=("gloo", "mpi"), default="gloo")
     parser.add_argument("--quick", action="store_true", help="a small model, a few steps (a smoke run)")
+    parser.add_argument("--cluster", type=int, default=None, metavar="N",
+                        help="on N hosts of scripts/test_cluster.sh (root), one rank each, unlimited and at --rates")
+    parser.add_argument("--rates", default="auto",
+                        help="with --cluster: link rates in Mbit/s (e.g. 200,400,800), or auto (default): those "
+                             "where the exchange should take about 0.5x, 1x and 2x the compute")
     args = parser.parse_args()
-    options = dict(QUICK if args.quick else FULL)
-    np = args.np or slots(args.hosts)
+    if args.rates != "auto" and not all(rate.isdigit() and int(rate) > 0 for rate in args.rates.split(",")):
+        parser.error(f"--rates: expected auto or whole Mbit/s above 0 separated by commas, got {args.rates!r}")
+    options = dict(QUICK if args.quick else CPU_BENCH if args.cluster else FULL)
+    np = args.cluster or args.np or slots(args.hosts)
     if options["batch"] % (np * options["micro_batches"]):
         print(f"error: --np {np}: the batch {options['batch']} is not divisible by ranks x "
               f"{options['micro_batches']} micro-batches", file=sys.stderr)
         sys.exit(2)
     started = time.monotonic()
-    rows = rows_of(run_job(args.hosts, np, args.transport, options), args.link_mbit, args.hosts, options)
+    if args.cluster:
+        rows = on_cluster(args.cluster, args.rates, args.transport, options)
+    else:
+        rows = rows_of(run_job(args.hosts, np, args.transport, options), args.link_mbit, args.hosts, options)
     save(rows)
     print(f"{'hosts':<24} {'link Mbit/s':>11} {'pipelined':>9} {'step ms':>9} {'compute ms':>10} "
-          f"{'exchange ms':>11} {'step/max':>8} {'step/sum':>8}")
+          f"{'exchange ms':>11} {'step/max':>8} {'step/sum':>8} {'pred. exch':>10} {'pred. step':>10} {'<=25%':>5}")
     for r in rows:
         link = "-" if r["link_mbit"] is None else f"{r['link_mbit']:g}"
+        predicted = (f"{r['predicted_exchange_ms']:>10.1f} {r['predicted_step_ms']:>10.1f} "
+                     f"{'yes' if r['within_25pct'] else 'no':>5}" if "within_25pct" in r else f"{'-':>10} {'-':>10} {'-':>5}")
         print(f"{r['hosts']:<24} {link:>11} {str(r['pipelined']):>9} {r['step_ms']:>9.1f} {r['compute_ms']:>10.1f} "
-              f"{r['exchange_ms']:>11.1f} {r['step_over_max']:>8.2f} {r['step_over_sum']:>8.2f}")
+              f"{r['exchange_ms']:>11.1f} {r['step_over_max']:>8.2f} {r['step_over_sum']:>8.2f} {predicted}")
     print(f"overlaps the graphs allow (pipelined): {rows[1]['overlap']}; {time.monotonic() - started:.0f} s; "
           f"results: {RESULTS}")
 

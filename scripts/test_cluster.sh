@@ -200,6 +200,9 @@ Host ${NAME_PREFIX}* ${prefix}.*
     StrictHostKeyChecking yes
     BatchMode yes
     LogLevel ERROR
+    ConnectTimeout 10
+    ServerAliveInterval 5
+    ServerAliveCountMax 3
 EOF
   for ((k = 1; k <= nodes; k++)); do
     node="$(node_name "${k}")"
@@ -217,6 +220,8 @@ PrintMotd no
 PrintLastLog no
 MaxStartups 100
 MaxSessions 100
+ClientAliveInterval 5
+ClientAliveCountMax 3
 SetEnv "PATH=${session_path}"
 EOF
   done

@@ -16,6 +16,13 @@ import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRANSPORTS = ("gloo", "mpi")
+# Across hosts, so that mpirun ends when a host drops off (docs/cluster.md): a rank's non-zero exit
+# does not make mpirun abort the job (the peer watch has already ended every rank; an abort would
+# wait on the lost host's daemon for as long as TCP retransmits, about 15 minutes), and keepalives
+# on its control connections find the lost daemon after about 20 s: later than DLRM_PEER_TIMEOUT in
+# tests, so the ranks' own lines come first.
+MPI_LOST_HOST_ARGS = ("-mca orte_abort_on_non_zero_status 0 -mca oob_tcp_keepalive_time 5 "
+                      "-mca oob_tcp_keepalive_intvl 5 -mca oob_tcp_keepalive_probes 3")
 
 
 def require(condition: bool, reason: str) -> None:
@@ -58,7 +65,7 @@ def horovod_command(args: List[str], np: int = 2, transport: str = "gloo", hosts
         mode = ["--gloo"]
     else:
         require(shutil.which("mpirun") is not None, "mpirun not installed (Debian openmpi-bin)")
-        mpi_args = "--oversubscribe" + (f" -mca oob_tcp_if_include {interface}" if interface else "")
+        mpi_args = "--oversubscribe" + (f" -mca oob_tcp_if_include {interface} {MPI_LOST_HOST_ARGS}" if interface else "")
         mode = ["--mpi", f"--mpi-args={mpi_args}"]
     network = ["--network-interfaces", interface] if interface else []
     return [launcher, "-np", str(np), "-H", hosts or f"localhost:{np}", *mode, *network, *program,

@@ -3,9 +3,11 @@ their bad input, then DLRM (Gloo and MPI) and Wide & Deep trained by horovodrun 
 cluster is the session's (`cluster` fixture): up once, whole and unlimited for each test."""
 import concurrent.futures
 import contextlib
+import glob
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -13,16 +15,18 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import psutil
 import pytest
 
 import test_preproc
 
 from cluster import INTERFACE, RANK_HOST, SCRIPT, SUBNET, rank_hosts
 from preproc import synthetic_criteo
-from multiproc import REPO_ROOT, assert_ok, assert_one_error, launch_env, require, run_horovod, snapshot
+from multiproc import (REPO_ROOT, assert_ok, assert_one_error, horovod_command, launch_env, require, run_horovod,
+                       snapshot)
 from recsys.training import checkpoint
 from slurm_cluster import SlurmCluster, SlurmNode, SlurmStartError, missing_binaries
-from test_main import SMALL, checkpoint_arrays
+from test_main import SMALL, SMALL_MODEL, checkpoint_arrays
 from test_slurm import SCRIPT as SLURM_SCRIPT
 from test_slurm import TRAINING_ARGS as SLURM_TRAINING_ARGS
 from test_slurm import job_report, start_requeued_job_now
@@ -184,6 +188,184 @@ def test_wide_and_deep_trains_across_three_hosts(cluster, tmp_path):
     assert_ok(job)
     assert sorted(rank_hosts(job.stdout)) == cluster.hosts, job.stdout[-3000:]
     assert 0 < final(str(tmp_path / "results"))["exact_map_val"] <= 1
+
+
+# ---- faults across the hosts: a cut link, a killed rank, a slow link ----
+
+# Long enough to stop mid-run; short enough that resuming it takes seconds. TF op determinism stays
+# on (conftest) so the resumed run can equal the reference.
+FAULT_RUN = [*SMALL_MODEL, "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "50,20,7,30",
+             "--synthetic_dataset_num_numerical_features", "5", "--synthetic_dataset_train_batches", "100000",
+             "--synthetic_dataset_valid_batches", "3", "--batch_size", "96", "--valid_batch_size", "96",
+             "--learning_rate", "0.1", "--warmup_steps", "2", "--seed", "7", "--deterministic", "--cpu",
+             "--print_freq", "10"]
+FAULT_STEPS = ["--max_steps", "100"]
+FAULT_ENV = {"DLRM_PEER_TIMEOUT": "8"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_checkpoint(tmp_path_factory):
+    """The fault tests' run never interrupted (3 processes on this machine, which equal 3 hosts): its
+    checkpoint's arrays."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    assert_ok(run_horovod(["main.py", *FAULT_RUN, *FAULT_STEPS, "--save_checkpoint_path", str(folder / "ckpt")],
+                          np=3))
+    return checkpoint_arrays(folder / "ckpt")
+
+
+def start_on_hosts(cluster, args, folder, transport="gloo", env=None):
+    """A DLRM run under horovodrun across the hosts in the background (its own session), its output in
+    `folder`/job.out; each rank also copies its stderr to `folder`/<host>.stderr (the shared file
+    system), so what a rank on a cut-off host said can be read though its ssh session cannot deliver it."""
+    copy_stderr = ["bash", "-c", f'echo "{RANK_HOST}$(hostname)"; exec "$@" 2> >(tee "{folder}/$(hostname).stderr" >&2)',
+                   "bash"]
+    command = horovod_command(["main.py", *args], np=cluster.nodes, transport=transport,
+                              hosts=cluster.horovod_hosts(), interface=INTERFACE, program=copy_stderr)
+    with open(folder / "job.out", "w") as out:
+        return subprocess.Popen(command, cwd=REPO_ROOT, env=launch_env({**FAULT_ENV, **(env or {})}), stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def ranks_of(folder):
+    """The live rank processes (on any host: the hosts share this machine's process table) whose
+    command line names `folder`."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        command = process.info["cmdline"] or []
+        if "main.py" in command and any(str(folder) in word for word in command) \
+                and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
+
+
+def wait_for_checkpoint(job, folder, timeout=240):
+    """Wait until the job's first complete checkpoint exists in `folder`/ckpt (training is under way)."""
+    deadline = time.time() + timeout
+    while not checkpoint.list_checkpoints(str(folder / "ckpt")):
+        assert time.time() < deadline and job.poll() is None, \
+            "no checkpoint in time:\n" + (folder / "job.out").read_text()[-4000:]
+        time.sleep(0.02)
+
+
+def end_after_fault(job, folder, fault_at):
+    """Wait for the job (the launcher) and every rank to end: their seconds after the fault, the ranks
+    left after 2 minutes (killed then), the job's output."""
+    try:
+        job.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    launcher_s = time.time() - fault_at
+    while ranks_of(folder) and time.time() - fault_at < 120:
+        time.sleep(0.2)
+    ranks_s = time.time() - fault_at
+    left = [(p.pid, p.info["cmdline"][-3:]) for p in ranks_of(folder)]
+    for process in ranks_of(folder):
+        process.kill()
+    return launcher_s, ranks_s, left, (folder / "job.out").read_text()
+
+
+def lost_lines(output):
+    return [line for line in output.splitlines() if "error: lost" in line]
+
+
+def assert_whole_checkpoints_resume_to_the_uninterrupted_weights(cluster, folder, reference, transport):
+    saved = checkpoint.list_checkpoints(str(folder))
+    assert saved and sorted(glob.glob(f"{folder}/step_*")) == saved, "a step folder without its manifest"
+    resumed = cluster.run_horovod(["main.py", *FAULT_RUN, *FAULT_STEPS, "--auto_resume",
+                                   "--save_checkpoint_path", str(folder)], transport=transport, env=FAULT_ENV)
+    assert_ok(resumed)
+    assert f"step_{checkpoint.read_manifest(saved[-1]).step:09d}" in resumed.stdout, resumed.stdout[-3000:]
+    after = checkpoint_arrays(folder)
+    assert after.keys() == reference.keys()
+    for name in after:
+        np.testing.assert_allclose(after[name], reference[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("transport", ["gloo", "mpi"])
+def test_a_host_cut_off_mid_run_ends_every_rank_and_auto_resume_finishes_after_heal(
+        cluster, tmp_path, uninterrupted_checkpoint, transport):
+    """dlrm-node3's link goes down mid-run (a pulled cable: no reset, its connections silent): the
+    ranks on dlrm-node1 and dlrm-node2 each end with one line naming dlrm-node3, the rank on
+    dlrm-node3, which lost everyone, ends with one naming both other hosts, the launcher ends too
+    (ssh's keepalive gives up on dlrm-node3), all within the minute; the folder holds only whole
+    checkpoints, and after heal --auto_resume ends with the weights of a run never cut."""
+    folder = tmp_path / "ckpt"
+    job = start_on_hosts(cluster, [*FAULT_RUN, *FAULT_STEPS, "--checkpoint_every_n_steps", "10",
+                                   "--save_checkpoint_path", str(folder)], tmp_path, transport)
+    wait_for_checkpoint(job, tmp_path)
+    cluster.cut("dlrm-node3")
+    launcher_s, ranks_s, left, output = end_after_fault(job, tmp_path, time.time())
+    print(f"cut ({transport}): launcher ended after {launcher_s:.1f} s, every rank after {ranks_s:.1f} s")
+    assert job.returncode != 0 and not left and ranks_s < 60 and launcher_s < 60, \
+        (launcher_s, ranks_s, left, output[-4000:])
+    lost = lost_lines(output)
+    assert len(lost) == 2 and all("on host dlrm-node3 (" in line and line.endswith("; stopping")
+                                  for line in lost), output[-4000:]
+    assert re.search(r"error: lost rank 2 on host dlrm-node3 \(no answer from 10\.\S+ for 8 s\)", output), lost
+    assert "<stderr>:Traceback" not in output, output[-4000:]
+    cut_off = lost_lines((tmp_path / "dlrm-node3.stderr").read_text())
+    assert len(cut_off) == 1 and re.fullmatch(
+        r"error: lost rank 0 on host dlrm-node1 \(no answer from \S+ for 8 s\), "
+        r"rank 1 on host dlrm-node2 \(no answer from \S+ for 8 s\); stopping", cut_off[0]), cut_off
+    cluster.heal("dlrm-node3")
+    assert_whole_checkpoints_resume_to_the_uninterrupted_weights(cluster, folder, uninterrupted_checkpoint, transport)
+
+
+def wait_for_progress(job, folder, timeout=240):
+    """Wait until the job has printed a progress line (training is under way)."""
+    deadline = time.time() + timeout
+    while "step=" not in (folder / "job.out").read_text():
+        assert time.time() < deadline and job.poll() is None, \
+            "no progress line in time:\n" + (folder / "job.out").read_text()[-4000:]
+        time.sleep(0.05)
+
+
+def test_a_rank_killed_on_a_remote_host_ends_every_rank_within_a_minute(cluster, tmp_path):
+    """SIGKILL to the rank on dlrm-node3: its connections close, so the ranks on dlrm-node1 and
+    dlrm-node2 end at once, each with one line naming dlrm-node3, and the launcher ends."""
+    job = start_on_hosts(cluster, [*FAULT_RUN, "--save_checkpoint_path", str(tmp_path / "ckpt")], tmp_path)
+    wait_for_progress(job, tmp_path)
+    victim = [p for p in ranks_of(tmp_path) if p.environ().get("HOROVOD_HOSTNAME") == "dlrm-node3"]
+    assert len(victim) == 1, [p.info["cmdline"] for p in ranks_of(tmp_path)]
+    victim[0].kill()
+    launcher_s, ranks_s, left, output = end_after_fault(job, tmp_path, time.time())
+    print(f"kill: launcher ended after {launcher_s:.1f} s, every rank after {ranks_s:.1f} s")
+    assert job.returncode != 0 and not left and ranks_s < 60 and launcher_s < 60, \
+        (launcher_s, ranks_s, left, output[-4000:])
+    lost = lost_lines(output)
+    assert sorted(line.split(":", 1)[0] for line in lost) == ["[0]<stderr>", "[1]<stderr>"], output[-4000:]
+    assert all("error: lost rank 2 on host dlrm-node3 (its connection closed: the process ended)" in line
+               and line.endswith("; stopping") for line in lost), lost
+    assert "<stderr>:Traceback" not in output, output[-4000:]
+
+
+def comm_waits(output):
+    """(comm_wait %, step_time ms) of a run's progress lines."""
+    return [(float(share), float(ms)) for ms, share in
+            re.findall(r"step_time=([0-9.]+) ms, .*comm_wait=([0-9.]+)%", output)]
+
+
+def test_a_slow_link_shows_in_comm_wait(cluster, tmp_path):
+    """With dlrm-node2's link at 2 Mbit/s the steps wait for their exchanges far longer than on an
+    unlimited link: the progress lines' comm_wait share is higher and, times the step time, the wait
+    several times longer (the share alone saturates on a loaded machine, where ranks also wait for
+    each other); the run completes. (TF op determinism off: comm_wait needs its timestamps.)"""
+    run = [word for word in FAULT_RUN if word != "--deterministic"] + ["--max_steps", "60"]
+    env = {"TF_DETERMINISTIC_OPS": "0"}
+    shares = {}
+    for mbit in (2, 0):
+        cluster.slow("dlrm-node2", mbit)
+        started = time.time()
+        job = cluster.run_horovod(["main.py", *run, "--log_path", str(tmp_path / f"{mbit}.json")], env=env)
+        assert_ok(job)
+        shares[mbit] = comm_waits(job.stdout)
+        print(f"slow: {mbit or 'unlimited'} Mbit/s, (comm_wait %, step ms) {shares[mbit]}, {time.time() - started:.0f} s")
+        assert len(shares[mbit]) >= 4, job.stdout[-3000:]
+    (slow_share, slow_wait), (fast_share, fast_wait) = [
+        (np.median([share for share, _ in shares[mbit]]), np.median([share * ms / 100 for share, ms in shares[mbit]]))
+        for mbit in (2, 0)]
+    assert slow_share > fast_share and slow_wait > 3 * fast_wait, shares
 
 
 # ---- Slurm and Spark across the hosts (one slurmd per host; a Spark standalone cluster) ----

@@ -131,9 +131,11 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
             return bad_input(error)
         except Exception:
             crashed = True
-            if watch is not None:
-                # a peer's death also fails the collective this rank was in: its line, not this traceback
-                watch.wait_for_loss(LOSS_GRACE_S)
+            if watch is not None and watch.wait_for_loss(LOSS_GRACE_S):
+                # a peer's death also fails the collective this rank was in: its line, not this
+                # traceback. The watch is flushing the logs and ending the process: wait for it (stop
+                # blocks while it ends), or the traceback would print beside its line meanwhile.
+                watch.stop()
             raise
     finally:
         if watch is not None and not crashed:
