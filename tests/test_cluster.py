@@ -27,9 +27,8 @@ from multiproc import (REPO_ROOT, assert_ok, assert_one_error, horovod_command, 
 from recsys.training import checkpoint
 from slurm_cluster import SlurmCluster, SlurmNode, SlurmStartError, missing_binaries
 from test_main import SMALL, SMALL_MODEL, checkpoint_arrays
-from test_slurm import SCRIPT as SLURM_SCRIPT
 from test_slurm import TRAINING_ARGS as SLURM_TRAINING_ARGS
-from test_slurm import job_report, start_requeued_job_now
+from test_slurm import warn_and_requeue
 from test_wd_train import SMALL as WD_SMALL
 from test_wd_train import WD_DIR, data_flags, final, write_dataset
 
@@ -403,22 +402,8 @@ def test_sbatch_on_three_hosts_trains_is_warned_requeued_and_resumes_by_itself(c
              "--synthetic_dataset_train_batches", "100", "--auto_resume", "--save_checkpoint_path", str(folder)]
     cmd = f'echo "{RANK_HOST}$(hostname)"; exec {shlex.join(train)}'
     env = {**launch_env({"cmd": cmd, "requeue": "1"}), "SLURM_CONF": slurm.conf_path}
-    job = subprocess.Popen(["sbatch", "-N", "3", "-n", "3", "--time=5", "--wait", "--export=ALL", f"--output={output}",
-                            "--open-mode=append", "--parsable", SLURM_SCRIPT],
-                           env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        job_id = job.stdout.readline().strip().split(";")[0]
-        deadline = time.time() + 150
-        while time.time() < deadline and not (output.exists() and "step=" in output.read_text(errors="replace")):
-            time.sleep(0.2)
-        slurm.run_client(["scancel", "--batch", "--signal=USR1", job_id])
-        start_requeued_job_now(slurm, job_id, output)
-        _, errors = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    report = f"sbatch: {errors}\n" + job_report(None, output, slurm)
-    assert job.returncode == 0, report
+    returncode, report = warn_and_requeue(slurm, ["-N", "3", "-n", "3"], env, tmp_path, output)
+    assert returncode == 0, report
     text = output.read_text(errors="replace")
     runs = text.split("requeueing job")
     assert len(runs) == 2 and "received SIGUSR1, passing it to the tasks" in runs[0], report

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import psutil
@@ -160,6 +160,27 @@ def start_requeued_job_now(slurm: SlurmCluster, job_id: str, output: Path, timeo
             return
         time.sleep(0.5)
 
+def warn_and_requeue(slurm: SlurmCluster, placement: List[str], env: Dict[str, str], cwd, output) -> Tuple[int, str]:
+    """Submit the multi-node script (`sbatch --wait`, `placement` such as `-N 3 -n 3`, requeue in `env`),
+    send the batch script the time-limit warning (SIGUSR1) once training reports progress, start the
+    requeued job at once, and wait for the end: sbatch's exit code and a report of the job's output."""
+    job = subprocess.Popen(["sbatch", *placement, "--time=5", "--wait", "--export=ALL", f"--output={output}",
+                            "--open-mode=append", "--parsable", SCRIPT],
+                           env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = job.stdout.readline().strip().split(";")[0]
+        deadline = time.time() + 150
+        while time.time() < deadline and not (output.exists() and "step=" in output.read_text(errors="replace")):
+            time.sleep(0.2)
+        slurm.run_client(["scancel", "--batch", "--signal=USR1", job_id])
+        start_requeued_job_now(slurm, job_id, output)
+        _, errors = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    return job.returncode, f"sbatch: {errors}\n" + job_report(None, output, slurm)
+
+
 
 def test_warning_signal_stops_requeues_and_the_job_resumes_by_itself(slurm: SlurmCluster, tmp_path: Path) -> None:
     """Slurm's time-limit warning (SIGUSR1 to the batch script, as `#SBATCH --signal=B:USR1@120`
@@ -175,22 +196,8 @@ def test_warning_signal_stops_requeues_and_the_job_resumes_by_itself(slurm: Slur
              "--save_checkpoint_path", str(folder)]
     job_env = {"cmd": shlex.join(train), "requeue": "1"}
     env = {**launch_env(job_env), "SLURM_CONF": slurm.conf_path}
-    job = subprocess.Popen(["sbatch", "-n", "2", "-N", "1", "--time=5", "--wait", "--export=ALL",
-                            f"--output={output}", "--open-mode=append", "--parsable", SCRIPT],
-                           env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        job_id = job.stdout.readline().strip().split(";")[0]
-        deadline = time.time() + 150
-        while time.time() < deadline and not (output.exists() and "step=" in output.read_text(errors="replace")):
-            time.sleep(0.2)
-        slurm.run_client(["scancel", "--batch", "--signal=USR1", job_id])
-        start_requeued_job_now(slurm, job_id, output)
-        _, errors = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    report = f"sbatch: {errors}\n" + job_report(None, output, slurm)
-    assert job.returncode == 0, report
+    returncode, report = warn_and_requeue(slurm, ["-n", "2", "-N", "1"], env, tmp_path, output)
+    assert returncode == 0, report
     text = output.read_text(errors="replace")
     assert "received SIGUSR1, passing it to the tasks" in text and "requeueing job" in text, report
     stopped = [line for line in text.splitlines() if "stopped by SIGUSR1 after step" in line]
