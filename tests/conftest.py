@@ -12,37 +12,24 @@ os.environ.setdefault("TF_DETERMINISTIC_OPS", "1")
 # CPU kind runs them the same way.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-# Tests send SIGTERM, SIGINT and SIGHUP to the scripts they start, as a terminal or a scheduler would.
-# A harness may start the suite with those signals ignored, which every child inherits, and bash can
-# neither trap nor reset a signal ignored when it started: the demos would then run on unstopped.
-# The suite restores the dispositions a terminal gives.
+# Tests send SIGTERM, SIGINT, SIGUSR1 and SIGHUP to the scripts they start, as a terminal or a scheduler
+# would. Those signals can be ignored (or blocked) in this process: a harness may start the suite so, and an entry
+# point run in-process ignores the stop signals once it has finished (stop_signals.ignore_further). Every
+# child inherits that, and bash can neither trap nor reset a signal ignored when it started: a demo would
+# then run on unstopped. Each test starts with the dispositions a terminal gives.
 import signal  # noqa: E402
-
-for _number, _default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGHUP, signal.SIG_DFL),
-                          (signal.SIGINT, signal.default_int_handler)):
-    if signal.getsignal(_number) == signal.SIG_IGN:
-        signal.signal(_number, _default)
-
 
 import pytest  # noqa: E402
 
-
-@pytest.fixture(scope="session")
-def cluster_session():
-    """One cluster of 3 hosts (tests/cluster.py) for the whole session: `up` costs seconds; down at the end."""
-    from cluster import Cluster, require_cluster
-
-    require_cluster()
-    made = Cluster(nodes=3)
-    made.up()
-    yield made
-    made.down()
+_TERMINAL_DISPOSITIONS = ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGHUP, signal.SIG_DFL),
+                          (signal.SIGUSR1, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler))
 
 
-@pytest.fixture
-def cluster(cluster_session):
-    """The session's cluster, whole (up again after a test that broke or removed it), every link up and
-    unlimited after the test."""
-    cluster_session.up()
-    yield cluster_session
-    cluster_session.reset()
+@pytest.fixture(autouse=True)
+def terminal_signal_dispositions():
+    """Before each test: the stop signals handled as from a terminal where something left them ignored."""
+    for number, default in _TERMINAL_DISPOSITIONS:
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, default)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [number for number, _ in _TERMINAL_DISPOSITIONS])  # a blocked one too
+    yield
