@@ -33,3 +33,24 @@ def terminal_signal_dispositions():
             signal.signal(number, default)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [number for number, _ in _TERMINAL_DISPOSITIONS])  # a blocked one too
     yield
+
+
+@pytest.fixture(scope="session")
+def cluster_session():
+    """One cluster of 3 hosts (tests/cluster.py) for the whole session: `up` costs seconds; down at the end."""
+    from cluster import Cluster, require_cluster
+
+    require_cluster()
+    made = Cluster(nodes=3)
+    made.up()
+    yield made
+    made.down()
+
+
+@pytest.fixture
+def cluster(cluster_session):
+    """The session's cluster, whole (up again after a test that broke or removed it), every link up and
+    unlimited after the test."""
+    cluster_session.up()
+    yield cluster_session
+    cluster_session.reset()
