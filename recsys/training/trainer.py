@@ -144,6 +144,8 @@ class Trainer:
             # seconds of the steps so far with a collective they wait for in flight (progress lines' comm share)
             self.communication_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                                      name="communication_seconds")
+        # decided once: whether steps time their collectives (several ranks, op determinism off)
+        self.times_communication = dist.size() > 1 and dist.collectives_can_be_timed()
         self.train_step = tf.function(self._train_step)
         self.train_next = tf.function(self._train_next)
         self.exchange_next = tf.function(self._exchange_next)
@@ -406,8 +408,8 @@ class _DlrmLoopParts:
     the reference's progress line, evaluations with the target-AUC stop, and the non-finite-loss
     check before every host read, evaluation and checkpoint. `record_scalars` gets group "train"
     (loss, learning_rate, throughput in samples/s, step_time_ms; with peers communication_share,
-    the share of a step with a collective it waits for in flight, unless op determinism is on) at each progress line and group
-    "eval" (auc, validation_loss) after each evaluation."""
+    the share of a step with a collective it waits for in flight, unless op determinism is on) at
+    each progress line and group "eval" (auc, validation_loss) after each evaluation."""
 
     def __init__(self, trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset,
                  test_dataset: tf.data.Dataset, config: LoopConfig, save_checkpoint: Optional[Callable[[int], None]],
@@ -460,7 +462,7 @@ class _DlrmLoopParts:
         self.trainer.check_finite()
         train_loss = float(self.loss.numpy())
         window = timer.close_window()
-        measured = dist.size() > 1 and dist.collectives_can_be_timed()
+        measured = self.trainer.times_communication
         communication_per_step = self._communication_per_step() if measured else 0.0
         if window is None:
             return
