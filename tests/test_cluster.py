@@ -305,8 +305,8 @@ def test_a_host_cut_off_mid_run_ends_every_rank_and_auto_resume_finishes_after_h
     assert "<stderr>:Traceback" not in output, output[-4000:]
     cut_off = lost_lines((tmp_path / "dlrm-node3.stderr").read_text())
     assert len(cut_off) == 1 and re.fullmatch(
-        r"error: lost rank 0 on host dlrm-node1 \(no answer from \S+ for 8 s\), "
-        r"rank 1 on host dlrm-node2 \(no answer from \S+ for 8 s\); stopping", cut_off[0]), cut_off
+        r"error: lost rank 0 on host dlrm-node1 \(no answer from \S+ for [4-8] s\), "
+        r"rank 1 on host dlrm-node2 \(no answer from \S+ for [4-8] s\); stopping", cut_off[0]), cut_off
     cluster.heal("dlrm-node3")
     assert_whole_checkpoints_resume_to_the_uninterrupted_weights(cluster, folder, uninterrupted_checkpoint, transport)
 

@@ -135,7 +135,9 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_message(tmp_path):
 
 def test_sigterm_to_one_rank_stops_both_ranks_at_the_same_step(tmp_path):
     """What Slurm or Kubernetes do to one node's process: the other rank learns of it through the
-    step's allreduce, both save one checkpoint together and leave with SIGTERM's code."""
+    step's allreduce, both save one checkpoint together and leave with SIGTERM's code, rank 0 after
+    giving the save folder's lock back (horovodrun reports the first exit and may end the other
+    rank itself, so it reports one or both)."""
     folder = tmp_path / "ckpt"
     job = start(LONG + ["--save_checkpoint_path", str(folder), "--cpu"], np=2)
     try:
@@ -149,7 +151,8 @@ def test_sigterm_to_one_rank_stops_both_ranks_at_the_same_step(tmp_path):
             os.killpg(os.getpgid(job.pid), signal.SIGKILL)
     assert code != 0
     exits = [line for line in output.splitlines() if "exit with status code" in line]
-    assert len(exits) == 2 and all(line.endswith(f"code {128 + signal.SIGTERM}.") for line in exits), output[-4000:]
+    assert exits and all(line.endswith(f"code {128 + signal.SIGTERM}.") for line in exits), output[-4000:]
+    assert not (folder / folder_lock.LOCK_NAME).exists(), output[-4000:]
     assert not [line for line in output.splitlines() if line.startswith(("[0]", "[1]")) and "Traceback" in line]
     assert output.count("received SIGTERM") == 1, output[-4000:]
     step = stopped_step(output)

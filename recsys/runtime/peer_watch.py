@@ -12,7 +12,9 @@ connection but whose thread answers nothing) is lost then. The rank prints
 
     error: lost rank 2 on host node3 (no answer from 10.1.0.3:41234 for 25 s); stopping
 
-(every peer lost in the same check, grouped per host: the rank on a cut-off host names all of them),
+(grouped per host: once one peer is lost, every peer silent for half the timeout is named with it,
+so the rank on a cut-off host names all the ranks behind the cut, whose last beats came up to an
+interval apart),
 tells its peers what it lost ("gone ...": they end at once with that line, ending with `, as rank R
 on host H found`, instead of reporting its exit as a loss of their own), flushes the logs and ends
 with exit code 1 (cli.FAILURE) through `safe_io.exit_now`, which never ends the process between a
@@ -246,10 +248,14 @@ class PeerWatch:
 
     def _check(self, now: float) -> None:
         closed = [peer for peer in self._peers.values() if peer.closed and not peer.done]
-        silent = [peer for peer in self._peers.values()
-                  if not peer.done and not peer.closed and now - peer.last_heard > self.timeout_s]
+        quiet = [peer for peer in self._peers.values() if not peer.done and not peer.closed]
+        silent = [peer for peer in quiet if now - peer.last_heard > self.timeout_s]
         if closed or silent:
-            self._end(describe_losses(closed, silent, self.timeout_s), {peer.endpoint.rank for peer in closed + silent})
+            # a cut link silences every peer behind it at once, but their last beats came up to an
+            # interval apart: once one is lost, each peer silent for half the timeout (a live one
+            # beats every interval, at most a fifth of it) is named too, not left for a later line
+            silent = [peer for peer in quiet if now - peer.last_heard > self.timeout_s / 2]
+            self._end(describe_losses(closed, silent, now), {peer.endpoint.rank for peer in closed + silent})
         elif self._reported:
             self._end(self._reported[0], set())
 
@@ -295,10 +301,10 @@ class PeerWatch:
             peer.outgoing.close()
 
 
-def describe_losses(closed: Sequence[_Peer], silent: Sequence[_Peer], timeout_s: float) -> str:
+def describe_losses(closed: Sequence[_Peer], silent: Sequence[_Peer], now: float) -> str:
     """The lost peers for the error line, per host: `rank 2 on host node3 (no answer from
-    10.1.0.3:41234 for 25 s)`, `ranks 4, 5 on host node2 (their connections closed: the processes
-    ended)`; the groups joined with `, `."""
+    10.1.0.3:41234 for 25 s)` (the group's shortest silence up to `now`, in whole seconds), `ranks 4,
+    5 on host node2 (their connections closed: the processes ended)`; the groups joined with `, `."""
     groups: Dict[Tuple[str, bool], List[_Peer]] = {}
     for peer, is_silent in [*((peer, False) for peer in closed), *((peer, True) for peer in silent)]:
         groups.setdefault((peer.endpoint.host, is_silent), []).append(peer)
@@ -308,7 +314,8 @@ def describe_losses(closed: Sequence[_Peer], silent: Sequence[_Peer], timeout_s:
         ranks = [peer.endpoint.rank for peer in peers]
         label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
         if is_silent:
-            why = f"no answer from {', '.join(peer.where() for peer in peers)} for {timeout_s:.0f} s"
+            silence_s = int(min(now - peer.last_heard for peer in peers))
+            why = f"no answer from {', '.join(peer.where() for peer in peers)} for {silence_s} s"
         else:
             why = "its connection closed: the process ended" if len(peers) == 1 else \
                 "their connections closed: the processes ended"

@@ -16,7 +16,8 @@ Around the entry point's job it
     refused, every rank says why and waits for the others before it exits (a launcher kills the
     other ranks at the first exit); a dead run's lock is taken over with a message,
   - maps the entry point's bad-input errors to one `error:` line and exit 2 (cli.py's convention),
-  - gives the lock back at the end, however the run ends.
+  - gives the lock back at the end, however the run ends; after a graceful stop (exit 128 + N on
+    every rank) the ranks leave together, once rank 0 has closed its logger and given the lock back.
 """
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
     dist.init()
     session = Session(dist.rank(), dist.size(), dist.local_rank(), dist.local_size(),
                       DllLogger(config.log_path, enabled=dist.rank() == 0))  # the file opens at its first record
-    watch, crashed = None, False
+    watch, crashed, stopped_together = None, False, False
     try:
         if session.world_size > 1 and peer_timeout_s > 0:
             try:
@@ -122,7 +123,9 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
             except peer_watch.PeerWatchError as error:
                 return failure(error)
         try:
-            return job(session)
+            code = job(session)
+            stopped_together = code >= 128 and session.world_size > 1  # a graceful stop, agreed on every rank
+            return code
         except OutputsRefused as refused:
             code = bad_input(refused)
             dist.barrier()  # every rank has said why before any exits: a launcher kills the rest at the first exit
@@ -138,8 +141,12 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
                 watch.stop()
             raise
     finally:
-        if watch is not None and not crashed:
-            watch.stop()
         session.logger.close()
         if session.lock is not None:
             session.lock.release()
+        if stopped_together:
+            # rank 0 has more to do after the checkpoint (its logger, the lock): a launcher kills the
+            # other ranks at the first non-zero exit, so no rank leaves before rank 0 has done it
+            dist.barrier()
+        if watch is not None and not crashed:
+            watch.stop()
