@@ -7,11 +7,14 @@ steps after warm-up:
 - `step_ms`, unpipelined: `Trainer.train_next`, one micro-batch, the ids exchanged inside the step;
 - `step_ms`, pipelined: `Trainer.train_pipelined` with `--micro_batches` M: the next batch's ids
   exchanged during this step, one micro-batch's embedding all-to-all during another's compute;
-- `compute_ms`: the unpipelined step traced with every all-to-all replaced by the identity (the
-  allreduces stay). The shapes stay those of the real step because every rank holds the same
-  width of equally large tables (the configs below; row slicing would break it);
-- `exchange_ms`: the exchanges alone: the id all-to-all, the lookups, the embedding all-to-all
-  and its gradient all-to-all, nothing of the MLPs or the optimizer.
+- `compute_ms`: the unpipelined step traced with every collective (all-to-alls, allreduces)
+  replaced by the identity. The shapes stay those of the real step because every rank holds the
+  same width of equally large tables (the configs below; row slicing would break it);
+- `exchange_ms`: the step's collectives alone: the id all-to-all, the lookups, the embedding
+  all-to-all and its gradient all-to-all, the dense gradients' allreduce and the loss's, nothing
+  of the MLPs or the optimizer. The allreduce belongs here, not to the compute: it crosses the
+  same host links as the all-to-alls, so max(compute, exchange) is the step's physical limit only
+  when the exchange holds everything the links carry.
 The slowest rank's median is the row's value. Each rank also reports, from the traced graphs
 (`recsys.training.step_graph.overlap_report`), which overlaps the graph allows. Rows (keys
 link_mbit, pipelined, step_ms, compute_ms, exchange_ms, ...) replace those of the same hosts and
@@ -22,12 +25,13 @@ Timings on a shared machine are no results: run it on a quiet cluster.
 On the cluster of scripts/test_cluster.sh (`--cluster N`, as root: N hosts on this machine, one rank
 each, the cpu-bench-like config below unless --quick) it brings the cluster up itself, measures once
 on unlimited links, then limits every host's link (`slow`) to rates at which the comm model expects
-the all-to-alls' bytes to take about 0.5x, 1x and 2x the measured compute on the wire (or `--rates`), one job per rate.
-Each row then also holds the comm model's prediction (recsys.sparse.comm_model): the all-to-alls
-the exchange timing covers on those links (`predicted_exchange_ms`: the unlimited row's measured
-exchange, the lookups and the hosts' own copying, plus the all-to-alls' bytes over the rate), the
-step from it and the measured compute (`predicted_step_ms`: compute + exchange unpipelined, their
-maximum pipelined), and `within_25pct`: both within 25% of the measurement.
+the collectives' bytes to take about 0.5x, 1x and 2x the measured compute on the wire (or `--rates`),
+one job per rate. Each row then also holds the comm model's prediction (recsys.sparse.comm_model):
+the collectives the exchange timing covers on those links (`predicted_exchange_ms`: the unlimited
+row's measured exchange, the lookups and the hosts' own copying, plus the collectives' bytes over
+the rate), the step from it and the measured compute (`predicted_step_ms`: compute + exchange
+unpipelined; pipelined, StepPrediction.pipelined_step_ms: what the step's compute cannot hide on
+top of the overlapped rest), and `within_25pct`: both within 25% of the measurement.
 
 Usage: python -m bench.multihost [--hosts H] [--np N] [--link_mbit X] [--transport gloo|mpi] [--quick]
        python -m bench.multihost --cluster N [--rates auto|MBIT,MBIT,...] [--transport ...] [--quick]
@@ -43,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,24 +71,30 @@ EXCHANGE_RATIOS = (0.5, 1.0, 2.0)  # exchange / compute the automatic rates aim 
 
 # ---------------------------------------------------------------------------- worker side
 @contextlib.contextmanager
-def identity_alltoall() -> Iterator[None]:
-    """While active, `distributed.alltoall` sends nothing: each rank keeps its own buffer (what
-    traces in the meantime has no all-to-all; shapes stay right only where every rank sends what it
-    receives, as in this benchmark's configs)."""
+def local_collectives() -> Iterator[None]:
+    """While active, `distributed`'s all-to-all and allreduces send nothing: each rank keeps its own
+    buffer (what traces in the meantime has no collective; shapes stay right only where every rank
+    sends what it receives, as in this benchmark's configs)."""
     import tensorflow as tf
 
     from recsys.runtime import distributed
 
-    real = distributed.alltoall
+    real = distributed.alltoall, distributed.allreduce, distributed.grouped_allreduce
 
-    def local(tensor, splits=None, name=None):
+    def alltoall(tensor, splits=None, name=None):
         return tf.identity(tensor), tf.cast(splits, tf.int32)
 
-    distributed.alltoall = local
+    def allreduce(tensor, average=True, name=None):
+        return tf.identity(tensor)
+
+    def grouped_allreduce(tensors, average=True, fp16=False):
+        return [tf.identity(t) for t in tensors]
+
+    distributed.alltoall, distributed.allreduce, distributed.grouped_allreduce = alltoall, allreduce, grouped_allreduce
     try:
         yield
     finally:
-        distributed.alltoall = real
+        distributed.alltoall, distributed.allreduce, distributed.grouped_allreduce = real
 
 
 def _trainer(options: dict, micro_batches: int, name: str):
@@ -154,7 +165,7 @@ def worker(options: dict) -> Optional[dict]:
         loss.numpy()
 
     pipelined_ms = median_ms(pipelined_step, steps)
-    with identity_alltoall():
+    with local_collectives():
         local_step = tf.function(plain._train_next)
         local_step(plain_batches, vote)[0].numpy()  # traced here, without all-to-all
     compute_ms = median_ms(lambda: local_step(plain_batches, vote)[0].numpy(), steps)
@@ -165,8 +176,10 @@ def worker(options: dict) -> Optional[dict]:
         with tf.GradientTape() as tape:
             total = tf.reduce_sum(plain.model.embedding(features[CATEGORICAL_KEY], exchanged=True))
         gradients = tape.gradient(total, plain.model.embedding_variables)
+        reduced = dist.grouped_allreduce([tf.zeros_like(v) for v in plain.model.dense_variables])
+        loss = dist.allreduce(tf.zeros([1 + len(STOP_SIGNALS)]), name="train_loss")
         return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g.values if hasattr(g, "values") else g))
-                         for g in gradients if g is not None] + [total])
+                         for g in [*gradients, *reduced, loss] if g is not None] + [total])
 
     exchange_ms = median_ms(lambda: exchanges(plain_batches).numpy(), steps)
     graphs = {"unpipelined": plain.train_next.get_concrete_function(plain_batches, vote).graph,
@@ -174,6 +187,7 @@ def worker(options: dict) -> Optional[dict]:
                   overlapped_batches, carried["next"], vote, True).graph}
     mine = {"rank": dist.rank(), "unpipelined_ms": unpipelined_ms, "pipelined_ms": pipelined_ms,
             "compute_ms": compute_ms, "exchange_ms": exchange_ms,
+            "dense_weights": sum(v.shape.num_elements() for v in plain.model.dense_variables),
             "overlap": {name: overlap_report(graph) for name, graph in graphs.items()}}
     ranks = dist.allgather_object(mine)
     return ranks if dist.rank() == 0 else None
@@ -222,7 +236,7 @@ def rows_of(ranks: List[dict], link_mbit: Optional[float], hosts: str, options: 
                      "micro_batches": options["micro_batches"] if pipelined else 1,
                      "overlap": ranks[0]["overlap"]["pipelined" if pipelined else "unpipelined"],
                      "per_rank_step_ms": [r["pipelined_ms" if pipelined else "unpipelined_ms"] for r in ranks],
-                     "config": options})
+                     "dense_weights": ranks[0]["dense_weights"], "config": options})
     return rows
 
 
@@ -240,17 +254,16 @@ def save(rows: List[dict]) -> List[dict]:
     return merged
 
 
-def alltoall_ms(options: dict, np: int, ranks_per_host: int, link_mbit: float) -> float:
-    """The comm model's time of the step's all-to-alls (the ids, the embeddings and their gradient:
-    what `exchange_ms` times) on links of `link_mbit` Mbit/s, in ms."""
-    from recsys.sparse.comm_model import ALLTOALL, Network, StepLayout, predict_step, step_collectives
+def wire_prediction(options: dict, dense_weights: int, np: int, ranks_per_host: int, link_mbit: float):
+    """The comm model's prediction (recsys.sparse.comm_model.StepPrediction) of every collective of
+    the step (what `exchange_ms` times) on links of `link_mbit` Mbit/s, without compute."""
+    from recsys.sparse.comm_model import Network, StepLayout, predict_step
     from recsys.sparse.sharding import plan_sharding
 
     cardinalities = options["cardinalities"]
     plan = plan_sharding(cardinalities, (options["dim"],) * len(cardinalities), np, "basic")
-    layout = StepLayout(options["batch"], data_parallel_input=True)
-    times = dict(predict_step(plan, layout, Network(link_mbit / 1000, ranks_per_host)).collective_ms)
-    return sum(times[c.name] for c in step_collectives(plan, layout) if c.kind == ALLTOALL)
+    layout = StepLayout(options["batch"], dense_weights=dense_weights, data_parallel_input=True)
+    return predict_step(plan, layout, Network(link_mbit / 1000, ranks_per_host))
 
 
 def add_predictions(rows: List[dict], base_exchange_ms: float, np: int, ranks_per_host: int) -> None:
@@ -259,19 +272,20 @@ def add_predictions(rows: List[dict], base_exchange_ms: float, np: int, ranks_pe
     for row in rows:
         if row["link_mbit"] is None:
             continue
-        exchange = base_exchange_ms + alltoall_ms(row["config"], np, ranks_per_host, row["link_mbit"])
-        compute = row["compute_ms"]
-        step = max(compute, exchange) if row["pipelined"] else compute + exchange
+        wire = wire_prediction(row["config"], row["dense_weights"], np, ranks_per_host, row["link_mbit"])
+        exchange = base_exchange_ms + wire.exchange_ms
+        measured = replace(wire, exchange_ms=exchange, compute_ms=row["compute_ms"])
+        step = measured.pipelined_step_ms(row["micro_batches"]) if row["pipelined"] else measured.step_ms
         row.update(predicted_exchange_ms=exchange, predicted_step_ms=step,
                    within_25pct=abs(exchange - row["exchange_ms"]) <= 0.25 * row["exchange_ms"]
                    and abs(step - row["step_ms"]) <= 0.25 * row["step_ms"])
 
 
-def automatic_rates(options: dict, np: int, compute_ms: float) -> List[int]:
-    """Link rates (Mbit/s) at which the model expects the all-to-alls' bytes to take EXCHANGE_RATIOS x
-    the compute on the wire (time ~ 1 / rate; the lookups and copies, small on a quiet machine, come
-    on top)."""
-    at_1000 = alltoall_ms(options, np, 1, 1000.0)
+def automatic_rates(options: dict, dense_weights: int, np: int, compute_ms: float) -> List[int]:
+    """Link rates (Mbit/s) at which the model expects the step's collectives' bytes to take
+    EXCHANGE_RATIOS x the compute on the wire (time ~ 1 / rate; the lookups and copies, small on a
+    quiet machine, come on top)."""
+    at_1000 = wire_prediction(options, dense_weights, np, 1, 1000.0).exchange_ms
     return [max(1, round(1000 * at_1000 / (ratio * compute_ms))) for ratio in EXCHANGE_RATIOS]
 
 
@@ -299,7 +313,7 @@ def on_cluster(nodes: int, rates: str, transport: str, options: dict) -> List[di
     try:
         rows = measure(None)
         base_exchange = rows[0]["exchange_ms"]
-        chosen = automatic_rates(options, nodes, rows[0]["compute_ms"]) if rates == "auto" \
+        chosen = automatic_rates(options, rows[0]["dense_weights"], nodes, rows[0]["compute_ms"]) if rates == "auto" \
             else [int(rate) for rate in rates.split(",")]
         for mbit in chosen:
             rows += measure(mbit)

@@ -68,6 +68,14 @@ def test_time_of_collectives_on_hosts_and_the_step():
     assert prediction.exchange_ms == pytest.approx(sum(ms for _, ms in prediction.collective_ms))
     assert prediction.step_ms == pytest.approx(5.0 + prediction.exchange_ms)
     assert prediction.overlapped_step_ms == max(5.0, prediction.exchange_ms)
+    times = dict(prediction.collective_ms)
+    in_step = times["embeddings"] + times["embeddings_grad"]
+    after = times["dense_gradients"] + times["train_loss"]
+    assert (prediction.in_step_ms, prediction.after_ms) == pytest.approx((in_step, after))
+    # pipelined: 1/4 of the in-step exchanges and everything after the backward stay exposed
+    assert prediction.pipelined_step_ms(4) == pytest.approx(in_step / 4 + after + 5.0)  # compute-bound here
+    wire_bound = predict_step(plan, layout, Network(link_gbps=0.01), compute_ms=5.0)
+    assert wire_bound.pipelined_step_ms(4) == pytest.approx(wire_bound.exchange_ms)
     # embeddings forward: each rank sends 3 x 1024 samples x 8 floats = 96 KiB at 1 Gb/s
     assert dict(prediction.collective_ms)["embeddings"] == pytest.approx(3 * 1024 * 8 * 4 * 8 / 1e9 * 1e3)
     exchange, step = predict_exchange(plan, 4096, exchange_bytes=4, table_bytes=4, dense_weights=100_000,

@@ -31,7 +31,9 @@ given: not counted) and a latency per message. Ranks fill hosts in order (Horovo
 block placement). An all-to-all takes as long as its busiest host link or intra-host link; a ring
 collective's ring crosses each host boundary once, so every host link carries what one rank sends.
 `predict_step` adds a measured compute time: unpipelined, step = compute + exchange; fully
-overlapped, step = max(compute, exchange).
+overlapped, step = max(compute, exchange); pipelined with M micro-batches, what the step's own compute
+cannot hide (1/M of the in-step exchanges and the collectives after the backward pass) comes on top
+of the overlapped rest (`StepPrediction.pipelined_step_ms`).
 """
 from __future__ import annotations
 
@@ -187,11 +189,16 @@ def collective_ms(collective: Collective, network: Network) -> float:
 @dataclass(frozen=True)
 class StepPrediction:
     """A step's predicted times in milliseconds: each collective's, their sum (the exchange), the
-    compute time given, and the step unpipelined (compute + exchange) and fully overlapped
-    (max(compute, exchange))."""
+    compute time given, and the step unpipelined (compute + exchange), fully overlapped
+    (max(compute, exchange)) and as the pipelined trainer runs it (`pipelined_step_ms`).
+    `in_step_ms`: the exchanges inside the forward and backward pass (the embeddings, the row-sliced
+    tables' ids and vectors, their gradients); `after_ms`: the collectives after the backward pass
+    (the dense allreduce, the replicated tables' gathers, the loss)."""
     collective_ms: Tuple[Tuple[str, float], ...]
     exchange_ms: float
     compute_ms: float
+    in_step_ms: float = 0.0
+    after_ms: float = 0.0
 
     @property
     def step_ms(self) -> float:
@@ -201,12 +208,25 @@ class StepPrediction:
     def overlapped_step_ms(self) -> float:
         return max(self.compute_ms, self.exchange_ms)
 
+    def pipelined_step_ms(self, micro_batches: int) -> float:
+        """The step with the next batch's ids exchanged during this one and `micro_batches` M
+        micro-batches. What no compute of the step can hide is exposed: the first micro-batch's
+        forward exchange and the last one's backward exchange (1/M of the in-step exchanges) and
+        the collectives after the backward pass (the next step's dense forward needs the weights
+        they update). The rest runs beside the compute: step = exposed + max(compute, exchange -
+        exposed), at least the fully overlapped step."""
+        exposed = self.in_step_ms / micro_batches + self.after_ms
+        return exposed + max(self.compute_ms, self.exchange_ms - exposed)
+
 
 def predict_step(plan: ShardingPlan, layout: StepLayout, network: Network, compute_ms: float = 0.0) -> StepPrediction:
     """The step's exchange time on `network` and its step time with `compute_ms` of compute per
     step (measured: e.g. the step time of one rank's share of the batch on one process)."""
-    times = tuple((c.name, collective_ms(c, network)) for c in step_collectives(plan, layout))
-    return StepPrediction(times, sum(ms for _, ms in times), compute_ms)
+    collectives = step_collectives(plan, layout)
+    times = tuple((c.name, collective_ms(c, network)) for c in collectives)
+    in_step = sum(ms for c, (_, ms) in zip(collectives, times) if c.phase != "after" and c.name != "ids")
+    after = sum(ms for c, (_, ms) in zip(collectives, times) if c.phase == "after")
+    return StepPrediction(times, sum(ms for _, ms in times), compute_ms, in_step, after)
 
 
 def predict_exchange(plan: ShardingPlan, global_batch: int, *, exchange_bytes: int, table_bytes: int,
