@@ -45,9 +45,15 @@ def test_a_multi_hot_dataset_trains_evaluates_and_deploys(binary, tmp_path):
     assert final_record(tmp_path / "served.json")["auc"] == pytest.approx(trained["auc"], abs=1e-5)
 
 
-def test_ragged_split_tfrecords_train_the_same_model_as_split_binary(binary, tmp_path):
-    records = tmp_path / "records"
-    transcribe.transcribe("tf_raw", str(binary), str(records), src_batch_size=BATCH, dst_prebatch_size=BATCH)
+@pytest.fixture(scope="module")
+def records(binary, tmp_path_factory):
+    """The same samples as ragged split-TFRecords."""
+    directory = tmp_path_factory.mktemp("multihot") / "records"
+    transcribe.transcribe("tf_raw", str(binary), str(directory), src_batch_size=BATCH, dst_prebatch_size=BATCH)
+    return directory
+
+
+def test_ragged_split_tfrecords_train_the_same_model_as_split_binary(binary, records, tmp_path):
     runs = {}
     for name, data in (("binary", ["--dataset_path", str(binary)]),
                        ("records", ["--dataset_path", str(records), "--dataset_type", "split_tfrecords"])):
@@ -61,12 +67,18 @@ def test_ragged_split_tfrecords_train_the_same_model_as_split_binary(binary, tmp
         final_record(tmp_path / "binary.json")["auc"], abs=1e-6)
 
 
-@pytest.mark.parametrize("layout", [
-    ["--column_slice_threshold", "400", "--row_slice_threshold", "3000"],
-    ["--data_parallel_input", "--row_slice_threshold", "1000", "--data_parallel_threshold", "100"],
-], ids=["model-parallel input, column and row slices", "data-parallel input, row slices, replicas"])
-def test_two_ranks_equal_one_process_on_multi_hot_data(binary, tmp_path, layout):
-    args = [*TRAINING, "--dataset_path", str(binary), "--max_steps", "6", *layout]
+@pytest.mark.parametrize("ragged, layout", [
+    (False, ["--column_slice_threshold", "400", "--row_slice_threshold", "3000"]),
+    (False, ["--data_parallel_input", "--row_slice_threshold", "1000", "--data_parallel_threshold", "100"]),
+    (True, ["--data_parallel_input", "--micro_batches", "2"]),
+], ids=["model-parallel input, column and row slices", "data-parallel input, row slices, replicas",
+        "ragged ids, data-parallel input pipelined, micro-batches"])
+def test_two_ranks_equal_one_process_on_multi_hot_data(binary, records, tmp_path, ragged, layout):
+    """On two ranks the data-parallel input is pipelined (the default): the next batch's ids, ragged
+    ones too (their row lengths, then the values), are exchanged during the step."""
+    data = ["--dataset_path", str(records), "--dataset_type", "split_tfrecords"] if ragged \
+        else ["--dataset_path", str(binary)]
+    args = [*TRAINING, *data, "--max_steps", "6", *layout]
     assert_ok(main_py([*args, "--save_checkpoint_path", str(tmp_path / "one")]))
     assert_ok(run_horovod(["main.py", *args, "--save_checkpoint_path", str(tmp_path / "two")], np=2,
                           transport="gloo"))
