@@ -212,6 +212,33 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: bool = True, fp16:
     return _timed(list(tensors), lambda: list(hvd.grouped_allreduce(list(tensors), op=op, compression=compression)))
 
 
+def gradient_buckets(sizes: Sequence[int], buckets: int) -> List[List[int]]:
+    """The positions of tensors of `sizes` elements in at most `buckets` groups of contiguous
+    positions with about equal elements, the last positions' group first: the order in which a
+    backward pass completes the gradients of layers listed input first."""
+    total, groups, current, done = sum(sizes), [], [], 0
+    for position in reversed(range(len(sizes))):
+        current.append(position)
+        done += sizes[position]
+        if done >= total * (len(groups) + 1) / buckets and len(groups) < buckets - 1:
+            groups.append(sorted(current))
+            current = []
+    return groups + ([sorted(current)] if current else [])
+
+
+def bucketed_allreduce(tensors: Sequence[TensorLike], buckets: int, fp16: bool = False) -> List[tf.Tensor]:
+    """`grouped_allreduce` in `buckets` fused collectives (gradient_buckets), returned in the
+    tensors' order: the bucket of the last layers' gradients, complete first in a backward pass,
+    crosses the links while the earlier layers' gradients are still computed. The buckets follow
+    from the shapes alone, so every rank and every run sums the same way."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    reduced: List[Any] = [None] * len(tensors)
+    for group in gradient_buckets([t.shape.num_elements() for t in tensors], buckets):
+        for position, tensor in zip(group, grouped_allreduce([tensors[p] for p in group], fp16=fp16)):
+            reduced[position] = tensor
+    return reduced
+
+
 def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None,
              name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
     """Send `splits[r]` rows (axis 0) to rank r; return the received rows and the received splits.

@@ -107,6 +107,10 @@ def eval_points(steps_per_epoch: int, evals_per_epoch: int) -> List[int]:
     return sorted({int(round(x)) for x in np.linspace(0, steps_per_epoch - 1, evals_per_epoch + 1)[1:]})
 
 
+# The dense gradients cross ranks in this many fused allreduces, the last layers' first, so that
+# theirs runs while the backward pass computes the first layers' (distributed.bucketed_allreduce).
+DENSE_GRADIENT_BUCKETS = 4
+
 # One step's batch, ready for the weights: per micro-batch its features with the ids exchanged
 # (`TrainableModel.exchange_ids`) and its labels.
 Prepared = Tuple[Tuple[Dict[str, Any], tf.Tensor], ...]
@@ -218,8 +222,8 @@ class Trainer:
         gradients = tape.gradient(scaled_loss, dense_vars + embedding_vars)
         if self.loss_scale:
             gradients = [dist.scale_gradient(g, 1.0 / self.loss_scale) for g in gradients]
-        dense_grads = (dist.grouped_allreduce(gradients[:len(dense_vars)], fp16=self.fp16_allreduce)
-                       if dense_vars else [])
+        dense_grads = (dist.bucketed_allreduce(gradients[:len(dense_vars)], DENSE_GRADIENT_BUCKETS,
+                                               fp16=self.fp16_allreduce) if dense_vars else [])
         embedding_grads = self.model.embedding.reduce_gradients(gradients[len(dense_vars):])
         dense_pairs = list(zip(dense_grads, dense_vars))
         embedding_pairs = list(zip(embedding_grads, embedding_vars))
