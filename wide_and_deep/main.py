@@ -361,6 +361,8 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
              between_batches: Callable[[], None] = lambda: None) -> Dict[str, float]:
     """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
     averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss.
+    `endless_benchmark` (`--evaluate --benchmark`): pass after pass from one endless dataset, each batch's
+    samples/s logged, until its steps are done; their mean is the result.
     `between_batches` runs before each batch (`--evaluate`: where a stop signal ends the run)."""
     import numpy as np
     import tensorflow as tf
@@ -370,26 +372,24 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
     from wide_and_deep import wd_data, wd_metrics
 
     ap_sum, groups, parts, done = 0.0, 0, [], 0
-    while True:
-        batches = run.data.eval.dataset(wd_data.eval_record_groups(
-            len(run.data.eval), run.data.eval_records_per_rank, run.rank, run.world_size), run.config.buckets)
-        for batch in batches:
-            between_batches()
-            probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
-            if endless_benchmark is not None:
-                done += 1
-                speed = endless_benchmark.tick(done)
-                if speed is not None:
-                    run.logger.log(step=(done,), data={"batch_samplesps": speed * run.world_size})
-                if endless_benchmark.finished(done):
-                    return {"validation_throughput": endless_benchmark.mean() * run.world_size}
-                continue
-            labels, ids = batch["label"].numpy(), batch["display_id"].numpy()
-            total, count = wd_metrics.map12_sums(ids, labels, probabilities)
-            ap_sum, groups = ap_sum + total, groups + count
-            parts.append((ids, labels, probabilities))
-        if endless_benchmark is None:
-            break
+    record_groups = wd_data.eval_record_groups if endless_benchmark is None else wd_data.endless_eval_record_groups
+    batches = run.data.eval.dataset(record_groups(len(run.data.eval), run.data.eval_records_per_rank, run.rank,
+                                                  run.world_size), run.config.buckets)
+    for batch in batches:
+        between_batches()
+        probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
+        if endless_benchmark is not None:
+            done += 1
+            speed = endless_benchmark.tick(done)
+            if speed is not None:
+                run.logger.log(step=(done,), data={"batch_samplesps": speed * run.world_size})
+            if endless_benchmark.finished(done):
+                return {"validation_throughput": endless_benchmark.mean() * run.world_size}
+            continue
+        labels, ids = batch["label"].numpy(), batch["display_id"].numpy()
+        total, count = wd_metrics.map12_sums(ids, labels, probabilities)
+        ap_sum, groups = ap_sum + total, groups + count
+        parts.append((ids, labels, probabilities))
     rank_map = ap_sum / groups if groups else float("nan")
     streaming = float(dist.allreduce(tf.constant(rank_map, tf.float64), name="wd_streaming_map").numpy())
     columns = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, dtype) for i, dtype in
@@ -421,10 +421,10 @@ def train(run: Run) -> int:
 
 def _train(run: Run, tensorboard) -> int:
     """The epochs from the restored step in the shared epoch loop (recsys/training/loop.py) with W&D's
-    parts (wd_loop.WideDeepLoopParts): a progress record every 100 steps, evaluation and a checkpoint
-    after each epoch; a stop signal saves and exits 128+N. --benchmark runs --benchmark_steps steps
-    across epochs, logging each one's samples/s and then their mean; it neither evaluates nor saves,
-    and only a second stop signal ends it (at once)."""
+    parts (wd_loop.WideDeepLoopParts): a progress record every 100 steps, evaluation and a
+    checkpoint after each epoch; a stop signal saves and exits 128+N. --benchmark runs --benchmark_steps
+    steps across epochs of one endless dataset (wd_loop), logging each one's samples/s and then their
+    mean; it neither evaluates nor saves, and only a second stop signal ends it (at once)."""
     from recsys.runtime.cli import signal_exit_code
     from recsys.runtime.logger import print_rank0
     from recsys.runtime.stop_signals import STOP, signal_name

@@ -34,13 +34,20 @@ class WideDeepLoopParts:
         self.trainer = wd_model.TrainStep(run.model, run.optimizers, run.args.seed, run.args.xla)
         self.evaluation: Dict[str, float] = {}
         self.last: Optional[Tuple[Dict[str, tf.Tensor], tf.Tensor, tf.Tensor]] = None  # batch, loss, probabilities
+        self.batches: Optional[Iterator[Dict[str, tf.Tensor]]] = None  # the training stream (open_epoch)
 
     def open_epoch(self, epoch: int, offset: int, steps: int) -> Iterator[Dict[str, tf.Tensor]]:
-        """This rank's batches of `epoch` from step `offset` to the epoch's end (the loop takes `steps`)."""
-        run = self.run
-        groups = wd_data.train_record_groups(len(run.data.train), run.data.train_records_per_step, run.rank,
-                                             run.world_size, run.args.seed, epoch, offset)
-        return iter(run.data.train.dataset(groups, run.config.buckets))
+        """This rank's batches from step `offset` of `epoch` on: one endless dataset of the epochs in turn
+        (wd_data.train_record_stream), opened at the run's first epoch. The loop takes every step of an
+        epoch before it opens the next, so the stream then stands at that epoch's first batch: no epoch
+        boundary builds a dataset (which stalled that step for about a second, a third of --benchmark's
+        figure on small data)."""
+        if self.batches is None:
+            run = self.run
+            groups = wd_data.train_record_stream(len(run.data.train), run.data.train_records_per_step, run.rank,
+                                                 run.world_size, run.args.seed, epoch, offset)
+            self.batches = iter(run.data.train.dataset(groups, run.config.buckets))
+        return self.batches
 
     def step(self, batches: Iterator[Dict[str, tf.Tensor]], step: int, stop_vote: tf.Tensor) -> Optional[tf.Tensor]:
         batch = next(batches, None)
