@@ -119,10 +119,12 @@ def data(tmp_path_factory):
 SMALL = ["--deep_hidden_units", "32", "32", "--deep_learning_rate", "0.02", "--deep_warmup_epochs", "0",
          "--linear_learning_rate", "1.0", "--global_batch_size", "8192", "--eval_batch_size", "8192"]
 # The run 2 ranks, --amp and --xla are compared with: one epoch of 12 steps at half SMALL's rates, with
-# the reference's dropout (a row's mask follows the row, not the rank). Longer or faster, RMSprop lets the
-# summation order of 2 ranks' averaged gradients grow past 1e-4 in near-zero gradients.
-BASELINE = ["--num_epochs", "1", "--deep_learning_rate", "0.01", "--linear_learning_rate", "0.5"]
-TRAINED = ["--num_epochs", "3"]  # learning, --evaluate, TensorBoard, and the uninterrupted run of the resume test
+# the reference's dropout (a row's mask follows the row, not the rank), and a progress record at every step
+# (each step's loss). Longer or faster, RMSprop lets the summation order of 2 ranks' averaged gradients
+# grow past 1e-4 in near-zero gradients.
+BASELINE = ["--num_epochs", "1", "--deep_learning_rate", "0.01", "--linear_learning_rate", "0.5", "--print_freq", "1"]
+# learning, --evaluate, TensorBoard, and the uninterrupted run of the resume test; a progress record every 6 steps
+TRAINED = ["--num_epochs", "3", "--print_freq", "6"]
 
 
 def data_flags(folder):
@@ -232,6 +234,7 @@ def wd_main_module():
     (["--deep_warmup_epochs", "30"], "--deep_warmup_epochs 30 exceeds --num_epochs 20"),
     (["--evaluate"], "--evaluate needs trained weights"),
     (["--deep_dropout", "1"], "--deep_dropout"),
+    (["--print_freq", "0"], "--print_freq must be >= 1, got 0"),
 ])
 def test_flag_rules(extra, fragment):
     main = wd_main_module()
@@ -260,7 +263,7 @@ def test_defaults_are_the_reference_ones():
     assert (args.linear_learning_rate, args.deep_learning_rate, args.deep_warmup_epochs, args.deep_dropout) == (
         0.02, 0.00012, 6, 0.1)
     assert args.deep_hidden_units == [1024] * 5 and args.affinity == "socket_unique_interleaved"
-    assert (args.benchmark_warmup_steps, args.benchmark_steps) == (500, 1000)
+    assert (args.benchmark_warmup_steps, args.benchmark_steps, args.print_freq) == (500, 1000, 100)
     assert (args.model_dir, args.results_dir, args.log_filename) == ("/outbrain/checkpoints", "/results", "log.json")
 
 
@@ -303,22 +306,27 @@ def test_one_process_learns_close_to_the_teacher_and_evaluate_reads_its_checkpoi
     last = final(str(root / "results"))
     assert last["exact_map_val"] > teacher_map - 0.03 and last["auc_val"] > teacher_auc - 0.03, (last, teacher_map)
     assert last["streaming_map_val"] == pytest.approx(last["exact_map_val"], abs=0.01)
-    evaluations = [r for r in log_records(str(root / "results"))
-                   if r.get("type") == "LOG" and "auc_val" in r["data"] and r["step"]]  # not the final repeat
+    records = [r for r in log_records(str(root / "results")) if r.get("type") == "LOG" and r["step"]]
+    evaluations = [r for r in records if "auc_val" in r["data"]]  # not the final repeat, whose step is []
     assert [r["step"] for r in evaluations] == [[12, 36], [24, 36], [36, 36]]
+    progress = [r for r in records if "mean_loss" in r["data"]]  # --print_freq 6: the reference's keys, mean_loss
+    assert [r["step"] for r in progress] == [[s, 36] for s in range(6, 37, 6)]
+    assert all(set(r["data"]) == {"binary_accuracy", "auc", "loss", "mean_loss"} for r in progress)
     assert json.load(open(root / "results" / "args.json"))["num_epochs"] == 3
     assert list(affinity_lines(result.stdout)) == [0]  # one rank, one line
 
-    # TensorBoard: each evaluation's scalars, as logged
+    # TensorBoard: each progress record's and evaluation's scalars, as logged
     (events,) = glob.glob(str(root / "results" / "event_files" / "events.out.tfevents.*"))
     scalars = defaultdict(dict)
     for event in tf.compat.v1.train.summary_iterator(events):
         for value in event.summary.value:
             scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
-    assert set(scalars) == {f"eval/{key}" for key in evaluations[0]["data"]}
-    for record in evaluations:
-        for key, value in record["data"].items():
-            assert scalars[f"eval/{key}"][record["step"][0]] == pytest.approx(value, rel=1e-6), key
+    assert set(scalars) == ({f"eval/{key}" for key in evaluations[0]["data"]}
+                            | {f"train/{key}" for key in progress[0]["data"]})
+    for group, logged in (("eval", evaluations), ("train", progress)):
+        for record in logged:
+            for key, value in record["data"].items():
+                assert scalars[f"{group}/{key}"][record["step"][0]] == pytest.approx(value, rel=1e-6), key
 
     evaluated = wd(run_flags(folder, root, *TRAINED, "--evaluate", "--use_checkpoint", "--results_dir",
                              str(tmp_path / "eval_results")))
@@ -331,8 +339,18 @@ def test_one_process_learns_close_to_the_teacher_and_evaluate_reads_its_checkpoi
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpiexec"])
 def test_two_ranks_equal_one_process(data, baseline, tmp_path, launcher):
     folder, _ = data
-    two = wd(run_flags(folder, tmp_path, *BASELINE), np_=2, launcher=launcher)
+    two = wd(run_flags(folder, tmp_path, *BASELINE, "--print_freq", "4"), np_=2, launcher=launcher)
     assert_ok(two)
+    # a progress record's mean_loss: the mean of the steps' losses since the previous record (the one
+    # process's records, one a step, give each step's loss)
+    losses = {r["step"][0]: r["data"]["loss"] for r in log_records(str(baseline[0] / "results"))
+              if r.get("type") == "LOG" and "loss" in r["data"]}
+    means = {r["step"][0]: r["data"]["mean_loss"] for r in log_records(str(tmp_path / "results"))
+             if r.get("type") == "LOG" and "mean_loss" in r["data"]}
+    assert sorted(losses) == list(range(1, 13)) and sorted(means) == [4, 8, 12]
+    for step, mean in means.items():
+        assert mean == pytest.approx(np.mean([losses[s] for s in range(step - 3, step + 1)]), abs=1e-4), step
+        assert mean != pytest.approx(losses[step], abs=1e-3)  # not the last step's alone
     a, b = weights(str(baseline[0] / "ckpt")), weights(str(tmp_path / "ckpt"))
     assert a.keys() == b.keys()
     for name in a:  # rounding only (two ranks' summed losses against one process's), which RMSprop
