@@ -17,7 +17,8 @@ Steps (outputs under $DEMO_DIR, default ./demo_output):
   3. horovodrun -np 2 --gloo main.py --mode train (CPU): progress lines with ETA, 4 evaluations
      per epoch, a checkpoint, TensorBoard scalars in $DEMO_DIR/tensorboard;
   4. main.py --mode eval and --mode inference from that checkpoint (AUC; latency percentiles);
-  5. main.py --mode deploy exports a SavedModel; scripts/plot_log.py draws the training log;
+  5. main.py --mode deploy exports a SavedModel; scripts/plot_log.py draws the training log (the mean
+     loss of each progress interval, about 30 per epoch; the test AUC beside the teacher's);
   6. prints a summary: the preprocessing's line counts, the trained AUC next to the teacher's,
      throughput and latency.
 Environment: DEMO_DIR, DEMO_LINES_PER_DAY (default 250000, at least 21000), DEMO_EPOCHS (default 1),
@@ -59,7 +60,9 @@ NUM_DAYS="${DAYS}" download_dir="${RAW}" spark_output_path="${DEMO_DIR}/spark_ou
   conversion_intermediate_dir="${DEMO_DIR}/intermediate" final_output_dir="${DATA}" PYTHON=python PROGRESS_INTERVAL=2 \
   preproc/prepare_dataset.sh CPU "${THRESHOLD}"
 
-PRINT_FREQ=$(( (DAYS - 1) * LINES_PER_DAY / BATCH / 10 ))  # about 10 progress lines per epoch
+# about 30 progress lines per epoch (after the timer's warm-up of two intervals): each line's mean_loss,
+# the mean over its interval, is a point of the plot's loss curve
+PRINT_FREQ=$(( (DAYS - 1) * LINES_PER_DAY / BATCH / 30 ))
 echo "== 3/6 training with horovodrun -np ${NP} (CPU, tables model parallel) for ${EPOCHS} epoch(s)"
 horovodrun -np "${NP}" -H "localhost:${NP}" --gloo python main.py --mode train "${MODEL[@]}" \
   --epochs "${EPOCHS}" --evals_per_epoch 4 --print_freq "${PRINT_FREQ}" --save_checkpoint_path "${DEMO_DIR}/checkpoints" \
@@ -74,7 +77,10 @@ python main.py --mode inference "${MODEL[@]}" --valid_batch_size 512 --max_steps
 echo "== 5/6 exporting a SavedModel; plotting the training log"
 python main.py --mode deploy "${MODEL[@]}" --restore_checkpoint_path "${DEMO_DIR}/checkpoints" \
   --saved_model_output_path "${DEMO_DIR}/saved_model"
-python scripts/plot_log.py "${DEMO_DIR}/train_log.json" --output "${DEMO_DIR}/train_log.png"
+TEACHER_AUC="$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["teacher_auc"])' \
+  "${DEMO_DIR}/raw_summary.json")"
+python scripts/plot_log.py "${DEMO_DIR}/train_log.json" --output "${DEMO_DIR}/train_log.png" \
+  --teacher_auc "${TEACHER_AUC}"
 
 echo "== 6/6 summary"
 python - "${DEMO_DIR}" <<'PY'

@@ -14,9 +14,11 @@ Steps (outputs under $DEMO_DIR, default ./demo_output_wd):
      teacher's MAP@12 and AUC on the eval displays: the ceiling);
   2. wide_and_deep/scripts/preproc.sh duckdb 4 turns them into 4096-row TFRecords (train/, eval/);
   3. horovodrun -np 2 --gloo main.py (from wide_and_deep/, --cpu): the reference's model with a
-     smaller deep part, every 100 steps and per epoch the reference's log keys, a checkpoint per epoch;
+     smaller deep part, the reference's log keys about 30 times a run (--print_freq; the reference:
+     every 100 steps) and per epoch, with the mean loss of each interval, a checkpoint per epoch;
   4. main.py --evaluate --use_checkpoint from that checkpoint;
-  5. scripts/plot_log.py draws the training log (loss; evaluation AUC and MAP@12) as train_log.png;
+  5. scripts/plot_log.py draws the training log (the interval's mean loss; evaluation AUC and MAP@12
+     beside the teacher's) as train_log.png;
   6. prints MAP@12 (the reference's and the exact one) and AUC next to the teacher's.
 Environment: DEMO_DIR, DEMO_DISPLAYS (default 120000, at least 20000), DEMO_EPOCHS (default 3), DEMO_NP
 (default 2).
@@ -56,15 +58,29 @@ TRAIN=(--cpu --train_data_pattern "${RECORDS}/train/part*" --eval_data_pattern "
        --deep_hidden_units 256 256 --deep_learning_rate 0.003 --deep_warmup_epochs 1
        --linear_learning_rate 0.2 --seed 1)
 
+# about 30 progress records a run (an epoch is the whole steps its records fill, NP records a step), each a
+# point of the plot's loss curve (the mean loss of its interval)
+PRINT_FREQ="$(python - "${RECORDS}/metadata.json" "${NP}" "${EPOCHS}" <<'PY'
+import json
+import sys
+
+records = -(-json.load(open(sys.argv[1]))["train_rows"] // 4096)
+print(max(1, records // int(sys.argv[2]) * int(sys.argv[3]) // 30))
+PY
+)"
+
 echo "== 3. training on ${NP} processes"
 (cd wide_and_deep && horovodrun -np "${NP}" -H "localhost:${NP}" --gloo python main.py "${TRAIN[@]}" \
-   --results_dir "${DEMO_DIR}/train_results")
+   --print_freq "${PRINT_FREQ}" --results_dir "${DEMO_DIR}/train_results")
 
 echo "== 4. evaluation from the checkpoint"
 (cd wide_and_deep && python main.py "${TRAIN[@]}" --evaluate --use_checkpoint --results_dir "${DEMO_DIR}/eval_results")
 
 echo "== 5. plot of the training log"
-python scripts/plot_log.py "${DEMO_DIR}/train_results/log.json" --output "${DEMO_DIR}/train_log.png"
+read -r TEACHER_MAP TEACHER_AUC < <(python -c \
+  'import json, sys; t = json.load(open(sys.argv[1])); print(t["map_at_12_eval"], t["auc_eval"])' "${CSV}/teacher.json")
+python scripts/plot_log.py "${DEMO_DIR}/train_results/log.json" --output "${DEMO_DIR}/train_log.png" \
+  --teacher_map "${TEACHER_MAP}" --teacher_auc "${TEACHER_AUC}"
 
 echo "== 6. summary"
 python - "${CSV}/teacher.json" "${DEMO_DIR}/eval_results/log.json" "${RECORDS}/preproc_summary.json" <<'PY'

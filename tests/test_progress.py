@@ -1,6 +1,7 @@
 """What a user watches during and after training: progress lines with the step out of the total,
-the epoch and the ETA; evaluation progress; TensorBoard scalars (--tensorboard_dir); and
-scripts/plot_log.py's PNG of loss and AUC from the dllogger log. All from one real short run."""
+the epoch, the mean loss of the interval and the ETA; evaluation progress; TensorBoard scalars
+(--tensorboard_dir); and scripts/plot_log.py's PNG of loss and AUC from the dllogger log. All from one
+real short run (and, for the interval's mean loss, its first steps again with a line at every step)."""
 import glob
 import json
 import re
@@ -19,22 +20,30 @@ from recsys.training.trainer import Evaluator, duration_text
 
 STEPS_PER_EPOCH, EPOCHS, PRINT_FREQ = 40, 2, 5
 PROGRESS = re.compile(r"^step=(\d+)/(\d+), epoch=(\d+)/(\d+), throughput=[\d.]+M, step_time=[\d.]+ ms, "
-                      r"learning_rate=[\d.]+, loss=[\d.]+, eta=(\d+):(\d\d):(\d\d)$")
+                      r"learning_rate=[\d.]+, loss=[\d.]+, mean_loss=[\d.]+, eta=(\d+):(\d\d):(\d\d)$")
+# the short run's training: 2 epochs x 40 steps, 2 evaluations per epoch
+RUN = [*SMALL_MODEL, "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "50,20,7,30",
+       "--synthetic_dataset_num_numerical_features", "5", "--synthetic_dataset_train_batches", str(STEPS_PER_EPOCH),
+       "--synthetic_dataset_valid_batches", "3", "--batch_size", "64", "--valid_batch_size", "100",
+       "--learning_rate", "0.1", "--warmup_steps", "2", "--epochs", str(EPOCHS), "--evals_per_epoch", "2"]
 
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    """One training run of 2 epochs x 40 steps, a progress line every 5 steps, 2 evaluations per epoch."""
+    """One training run (RUN), a progress line every 5 steps."""
     root = tmp_path_factory.mktemp("run")
-    args = [*SMALL_MODEL, "--print_freq", str(PRINT_FREQ), "--dataset_type", "synthetic",
-            "--synthetic_dataset_cardinalities", "50,20,7,30", "--synthetic_dataset_num_numerical_features", "5",
-            "--synthetic_dataset_train_batches", str(STEPS_PER_EPOCH), "--synthetic_dataset_valid_batches", "3",
-            "--batch_size", "64", "--valid_batch_size", "100", "--learning_rate", "0.1", "--warmup_steps", "2",
-            "--epochs", str(EPOCHS), "--evals_per_epoch", "2", "--log_path", str(root / "log.json"),
-            "--tensorboard_dir", str(root / "tb")]
-    result = main_py(args)
+    result = main_py([*RUN, "--print_freq", str(PRINT_FREQ), "--log_path", str(root / "log.json"),
+                      "--tensorboard_dir", str(root / "tb")])
     assert_ok(result)
     return root, result.stdout
+
+
+def logged(log, key):
+    """{global step: value} of `key` in the log's training records."""
+    from recsys.runtime.logger import read_dllogger_file
+
+    return {r["step"]: r["data"][key] for r in read_dllogger_file(str(log))
+            if r["type"] == "LOG" and isinstance(r["step"], int) and key in r["data"]}
 
 
 def test_progress_lines_show_step_of_total_epoch_and_eta(short_run):
@@ -53,6 +62,24 @@ def test_progress_lines_show_step_of_total_epoch_and_eta(short_run):
     assert etas[-1] == 0  # nothing is left after the last step
 
 
+def test_mean_loss_is_the_mean_of_the_losses_since_the_previous_line(short_run, tmp_path):
+    """`mean_loss` (log, line, TensorBoard) averages the steps since the previous progress line, where
+    `loss`, the reference's, is the last step's alone: the same run's first 4 intervals again with a line
+    at every step (the same seed and data: the same losses) give each step's loss."""
+    root, stdout = short_run
+    every_step = main_py([*RUN, "--print_freq", "1", "--max_steps", str(4 * PRINT_FREQ),
+                          "--log_path", str(tmp_path / "log.json")])
+    assert_ok(every_step)
+    losses, means = logged(tmp_path / "log.json", "loss"), logged(root / "log.json", "mean_loss")
+    assert logged(tmp_path / "log.json", "mean_loss") == losses  # an interval of one step
+    for step in (3 * PRINT_FREQ, 4 * PRINT_FREQ):  # the short run's first lines, after its timer's warm-up
+        interval = [losses[s] for s in range(step - PRINT_FREQ + 1, step + 1)]
+        assert means[step] == pytest.approx(sum(interval) / PRINT_FREQ, rel=1e-6), (step, interval)
+        assert means[step] != pytest.approx(losses[step], rel=1e-3)  # not the last step's alone
+        printed = re.search(rf"^step={step}/\d+, .*, mean_loss=([\d.]+),", stdout, re.M)
+        assert float(printed.group(1)) == pytest.approx(means[step], abs=1e-8)
+
+
 def test_duration_text():
     assert duration_text(0.4) == "0:00:00" and duration_text(3725.2) == "1:02:05"
     assert duration_text(90000) == "1 day, 1:00:00"
@@ -65,18 +92,19 @@ def test_tensorboard_holds_the_training_and_evaluation_scalars(short_run):
     for event in tf.compat.v1.train.summary_iterator(events):
         for value in event.summary.value:
             scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
-    assert set(scalars) == {"train/loss", "train/learning_rate", "train/throughput", "train/step_time_ms",
-                            "eval/auc", "eval/validation_loss"}
+    assert set(scalars) == {"train/loss", "train/mean_loss", "train/learning_rate", "train/throughput",
+                            "train/step_time_ms", "eval/auc", "eval/validation_loss"}
     progress_steps = [int(m) for m in re.findall(r"^step=(\d+)/", stdout, re.M)]
-    for tag in ("train/loss", "train/learning_rate", "train/throughput", "train/step_time_ms"):
+    for tag in ("train/loss", "train/mean_loss", "train/learning_rate", "train/throughput", "train/step_time_ms"):
         assert sorted(scalars[tag]) == progress_steps, tag
     printed = re.findall(r"^Evaluation completed, AUC: ([\d.]+), test_loss: ([\d.]+), step: (\d+)", stdout, re.M)
     assert len(printed) == EPOCHS * 2
     for auc, loss, step in printed:
         assert scalars["eval/auc"][int(step)] == pytest.approx(float(auc), abs=1e-6)
         assert scalars["eval/validation_loss"][int(step)] == pytest.approx(float(loss), abs=1e-6)
-    line = re.search(r"^step=15/\d+, .*loss=([\d.]+),", stdout, re.M)
+    line = re.search(r"^step=15/\d+, .* loss=([\d.]+), mean_loss=([\d.]+),", stdout, re.M)
     assert scalars["train/loss"][15] == pytest.approx(float(line.group(1)), abs=1e-7)
+    assert scalars["train/mean_loss"][15] == pytest.approx(float(line.group(2)), abs=1e-7)
 
 
 def png_size(path):
@@ -91,8 +119,8 @@ def test_plot_log_draws_loss_and_auc_as_a_png(short_run, tmp_path):
     root, _ = short_run
     output = tmp_path / "plot.png"
     result = subprocess.run([sys.executable, "scripts/plot_log.py", str(root / "log.json"), "--output", str(output),
-                             "--width", "900", "--height", "600"], cwd=REPO_ROOT, env=launch_env(), capture_output=True,
-                            text=True, timeout=120)
+                             "--width", "900", "--height", "600", "--teacher_auc", "0.8"], cwd=REPO_ROOT,
+                            env=launch_env(), capture_output=True, text=True, timeout=120)
     assert_ok(result)
     assert "14 loss points, 4 AUC points" in result.stdout  # a line every 5 steps from 15 to 80; 2 evals per epoch
     assert png_size(output) == (900, 600)
@@ -107,6 +135,9 @@ def test_plot_log_refuses_a_log_without_training_records(tmp_path):
     assert result.returncode == 2 and result.stderr.count("error:") == 1
     assert f"{log}: no training record with a loss or an AUC" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]
+    result = subprocess.run([sys.executable, "scripts/plot_log.py", str(log), "--teacher_map", "nan"], cwd=REPO_ROOT,
+                            env=launch_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == "error: --teacher_map must be between 0 and 1, got nan"
 
 
 def test_long_evaluation_prints_its_progress(capsys):

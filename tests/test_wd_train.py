@@ -119,10 +119,12 @@ def data(tmp_path_factory):
 SMALL = ["--deep_hidden_units", "32", "32", "--deep_learning_rate", "0.02", "--deep_warmup_epochs", "0",
          "--linear_learning_rate", "1.0", "--global_batch_size", "8192", "--eval_batch_size", "8192"]
 # The run 2 ranks, --amp and --xla are compared with: one epoch of 12 steps at half SMALL's rates, with
-# the reference's dropout (a row's mask follows the row, not the rank). Longer or faster, RMSprop lets the
-# summation order of 2 ranks' averaged gradients grow past 1e-4 in near-zero gradients.
-BASELINE = ["--num_epochs", "1", "--deep_learning_rate", "0.01", "--linear_learning_rate", "0.5"]
-TRAINED = ["--num_epochs", "3"]  # learning, --evaluate, TensorBoard, and the uninterrupted run of the resume test
+# the reference's dropout (a row's mask follows the row, not the rank), and a progress record at every step
+# (each step's loss). Longer or faster, RMSprop lets the summation order of 2 ranks' averaged gradients
+# grow past 1e-4 in near-zero gradients.
+BASELINE = ["--num_epochs", "1", "--deep_learning_rate", "0.01", "--linear_learning_rate", "0.5", "--print_freq", "1"]
+# learning, --evaluate, TensorBoard, and the uninterrupted run of the resume test; a progress record every 6 steps
+TRAINED = ["--num_epochs", "3", "--print_freq", "6"]
 
 
 def data_flags(folder):
@@ -232,6 +234,7 @@ def wd_main_module():
     (["--deep_warmup_epochs", "30"], "--deep_warmup_epochs 30 exceeds --num_epochs 20"),
     (["--evaluate"], "--evaluate needs trained weights"),
     (["--deep_dropout", "1"], "--deep_dropout"),
+    (["--print_freq", "0"], "--print_freq must be >= 1, got 0"),
 ])
 def test_flag_rules(extra, fragment):
     main = wd_main_module()
@@ -260,7 +263,7 @@ def test_defaults_are_the_reference_ones():
     assert (args.linear_learning_rate, args.deep_learning_rate, args.deep_warmup_epochs, args.deep_dropout) == (
         0.02, 0.00012, 6, 0.1)
     assert args.deep_hidden_units == [1024] * 5 and args.affinity == "socket_unique_interleaved"
-    assert (args.benchmark_warmup_steps, args.benchmark_steps) == (500, 1000)
+    assert (args.benchmark_warmup_steps, args.benchmark_steps, args.print_freq) == (500, 1000, 100)
     assert (args.model_dir, args.results_dir, args.log_filename) == ("/outbrain/checkpoints", "/results", "log.json")
 
 
@@ -303,22 +306,27 @@ def test_one_process_learns_close_to_the_teacher_and_evaluate_reads_its_checkpoi
     last = final(str(root / "results"))
     assert last["exact_map_val"] > teacher_map - 0.03 and last["auc_val"] > teacher_auc - 0.03, (last, teacher_map)
     assert last["streaming_map_val"] == pytest.approx(last["exact_map_val"], abs=0.01)
-    evaluations = [r for r in log_records(str(root / "results"))
-                   if r.get("type") == "LOG" and "auc_val" in r["data"] and r["step"]]  # not the final repeat
+    records = [r for r in log_records(str(root / "results")) if r.get("type") == "LOG" and r["step"]]
+    evaluations = [r for r in records if "auc_val" in r["data"]]  # not the final repeat, whose step is []
     assert [r["step"] for r in evaluations] == [[12, 36], [24, 36], [36, 36]]
+    progress = [r for r in records if "mean_loss" in r["data"]]  # --print_freq 6: the reference's keys, mean_loss
+    assert [r["step"] for r in progress] == [[s, 36] for s in range(6, 37, 6)]
+    assert all(set(r["data"]) == {"binary_accuracy", "auc", "loss", "mean_loss"} for r in progress)
     assert json.load(open(root / "results" / "args.json"))["num_epochs"] == 3
     assert list(affinity_lines(result.stdout)) == [0]  # one rank, one line
 
-    # TensorBoard: each evaluation's scalars, as logged
+    # TensorBoard: each progress record's and evaluation's scalars, as logged
     (events,) = glob.glob(str(root / "results" / "event_files" / "events.out.tfevents.*"))
     scalars = defaultdict(dict)
     for event in tf.compat.v1.train.summary_iterator(events):
         for value in event.summary.value:
             scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
-    assert set(scalars) == {f"eval/{key}" for key in evaluations[0]["data"]}
-    for record in evaluations:
-        for key, value in record["data"].items():
-            assert scalars[f"eval/{key}"][record["step"][0]] == pytest.approx(value, rel=1e-6), key
+    assert set(scalars) == ({f"eval/{key}" for key in evaluations[0]["data"]}
+                            | {f"train/{key}" for key in progress[0]["data"]})
+    for group, logged in (("eval", evaluations), ("train", progress)):
+        for record in logged:
+            for key, value in record["data"].items():
+                assert scalars[f"{group}/{key}"][record["step"][0]] == pytest.approx(value, rel=1e-6), key
 
     evaluated = wd(run_flags(folder, root, *TRAINED, "--evaluate", "--use_checkpoint", "--results_dir",
                              str(tmp_path / "eval_results")))
@@ -331,8 +339,18 @@ def test_one_process_learns_close_to_the_teacher_and_evaluate_reads_its_checkpoi
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpiexec"])
 def test_two_ranks_equal_one_process(data, baseline, tmp_path, launcher):
     folder, _ = data
-    two = wd(run_flags(folder, tmp_path, *BASELINE), np_=2, launcher=launcher)
+    two = wd(run_flags(folder, tmp_path, *BASELINE, "--print_freq", "4"), np_=2, launcher=launcher)
     assert_ok(two)
+    # a progress record's mean_loss: the mean of the steps' losses since the previous record (the one
+    # process's records, one a step, give each step's loss)
+    losses = {r["step"][0]: r["data"]["loss"] for r in log_records(str(baseline[0] / "results"))
+              if r.get("type") == "LOG" and "loss" in r["data"]}
+    means = {r["step"][0]: r["data"]["mean_loss"] for r in log_records(str(tmp_path / "results"))
+             if r.get("type") == "LOG" and "mean_loss" in r["data"]}
+    assert sorted(losses) == list(range(1, 13)) and sorted(means) == [4, 8, 12]
+    for step, mean in means.items():
+        assert mean == pytest.approx(np.mean([losses[s] for s in range(step - 3, step + 1)]), abs=1e-4), step
+        assert mean != pytest.approx(losses[step], abs=1e-3)  # not the last step's alone
     a, b = weights(str(baseline[0] / "ckpt")), weights(str(tmp_path / "ckpt"))
     assert a.keys() == b.keys()
     for name in a:  # rounding only (two ranks' summed losses against one process's), which RMSprop
@@ -480,21 +498,51 @@ def test_sigint_during_evaluation_is_one_line_and_exit_130(data, tmp_path):
     assert output.count("stopped by SIGINT: the run ended before finishing") == 1, output[-3000:]
 
 
-def test_benchmark_training_at_the_reference_size_and_evaluation(data, tmp_path):
-    """Training's benchmark is the one run of the reference's tables: a metadata.json without `buckets` (as
-    older preprocessing outputs) sizes them as the reference does."""
+# `python main.py ARGS` (in wide_and_deep/) run by `python -c OPEN_COUNTER COUNTS ARGS`, which writes to COUNTS, as
+# JSON, how many times the run opened each file (Python's audit hook sees every open() and os.open()).
+OPEN_COUNTER = """
+import atexit, collections, json, os, runpy, sys
+counts, opened = sys.argv[1], collections.Counter()
+sys.argv = ["main.py", *sys.argv[2:]]
+sys.addaudithook(lambda event, args: event == "open" and isinstance(args[0], str)
+                 and opened.update([os.path.abspath(args[0])]))
+atexit.register(lambda: json.dump(dict(opened), open(counts, "w")))
+runpy.run_path("main.py", run_name="__main__")
+"""
+
+
+def opens_of(args, counts):
+    """`wd(args)` on one process, counting the files it opens: (its result, {path: times opened})."""
+    result = subprocess.run([sys.executable, "-c", OPEN_COUNTER, str(counts), *args], cwd=WD_DIR, env=launch_env(),
+                            capture_output=True, text=True, timeout=240)
+    return result, json.loads(counts.read_text()) if counts.exists() else {}
+
+
+def test_benchmarks_read_one_endless_dataset_and_train_at_the_reference_size(data, tmp_path):
+    """--benchmark's steps cross epochs (training) and passes (--evaluate) in one endless dataset, as the
+    reference's: a dataset built anew at each boundary stalled that step for about a second, a third to a
+    half of the figure on small data. Every data file is opened once by the index and once by the one
+    dataset's reader (once: once per epoch or pass). Training's benchmark is also the one run of the
+    reference's tables: a metadata.json without `buckets` (as older preprocessing outputs) sizes them as
+    the reference does."""
     folder, _ = data
     write_metadata(str(tmp_path / "meta"), TRAIN_ROWS, EVAL_ROWS)
-    bench = ["--benchmark", "--benchmark_warmup_steps", "2", "--benchmark_steps", "14"]  # crosses an epoch
-    result = wd(run_flags(folder, tmp_path, *bench, "--transformed_metadata_path", str(tmp_path / "meta")))
+    bench = ["--benchmark", "--benchmark_warmup_steps", "2", "--benchmark_steps", "14"]  # 12 steps an epoch
+    result, opened = opens_of(run_flags(folder, tmp_path, *bench, "--transformed_metadata_path",
+                                        str(tmp_path / "meta")), tmp_path / "train_opens.json")
     assert_ok(result)
     assert final(str(tmp_path / "results"))["train_throughput"] > 0
     assert not (tmp_path / "ckpt").exists()  # no evaluation, no checkpoint
     records = log_records(str(tmp_path / "results"))
     assert len([r for r in records if "batch_samplesps" in r.get("data", {})]) == 12
-    evaluated = wd(run_flags(folder, tmp_path, *bench, "--evaluate", "--results_dir", str(tmp_path / "ev")))
+    train_files = sorted(glob.glob(f"{folder}/train/part*"))
+    assert {path: opened.get(path) for path in train_files} == {path: 2 for path in train_files}
+    evaluated, opened = opens_of(run_flags(folder, tmp_path, *bench, "--evaluate", "--results_dir",
+                                           str(tmp_path / "ev")), tmp_path / "eval_opens.json")
     assert_ok(evaluated)
     assert final(str(tmp_path / "ev"))["validation_throughput"] > 0
+    eval_files = sorted(glob.glob(f"{folder}/eval/part*"))  # 3 batches a pass: 14 are 5 passes
+    assert {path: opened.get(path) for path in eval_files} == {path: 2 for path in eval_files}
 
 
 def _foreign_checkpoint(root):

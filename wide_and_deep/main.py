@@ -3,7 +3,8 @@
 Run from this folder as the reference's users do: `python main.py [--amp] [--xla]`,
 `horovodrun -np N python main.py` or `mpiexec -np N python main.py`, `python main.py --evaluate
 --use_checkpoint`, `python main.py --benchmark [--evaluate]`. Every flag of the reference keeps its
-name and default; `--seed` is added. Bad input is one `error: ...` line on stderr and exit 2.
+name and default; `--seed` and `--print_freq` (the reference: a progress record every 100 steps) are
+added. Bad input is one `error: ...` line on stderr and exit 2.
 
 Differences from the reference (docs/wide_and_deep.md): each rank reads a disjoint share of the records;
 an epoch is exactly `train records // records per step` updates, the short last record trained on like
@@ -31,7 +32,7 @@ from recsys.runtime.cli import ArgumentParser
 from recsys.runtime.cpu_affinity import MODES as AFFINITIES
 from recsys.runtime.logger import StepTimer
 
-PRINT_FREQ = 100
+PRINT_FREQ = 100  # the reference's fixed interval of progress records, --print_freq's default
 EVENT_FILES = "event_files"  # the TensorBoard folder inside --results_dir (the reference's name, in --model_dir)
 
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="Run on the CPU even where a GPU is visible")
     p.add_argument("--seed", type=int, default=0,
                    help="Seed of the weights, the record order and the dropout masks (this project's)")
+    p.add_argument("--print_freq", type=int, default=PRINT_FREQ,
+                   help="Training steps between progress records (this project's flag; the reference: every 100)")
     return p
 
 
@@ -112,6 +115,7 @@ class Options:
     affinity: str
     cpu: bool
     seed: int
+    print_freq: int
     given: FrozenSet[str] = frozenset()  # the flags the command line set (a default's value is not given)
 
     def flags(self) -> Dict[str, Any]:
@@ -132,7 +136,7 @@ def validate(args: Options, world_size: int) -> None:
     """The reference's asserts and this implementation's limits; each failure names its flag."""
     from wide_and_deep.features import PREBATCH_SIZE
 
-    for name in ("global_batch_size", "eval_batch_size", "num_epochs", "benchmark_steps"):
+    for name in ("global_batch_size", "eval_batch_size", "num_epochs", "benchmark_steps", "print_freq"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
     for name in ("linear_learning_rate", "deep_learning_rate", "deep_warmup_epochs"):
@@ -361,6 +365,8 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
              between_batches: Callable[[], None] = lambda: None) -> Dict[str, float]:
     """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
     averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss.
+    `endless_benchmark` (`--evaluate --benchmark`): pass after pass from one endless dataset, each batch's
+    samples/s logged, until its steps are done; their mean is the result.
     `between_batches` runs before each batch (`--evaluate`: where a stop signal ends the run)."""
     import numpy as np
     import tensorflow as tf
@@ -370,26 +376,24 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
     from wide_and_deep import wd_data, wd_metrics
 
     ap_sum, groups, parts, done = 0.0, 0, [], 0
-    while True:
-        batches = run.data.eval.dataset(wd_data.eval_record_groups(
-            len(run.data.eval), run.data.eval_records_per_rank, run.rank, run.world_size), run.config.buckets)
-        for batch in batches:
-            between_batches()
-            probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
-            if endless_benchmark is not None:
-                done += 1
-                speed = endless_benchmark.tick(done)
-                if speed is not None:
-                    run.logger.log(step=(done,), data={"batch_samplesps": speed * run.world_size})
-                if endless_benchmark.finished(done):
-                    return {"validation_throughput": endless_benchmark.mean() * run.world_size}
-                continue
-            labels, ids = batch["label"].numpy(), batch["display_id"].numpy()
-            total, count = wd_metrics.map12_sums(ids, labels, probabilities)
-            ap_sum, groups = ap_sum + total, groups + count
-            parts.append((ids, labels, probabilities))
-        if endless_benchmark is None:
-            break
+    record_groups = wd_data.eval_record_groups if endless_benchmark is None else wd_data.endless_eval_record_groups
+    batches = run.data.eval.dataset(record_groups(len(run.data.eval), run.data.eval_records_per_rank, run.rank,
+                                                  run.world_size), run.config.buckets)
+    for batch in batches:
+        between_batches()
+        probabilities = run.predict(batch["categorical"], batch["numeric"]).numpy()
+        if endless_benchmark is not None:
+            done += 1
+            speed = endless_benchmark.tick(done)
+            if speed is not None:
+                run.logger.log(step=(done,), data={"batch_samplesps": speed * run.world_size})
+            if endless_benchmark.finished(done):
+                return {"validation_throughput": endless_benchmark.mean() * run.world_size}
+            continue
+        labels, ids = batch["label"].numpy(), batch["display_id"].numpy()
+        total, count = wd_metrics.map12_sums(ids, labels, probabilities)
+        ap_sum, groups = ap_sum + total, groups + count
+        parts.append((ids, labels, probabilities))
     rank_map = ap_sum / groups if groups else float("nan")
     streaming = float(dist.allreduce(tf.constant(rank_map, tf.float64), name="wd_streaming_map").numpy())
     columns = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, dtype) for i, dtype in
@@ -421,10 +425,10 @@ def train(run: Run) -> int:
 
 def _train(run: Run, tensorboard) -> int:
     """The epochs from the restored step in the shared epoch loop (recsys/training/loop.py) with W&D's
-    parts (wd_loop.WideDeepLoopParts): a progress record every 100 steps, evaluation and a checkpoint
-    after each epoch; a stop signal saves and exits 128+N. --benchmark runs --benchmark_steps steps
-    across epochs, logging each one's samples/s and then their mean; it neither evaluates nor saves,
-    and only a second stop signal ends it (at once)."""
+    parts (wd_loop.WideDeepLoopParts): a progress record every --print_freq steps, evaluation and a
+    checkpoint after each epoch; a stop signal saves and exits 128+N. --benchmark runs --benchmark_steps
+    steps across epochs of one endless dataset (wd_loop), logging each one's samples/s and then their
+    mean; it neither evaluates nor saves, and only a second stop signal ends it (at once)."""
     from recsys.runtime.cli import signal_exit_code
     from recsys.runtime.logger import print_rank0
     from recsys.runtime.stop_signals import STOP, signal_name
@@ -447,7 +451,7 @@ def _train(run: Run, tensorboard) -> int:
                    stop=None)
         run.logger.log(step=(), data={"train_throughput": bench.mean()})
         return 0
-    cadence = Cadence(steps_per_epoch=steps_per_epoch, end_step=run.total_steps, print_freq=PRINT_FREQ,
+    cadence = Cadence(steps_per_epoch=steps_per_epoch, end_step=run.total_steps, print_freq=args.print_freq,
                       eval_points=frozenset({steps_per_epoch - 1}), checkpoint_every_n_steps=steps_per_epoch)
     end = run_epochs(parts, cadence, start, stop=STOP)
     if end.stopped_by is not None:
@@ -476,7 +480,7 @@ def run_evaluate(run: Run) -> int:
 
 
 def log_formats(logger) -> None:
-    for metric in ("binary_accuracy", "auc", "loss", "binary_accuracy_val", "auc_val", "loss_val",
+    for metric in ("binary_accuracy", "auc", "loss", "mean_loss", "binary_accuracy_val", "auc_val", "loss_val",
                    "streaming_map_val", "exact_map_val"):
         logger.metadata(metric, {"format": ":.4f"})
     for metric in ("batch_samplesps", "train_throughput", "validation_throughput"):

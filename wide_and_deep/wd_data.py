@@ -26,8 +26,11 @@ Record shares, the same for every format:
   step k takes the next `records_per_step` records of it and rank r reads those at positions r, r + W,
   ... (disjoint shares; their union is the step's global batch, whatever W is). An epoch is the whole
   steps the records fill. The reference instead let every rank shuffle the files on its own and keep
-  every W-th record, so its ranks' data overlapped.
-- eval: record i goes to rank i mod W, in file order, so every row is read once over all ranks.
+  every W-th record, so its ranks' data overlapped. Training reads its epochs one after the other from
+  one endless dataset (`train_record_stream`), as the reference repeated one: a dataset built anew at
+  each epoch stalled its first step for about a second.
+- eval: record i goes to rank i mod W, in file order, so every row is read once over all ranks
+  (`--evaluate --benchmark`: pass after pass, from one endless dataset).
 
 A batch is a dict: `categorical` int64 [B, 13] (features.CATEGORICAL_NAMES order), `numeric` float32
 [B, 13] (features.NUMERIC_FEATURES order), `label` float32 [B], `display_id` int64 [B], `row` int64 [B]
@@ -258,6 +261,16 @@ def train_record_groups(num_records: int, records_per_step: int, rank: int, worl
         yield order[step * records_per_step:(step + 1) * records_per_step][rank::world_size]
 
 
+def train_record_stream(num_records: int, records_per_step: int, rank: int, world_size: int, seed: int,
+                        epoch: int, first_step: int) -> Iterator[np.ndarray]:
+    """This rank's records for each step from `first_step` of `epoch` on, epoch after epoch without end:
+    the groups of one endless training dataset (the reference's repeated one), so no epoch boundary
+    builds a dataset anew."""
+    while True:
+        yield from train_record_groups(num_records, records_per_step, rank, world_size, seed, epoch, first_step)
+        epoch, first_step = epoch + 1, 0
+
+
 def row_ids(record: int, rows: int) -> np.ndarray:
     """The identities of a record's rows (the batch key "row"): record number x PREBATCH_SIZE + the
     row's place in the record. The model draws a row's dropout mask from it and the step, so a row is
@@ -271,6 +284,14 @@ def eval_record_groups(num_records: int, records_per_rank_batch: int, rank: int,
     mine = np.arange(rank, num_records, world_size)
     for start in range(0, len(mine), records_per_rank_batch):
         yield mine[start:start + records_per_rank_batch]
+
+
+def endless_eval_record_groups(num_records: int, records_per_rank_batch: int, rank: int,
+                               world_size: int) -> Iterator[np.ndarray]:
+    """eval_record_groups pass after pass without end: the groups of `--evaluate --benchmark`'s one
+    endless dataset."""
+    while True:
+        yield from eval_record_groups(num_records, records_per_rank_batch, rank, world_size)
 
 
 def _numerical_error(values: np.ndarray, lengths: np.ndarray, names: np.ndarray, split: bytes) -> np.int64:

@@ -31,6 +31,22 @@ from recsys.runtime.stop_signals import StopRequest, agreed_signal, vote
 ScalarRecorder = Callable[[int, str, Dict[str, float]], None]
 
 
+class IntervalMean:
+    """The growth of a running total per step between readings: at a progress report, the mean
+    training loss over the steps since the previous report (the total: the losses summed step by
+    step), or the seconds per step a step spent in collectives."""
+
+    def __init__(self, start_step: int, start_total: float) -> None:
+        self._mark = (start_step, start_total)  # (global step, total) at the last reading
+
+    def read(self, step: int, total: float) -> float:
+        """The total's growth per step from the last reading (or the run's start) to `total` after
+        global step `step`; NaN when no step passed."""
+        last_step, last_total = self._mark
+        self._mark = (step, total)
+        return (total - last_total) / (step - last_step) if step > last_step else float("nan")
+
+
 @dataclass(frozen=True)
 class Cadence:
     """Where the loop ends and when it reports, evaluates and saves; steps are counted after each step."""

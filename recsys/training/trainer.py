@@ -20,7 +20,7 @@ import tensorflow as tf
 from recsys.runtime import distributed as dist
 from recsys.runtime import metrics
 from recsys.training.checkpoint import STEP_COUNTER, TrainingState
-from recsys.training.loop import Cadence, ScalarRecorder, run_epochs
+from recsys.training.loop import Cadence, IntervalMean, ScalarRecorder, run_epochs
 from recsys.training.optimizers import Optimizer
 from recsys.data.pipeline_errors import surface_data_errors
 from recsys.runtime.stop_signals import STOP_SIGNALS, StopRequest
@@ -148,6 +148,8 @@ class Trainer:
             # seconds of the steps so far with a collective they wait for in flight (progress lines' comm share)
             self.communication_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False,
                                                      name="communication_seconds")
+            # every step's loss (averaged over ranks) summed: progress lines report its mean over their interval
+            self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
         # decided once: whether steps time their collectives (several ranks, op determinism off)
         self.times_communication = dist.size() > 1 and dist.collectives_can_be_timed()
         self.train_step = tf.function(self._train_step)
@@ -236,6 +238,7 @@ class Trainer:
         loss, stop_votes = reduced[0], reduced[1:]
         first_bad = self.first_nonfinite_step.read_value()
         self.first_nonfinite_step.assign(tf.where((first_bad < 0) & ~tf.math.is_finite(loss), step, first_bad))
+        self.loss_sum.assign_add(tf.cast(loss, tf.float64))
         return loss, learning_rate, stop_votes
 
     def _train_next(self, batches: tf.data.Iterator,
@@ -398,26 +401,28 @@ def evaluation_progress(batches_done: int, total_batches: int, elapsed_s: float)
 
 def progress_line(step: int, total_steps: int, epoch: int, total_epochs: int, scalars: Dict[str, float],
                   eta_s: float) -> str:
-    """The reference's progress line with the step out of the total, the 1-based epoch and the time left;
+    """The reference's progress line (its `loss`: the last step's) with the step out of the total, the
+    1-based epoch, the mean loss over the steps since the previous line (`mean_loss`) and the time left;
     with peers, also the share of a step spent communicating (`communication_share`)."""
     communication = (f"comm_wait={scalars['communication_share']:.1%}, " if "communication_share" in scalars else "")
     return (f"step={step}/{total_steps}, epoch={epoch}/{total_epochs}, "
             f"throughput={scalars['throughput'] / 1e6:.3f}M, step_time={scalars['step_time_ms']:.3f} ms, "
-            f"learning_rate={scalars['learning_rate']:.4f}, loss={scalars['loss']:.8f}, {communication}"
-            f"eta={duration_text(eta_s)}")
+            f"learning_rate={scalars['learning_rate']:.4f}, loss={scalars['loss']:.8f}, "
+            f"mean_loss={scalars['mean_loss']:.8f}, {communication}eta={duration_text(eta_s)}")
 
 
 class _DlrmLoopParts:
     """DLRM's side of the epoch loop (loop.LoopParts): the in-graph step over the prefetched epoch,
     the reference's progress line, evaluations with the target-AUC stop, and the non-finite-loss
     check before every host read, evaluation and checkpoint. `record_scalars` gets group "train"
-    (loss, learning_rate, throughput in samples/s, step_time_ms; with peers communication_share,
-    the share of a step with a collective it waits for in flight, unless op determinism is on) at
-    each progress line and group "eval" (auc, validation_loss) after each evaluation."""
+    (loss, the last step's; mean_loss, the mean over the steps since the previous progress point;
+    learning_rate, throughput in samples/s, step_time_ms; with peers communication_share, the share
+    of a step with a collective it waits for in flight, unless op determinism is on) at each
+    progress line and group "eval" (auc, validation_loss) after each evaluation."""
 
     def __init__(self, trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Dataset,
                  test_dataset: tf.data.Dataset, config: LoopConfig, save_checkpoint: Optional[Callable[[int], None]],
-                 record_scalars: Optional[ScalarRecorder]) -> None:
+                 record_scalars: Optional[ScalarRecorder], start_step: int) -> None:
         self.trainer, self.evaluator, self.config = trainer, evaluator, config
         self.train_dataset, self.test_dataset = train_dataset, test_dataset
         self.save_checkpoint, self.record_scalars = save_checkpoint, record_scalars
@@ -430,8 +435,9 @@ class _DlrmLoopParts:
         self.reached_at: Optional[int] = None  # the step whose evaluation reached config.target_auc
         self.upcoming: Optional[Prepared] = None  # pipelined input: the next batch, its ids exchanged
         self.steps_left = 0  # steps the open epoch still takes
-        self.steps_run = 0
-        self.communication_mark = (0, 0.0)  # (steps_run, trainer.communication_seconds) at the last progress line
+        # per step since the previous progress point: the loss (trainer.loss_sum), the seconds in collectives
+        self.mean_loss = IntervalMean(start_step, float(trainer.loss_sum.numpy()))
+        self.communication = IntervalMean(start_step, float(trainer.communication_seconds.numpy()))
 
     def open_epoch(self, epoch: int, offset: int, steps: int) -> tf.data.Iterator:
         """The epoch's batches from `offset` on; the input pipeline starts empty (filled by the
@@ -445,7 +451,6 @@ class _DlrmLoopParts:
         carries is only ids, so evaluations and checkpoints between steps leave it valid, and a
         stop or the epoch's end simply drops it."""
         _maybe_profile(self.config, step, self.rank)
-        self.steps_run += 1
         try:
             if not self.trainer.pipelined:
                 self.loss, self.learning_rate, stop_votes = self.trainer.train_next(batches, stop_vote)
@@ -466,12 +471,16 @@ class _DlrmLoopParts:
         self.trainer.check_finite()
         train_loss = float(self.loss.numpy())
         window = timer.close_window()
+        mean_loss = self.mean_loss.read(step, float(self.trainer.loss_sum.numpy()))
         measured = self.trainer.times_communication
-        communication_per_step = self._communication_per_step() if measured else 0.0
+        # every progress point, so that a line's figure leaves out the warm-up's first steps, whose
+        # collectives wait for the slowest rank to trace its graph
+        communication_per_step = (self.communication.read(step, float(self.trainer.communication_seconds.numpy()))
+                                  if measured else 0.0)
         if window is None:
             return
         total_steps = self.config.total_steps
-        scalars = {"loss": train_loss, "learning_rate": float(self.learning_rate),
+        scalars = {"loss": train_loss, "mean_loss": mean_loss, "learning_rate": float(self.learning_rate),
                    "throughput": self.config.global_batch_size / window, "step_time_ms": window * 1000}
         if measured:
             scalars["communication_share"] = min(1.0, communication_per_step / window)
@@ -480,14 +489,6 @@ class _DlrmLoopParts:
         print_rank0(progress_line(step, total_steps, epoch, self.total_epochs, scalars, eta_s), rank=self.rank)
         if self.record_scalars:
             self.record_scalars(step, "train", scalars)
-
-    def _communication_per_step(self) -> float:
-        """Mean seconds per step with a collective in flight since the previous call (every progress
-        point, so that a line's figure leaves out the warm-up's first steps, whose collectives wait
-        for the slowest rank to trace its graph)."""
-        steps, seconds = self.communication_mark
-        self.communication_mark = (self.steps_run, float(self.trainer.communication_seconds.numpy()))
-        return (self.communication_mark[1] - seconds) / max(1, self.steps_run - steps)
 
     def evaluate(self, step: int) -> bool:
         """Evaluate after `step` steps; True when the AUC reached the target."""
@@ -524,12 +525,14 @@ def train_loop(trainer: Trainer, evaluator: Evaluator, train_dataset: tf.data.Da
     checkpoint; the result's `stopped_by` names it and the caller saves.
 
     Progress lines (and `record_scalars`) come every `print_freq` steps after the timer's warm-up,
-    where the host reads the loss anyway: they add no synchronisation to the steps between. The
-    ETA is the steps left at the mean step time so far (whose windows include the evaluations and
-    checkpoints that ran in them).
+    where the host reads the loss anyway: they add no synchronisation to the steps between (the
+    steps sum their losses on the device for the line's mean over its interval). The ETA is the
+    steps left at the mean step time so far (whose windows include the evaluations and checkpoints
+    that ran in them).
     """
-    parts = _DlrmLoopParts(trainer, evaluator, train_dataset, test_dataset, config, save_checkpoint, record_scalars)
     start_step = int(trainer.scheduler.step.numpy())
+    parts = _DlrmLoopParts(trainer, evaluator, train_dataset, test_dataset, config, save_checkpoint, record_scalars,
+                           start_step)
     cadence = Cadence(
         steps_per_epoch=config.steps_per_epoch, end_step=config.total_steps, print_freq=config.print_freq,
         eval_points=frozenset(eval_points(config.steps_per_epoch, config.evals_per_epoch)),
