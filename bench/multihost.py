@@ -15,6 +15,8 @@ steps after warm-up:
   of the MLPs or the optimizer. The allreduce belongs here, not to the compute: it crosses the
   same host links as the all-to-alls, so max(compute, exchange) is the step's physical limit only
   when the exchange holds everything the links carry.
+- `exchange_cpu_ms`: the CPU time (every thread of the rank, user and system) one exchange costs:
+  on hosts that share one machine's cores, what moving the bytes takes from the compute.
 The slowest rank's median is the row's value. Each rank also reports, from the traced graphs
 (`recsys.training.step_graph.overlap_report`), which overlaps the graph allows. Rows (keys
 link_mbit, pipelined, step_ms, compute_ms, exchange_ms, ...) replace those of the same hosts and
@@ -182,11 +184,15 @@ def worker(options: dict) -> Optional[dict]:
                          for g in [*gradients, *reduced, loss] if g is not None] + [total])
 
     exchange_ms = median_ms(lambda: exchanges(plain_batches).numpy(), steps)
+    started = time.process_time()  # every thread of this rank; the kernel's copying shows as its system time
+    for _ in range(steps):
+        exchanges(plain_batches).numpy()
+    exchange_cpu_ms = (time.process_time() - started) / steps * 1000
     graphs = {"unpipelined": plain.train_next.get_concrete_function(plain_batches, vote).graph,
               "pipelined": overlapped.train_pipelined.get_concrete_function(
                   overlapped_batches, carried["next"], vote, True).graph}
     mine = {"rank": dist.rank(), "unpipelined_ms": unpipelined_ms, "pipelined_ms": pipelined_ms,
-            "compute_ms": compute_ms, "exchange_ms": exchange_ms,
+            "compute_ms": compute_ms, "exchange_ms": exchange_ms, "exchange_cpu_ms": exchange_cpu_ms,
             "dense_weights": sum(v.shape.num_elements() for v in plain.model.dense_variables),
             "overlap": {name: overlap_report(graph) for name, graph in graphs.items()}}
     ranks = dist.allgather_object(mine)
@@ -227,11 +233,13 @@ def rows_of(ranks: List[dict], link_mbit: Optional[float], hosts: str, options: 
     """Two rows, unpipelined and pipelined, each with the slowest rank's medians."""
     compute = max(r["compute_ms"] for r in ranks)
     exchange = max(r["exchange_ms"] for r in ranks)
+    exchange_cpu = max(r["exchange_cpu_ms"] for r in ranks)
     rows = []
     for pipelined in (False, True):
         step = max(r["pipelined_ms" if pipelined else "unpipelined_ms"] for r in ranks)
         rows.append({"link_mbit": link_mbit, "pipelined": pipelined, "step_ms": step, "compute_ms": compute,
-                     "exchange_ms": exchange, "step_over_max": step / max(compute, exchange),
+                     "exchange_ms": exchange, "exchange_cpu_ms": exchange_cpu,
+                     "step_over_max": step / max(compute, exchange),
                      "step_over_sum": step / (compute + exchange), "hosts": hosts, "np": len(ranks),
                      "micro_batches": options["micro_batches"] if pipelined else 1,
                      "overlap": ranks[0]["overlap"]["pipelined" if pipelined else "unpipelined"],
@@ -359,13 +367,14 @@ def main() -> None:
         rows = rows_of(run_job(args.hosts, np, args.transport, options), args.link_mbit, args.hosts, options)
     save(rows)
     print(f"{'hosts':<24} {'link Mbit/s':>11} {'pipelined':>9} {'step ms':>9} {'compute ms':>10} "
-          f"{'exchange ms':>11} {'step/max':>8} {'step/sum':>8} {'pred. exch':>10} {'pred. step':>10} {'<=25%':>5}")
+          f"{'exchange ms':>11} {'exch. CPU':>9} {'step/max':>8} {'step/sum':>8} {'pred. exch':>10} {'pred. step':>10} "
+          f"{'<=25%':>5}")
     for r in rows:
         link = "-" if r["link_mbit"] is None else f"{r['link_mbit']:g}"
         predicted = (f"{r['predicted_exchange_ms']:>10.1f} {r['predicted_step_ms']:>10.1f} "
                      f"{'yes' if r['within_25pct'] else 'no':>5}" if "within_25pct" in r else f"{'-':>10} {'-':>10} {'-':>5}")
         print(f"{r['hosts']:<24} {link:>11} {str(r['pipelined']):>9} {r['step_ms']:>9.1f} {r['compute_ms']:>10.1f} "
-              f"{r['exchange_ms']:>11.1f} {r['step_over_max']:>8.2f} {r['step_over_sum']:>8.2f} {predicted}")
+              f"{r['exchange_ms']:>11.1f} {r['exchange_cpu_ms']:>9.1f} {r['step_over_max']:>8.2f} {r['step_over_sum']:>8.2f} {predicted}")
     print(f"overlaps the graphs allow (pipelined): {rows[1]['overlap']}; {time.monotonic() - started:.0f} s; "
           f"results: {RESULTS}")
 

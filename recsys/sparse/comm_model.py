@@ -15,8 +15,9 @@ them in Horovod:
             on the ids, and the model counts their expectation for ids spread uniformly over the rows;
   backward  `embeddings_grad`, `row_sliced_table_<t>_vectors_grad`: the reverse exchanges, the same
             bytes the other way (the id exchanges have no gradient);
-  after     `dense_gradients`: one grouped ring allreduce of the MLP (and cross network) gradients,
-            float16 with --fp16_allreduce: 2 (W - 1) / W of the buffer out of every rank;
+  after     `dense_gradients`: the ring allreduce of the MLP (and cross network) gradients (the
+            trainer sends it as a few buckets, the last layers' first: the same bytes), float16
+            with --fp16_allreduce: 2 (W - 1) / W of the buffer out of every rank;
             `replicated_embedding_grad_<i>`: each replicated table's sparse gradient, gathered from
             every rank (its values and int32 indices: local batch x hotness rows; a ring allgather
             sends every block but one);
