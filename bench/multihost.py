@@ -152,6 +152,7 @@ def worker(options: dict) -> Optional[dict]:
     from recsys.runtime import distributed as dist
     from recsys.runtime.stop_signals import STOP_SIGNALS
     from recsys.training.step_graph import overlap_report
+    from recsys.training.trainer import DENSE_GRADIENT_BUCKETS
 
     dist.init()
     steps, vote = options["steps"], tf.zeros([len(STOP_SIGNALS)])
@@ -178,7 +179,8 @@ def worker(options: dict) -> Optional[dict]:
         with tf.GradientTape() as tape:
             total = tf.reduce_sum(plain.model.embedding(features[CATEGORICAL_KEY], exchanged=True))
         gradients = tape.gradient(total, plain.model.embedding_variables)
-        reduced = dist.grouped_allreduce([tf.zeros_like(v) for v in plain.model.dense_variables])
+        reduced = dist.bucketed_allreduce([tf.zeros_like(v) for v in plain.model.dense_variables],
+                                          DENSE_GRADIENT_BUCKETS)
         loss = dist.allreduce(tf.zeros([1 + len(STOP_SIGNALS)]), name="train_loss")
         return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g.values if hasattr(g, "values") else g))
                          for g in [*gradients, *reduced, loss] if g is not None] + [total])

@@ -33,6 +33,10 @@ def main(output_prefix: str) -> None:
     fine = tf.constant([1.0 + 2.0 ** -20 if rank == 0 else 1.0, 3.0])
     for fp16 in (False, True):
         results[f"grouped_sum_fp16_{fp16}"] = dist.grouped_allreduce([fine], average=False, fp16=fp16)[0].numpy()
+    # Tensors of 1..5 elements, in 3 buckets: tensor n's elements average to 1.5 n (ranks 0, 1 give
+    # n, 2 n), back in the tensors' order.
+    tensors = [tf.fill([n], float((rank + 1) * n)) for n in (1, 2, 3, 4, 5)]
+    results["bucketed_sums"] = np.concatenate([t.numpy() for t in dist.bucketed_allreduce(tensors, 3)])
     # Rank r sends splits[r][d] rows to rank d; row values encode (source rank, row index).
     splits = tf.constant([[1, 3], [2, 2]][rank], dtype=tf.int32)
     x = tf.constant([[100.0 * rank + i, -(100.0 * rank + i)] for i in range(4)])

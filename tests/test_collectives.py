@@ -42,10 +42,19 @@ def test_collectives_two_processes(tmp_path, transport):
         assert int(got["allgather_object"]) == 1
         np.testing.assert_array_equal(got["grouped_sum_fp16_False"], np.array([2.0 + 2.0 ** -20, 6.0], np.float32))
         np.testing.assert_array_equal(got["grouped_sum_fp16_True"], np.array([2.0, 6.0], np.float32))  # via float16
+        np.testing.assert_array_equal(got["bucketed_sums"], np.repeat([1.5 * n for n in range(1, 6)], range(1, 6)))
         expected_rows = np.array([[v, -v] for v in RECEIVED_ROWS[rank]], np.float32)
         np.testing.assert_array_equal(got["alltoall"], expected_rows)
         np.testing.assert_array_equal(got["alltoall_splits"], RECEIVED_SPLITS[rank])
         np.testing.assert_array_equal(got["alltoall_grad"], _expected_gradient(rank))
+
+
+def test_gradient_buckets_hold_about_equal_elements_the_last_tensors_first():
+    from recsys.runtime.distributed import gradient_buckets
+
+    assert gradient_buckets([10, 1, 100, 5, 1000, 10, 500, 2], 4) == [[6, 7], [4, 5], [3], [0, 1, 2]]
+    assert gradient_buckets([1] * 8, 4) == [[6, 7], [4, 5], [2, 3], [0, 1]]
+    assert gradient_buckets([7], 4) == [[0]] and gradient_buckets([], 4) == []
 
 
 def test_single_process_collectives_are_identities():
