@@ -18,7 +18,7 @@ Assumptions, each a limit of the estimate: per-core rates hold on any core count
 size (measured on 2 cores up to 2.4M lines; the input was in the page cache, so the disk is
 assumed to keep up); a real line costs what a synthetic one does (257 bytes against Criteo's
 about 300); the output holds every line. Disk and memory follow from what each engine writes
-(see `estimate`). Run `python -m preproc.estimate --criteo1tb` for docs/preprocessing_estimate.md's
+(see `estimate`). Run `python -m preproc.estimate --criteo1tb` for docs/preprocessing.md's
 table, or `--input_folder DIR --num_days N --engine E` for one input (prepare_dataset.sh does).
 """
 from __future__ import annotations
@@ -50,6 +50,10 @@ STAGE_SCALING: Dict[str, Dict[str, str]] = {
               "validation": "cluster", "to_binary": "machine", "split_dataset": "serial"},
 }
 ENGINES = tuple(MEASURED_STAGE_SECONDS)
+# The measured runs' last day (test + validation) held a quarter of the lines; the train stage
+# reads the other days' lines, test and validation the last day's, every other stage all lines.
+MEASURED_LAST_DAY_SHARE = 1 / 4
+LAST_DAY_STAGES = ("test", "validation")
 
 # Bytes per line of DuckDB's parsed table (duckdb_pipeline.py keeps it in memory when it takes under
 # a third of the memory limit, else in its database file in the scratch folder).
@@ -101,10 +105,14 @@ def _fit(points: Tuple[float, float]) -> Tuple[float, float]:
     return points[0] - per_line * MEASURED_LINES[0], per_line
 
 
-def stage_seconds(engine: str, lines: int, cores: int, cluster_cores: Optional[int] = None) -> Dict[str, float]:
-    """Each stage's expected seconds for `lines` on `cores` cores per machine and `cluster_cores`
-    executor cores in all (Spark; default `cores`). Start-up keeps its larger measured value."""
+def stage_seconds(engine: str, lines: int, cores: int, cluster_cores: Optional[int] = None,
+                  last_day_share: float = MEASURED_LAST_DAY_SHARE) -> Dict[str, float]:
+    """Each stage's expected seconds for `lines` (the last day holding `last_day_share` of them) on
+    `cores` cores per machine and `cluster_cores` executor cores in all (Spark; default `cores`).
+    Start-up keeps its larger measured value."""
     available = {"machine": cores, "cluster": cluster_cores or cores, "serial": MEASURED_CORES}
+    share = {stage: last_day_share / MEASURED_LAST_DAY_SHARE for stage in LAST_DAY_STAGES}
+    share["train"] = (1 - last_day_share) / (1 - MEASURED_LAST_DAY_SHARE)
     seconds = {}
     for stage, points in MEASURED_STAGE_SECONDS[engine].items():
         scaling = STAGE_SCALING[engine][stage]
@@ -112,7 +120,7 @@ def stage_seconds(engine: str, lines: int, cores: int, cluster_cores: Optional[i
             seconds[stage] = max(points)
             continue
         fixed, per_line = _fit(points)
-        seconds[stage] = max(fixed, 0.0) + per_line * lines * MEASURED_CORES / available[scaling]
+        seconds[stage] = max(fixed, 0.0) + per_line * share.get(stage, 1.0) * lines * MEASURED_CORES / available[scaling]
     return seconds
 
 
@@ -163,7 +171,7 @@ def estimate(engine: str, lines: int, input_bytes: int, last_day_bytes: int, cor
     `memory_limit`: DuckDB's memory limit (default 80% of this machine's RAM)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
-    stages = stage_seconds(engine, lines, cores, cluster_cores)
+    stages = stage_seconds(engine, lines, cores, cluster_cores, last_day_bytes / max(input_bytes, 1))
     output = lines * output_bytes_per_row(cardinalities)
     fixed, per_line = _rss_fit(engine)
     in_memory_need = int(fixed + per_line * lines)
@@ -229,7 +237,7 @@ def criteo1tb_rows(machine_cores: int = 128, clusters: Sequence[int] = (8, 32)) 
 
 
 def criteo1tb_table() -> str:
-    """docs/preprocessing_estimate.md's table (markdown)."""
+    """docs/preprocessing.md's table (markdown)."""
     lines = ["| setup | hours | slowest stage | peak disk | peak memory per machine | DuckDB in memory would need |",
              "|---|---|---|---|---|---|"]
     for name, e in criteo1tb_rows():
