@@ -45,6 +45,7 @@ from criteo_rules import (CATEGORICAL_COLUMNS, FIRST_CATEGORICAL_INDEX, GOOD_LIN
                           NOT_UTF8, REJECTION_REASONS, InputError, column_limits, day_file_paths,
                           rejection_summary, strict_error)
 from recsys.data.feature_spec import FeatureSpec  # noqa: E402
+from estimate import PARSED_BYTES_PER_LINE, estimate_lines, memory_bytes  # noqa: E402
 from progress import Progress  # noqa: E402
 from recsys.runtime.safe_io import OutputPathError, atomic_directory, check_replaceable, refuse_overlap  # noqa: E402
 from split_dataset import SUMMARY_NAME, build_summary, output_entries, write_split  # noqa: E402
@@ -394,35 +395,6 @@ def finished_run(output_dir: str, params: str) -> bool:
         os.path.join(output_dir, "feature_spec.yaml"))
 
 
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-# Bytes per line of the parsed table (13 float32, 26 uint64, keys and bookkeeping), roughly.
-PARSED_BYTES_PER_LINE = 300
-
-
-def memory_bytes(limit: Optional[str]) -> int:
-    """A DuckDB memory limit such as '8GB' or '512MiB' in bytes; None: DuckDB's default, 80% of RAM."""
-    if not limit:
-        return int(0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    number = limit.strip().lower()
-    digits = number.rstrip("abcdefghijklmnopqrstuvwxyz ")
-    unit = number[len(digits):].strip() or "b"
-    if unit not in _UNITS or not digits:
-        raise ValueError(f"--memory_limit {limit!r} is not a size such as 8GB or 512MiB")
-    return int(float(digits) * _UNITS[unit])
-
-
-def _estimate_lines(paths: Sequence[str], sample_bytes: int = 1 << 20) -> int:
-    """Lines in the files, estimated from the line length of each file's first megabyte."""
-    total = 0
-    for path in paths:
-        with open(path, "rb") as f:
-            head = f.read(sample_bytes)
-        per_line = len(head) / max(head.count(b"\n"), 1)
-        total += int(os.path.getsize(path) / max(per_line, 1))
-    return total
-
-
 def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: str, scratch_dir: str, seed: int,
             strict: bool = False, take_log: bool = True, threads: int = 1, memory_limit: Optional[str] = None,
             overwrite: bool = False, progress_interval: float = 10.0, params: str = "") -> Dict[str, object]:
@@ -440,7 +412,7 @@ def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: 
     con = connect(os.path.join(scratch_dir, "work.duckdb"), os.path.join(scratch_dir, "spill"), threads, memory_limit)
     try:
         start = time.monotonic()
-        estimated_lines = _estimate_lines(paths)
+        estimated_lines = estimate_lines(paths)
         # The parsed table stays in memory when it takes under a third of the budget, else it spills.
         in_memory = estimated_lines * PARSED_BYTES_PER_LINE < memory_bytes(memory_limit) // 3
         buffer_bytes = csv_buffer_bytes(memory_limit)

@@ -2,6 +2,7 @@
 # Usage: prepare_dataset.sh [--strict] [--engine duckdb|spark] <DGX2|CPU> <frequency_threshold>
 #
 # Criteo day files -> split-binary training data (feature_spec.yaml, train/, test/, validation/).
+# First, for CPU, one line with the run's expected time, peak disk and peak memory (estimate.py).
 # Two engines, same rules and the same bytes in every output file:
 #   duckdb  embedded, one process, no JVM (default for CPU when SPARK_MASTER is unset and $PYTHON
 #           has the duckdb package):
@@ -77,6 +78,17 @@ export NUM_DAYS STRICT PYTHON
 "$HERE/verify_criteo_downloaded.sh" "$download_dir"
 "$PYTHON" "$HERE/check_paths.py" dataset "$download_dir" "$spark_output_path" "$conversion_intermediate_dir" \
     "$final_output_dir" || exit 2
+
+# The run's expected time, peak disk and memory (preproc/estimate.py, from the measured rates), before it starts.
+print_estimate() {
+    local args=(--input_folder "$download_dir" --num_days "$NUM_DAYS" --engine "$ENGINE" --cores "${TOTAL_CORES:-$(nproc)}")
+    [[ "$ENGINE" == duckdb && -n "${DUCKDB_MEMORY_LIMIT:-}" ]] && args+=(--memory_limit "$DUCKDB_MEMORY_LIMIT")
+    if [[ "$ENGINE" == spark && -n "${SPARK_MASTER:-}" && "$SPARK_MASTER" != local* ]]; then
+        args+=(--cluster_cores "$((${NUM_EXECUTORS:-1} * ${EXECUTOR_CORES:-${TOTAL_CORES:-$(nproc)}}))")
+    fi
+    "$PYTHON" "$HERE/estimate.py" "${args[@]}"
+}
+[[ "$PLATFORM" == CPU ]] && { require_num_days; print_estimate; }
 
 # A fresh scratch folder inside conversion_intermediate_dir, removed at the end (and
 # conversion_intermediate_dir and its parents too where this run created them).

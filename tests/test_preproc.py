@@ -256,6 +256,16 @@ def test_layout_and_feature_spec(criteo_run):
     assert os.path.isdir(os.path.join(criteo_run.tmp, "spark")) == (criteo_run.engine == "spark")
 
 
+def test_the_run_prints_its_estimate_first(criteo_run):
+    """Before it starts, the run prints one estimate line for its input, its line count within 2%."""
+    printed = [line for line in criteo_run.output.stdout.splitlines() if line.startswith("estimate: ")]
+    assert len(printed) == 1, criteo_run.output.stdout[-2000:]
+    lines = int(printed[0].split()[1].replace(",", ""))
+    total = json.load(open(os.path.join(criteo_run.final, "preprocessing_summary.json")))["total"]["input_lines"]
+    assert abs(lines - total) <= 0.02 * total
+    assert f" with {criteo_run.engine}: about " in printed[0] and ", peak disk " in printed[0]
+
+
 def test_row_counts_and_rejections_add_up(criteo_run):
     """Every malformed line, garbage bytes included, is counted under its reason, per split and day."""
     sys.path.insert(0, PREPROC)
@@ -883,3 +893,44 @@ def test_duckdb_engine_spills_under_a_small_memory_limit(tmp_path):
     free = run_prepare(str(tmp_path / "free"), "--engine", "duckdb", "CPU", "3", raw=str(tmp_path / "raw"))
     assert free.returncode == 0, free.stderr[-3000:]
     assert dataset_digest(str(tmp_path / "limited" / "final")) == dataset_digest(str(tmp_path / "free" / "final"))
+
+
+def test_the_estimate_reproduces_the_benchmark_it_is_built_from(tmp_path):
+    """preproc/estimate.py's constants are bench/results/preproc.json's, its formula gives back the
+    measured seconds at both measured sizes, a cluster speeds up only Spark's jobs, and its line
+    count of a synthetic day set is within 2%; disk and memory follow the documented rules."""
+    from preproc import estimate as est
+    with open(os.path.join(REPO, "bench", "results", "preproc.json")) as f:
+        bench = json.load(f)
+    assert bench["cores"] == est.MEASURED_CORES
+    for engine, runs in bench["engines"].items():
+        assert tuple(r["input_lines"] for r in runs) == est.MEASURED_LINES
+        assert tuple(r["input_bytes"] for r in runs) == est.MEASURED_BYTES
+        for stage, points in est.MEASURED_STAGE_SECONDS[engine].items():
+            assert points == pytest.approx([r["stage_seconds"][stage] for r in runs], abs=1e-3)
+        assert est.MEASURED_PEAK_RSS_MIB[engine] == pytest.approx([r["peak_rss_mb"] for r in runs], abs=0.1)
+        for run, lines in zip(runs, est.MEASURED_LINES):
+            predicted = est.stage_seconds(engine, lines, est.MEASURED_CORES)
+            assert sum(predicted.values()) == pytest.approx(sum(run["stage_seconds"].values()), rel=0.02)
+    one, cluster = (est.stage_seconds("spark", 10**9, 64, cores) for cores in (64, 640))
+    assert cluster["train"] < one["train"] / 5 and cluster["dictionary"] < one["dictionary"] / 5
+    assert (cluster["to_binary"], cluster["split_dataset"]) == (one["to_binary"], one["split_dataset"])
+
+    synthetic_criteo.write_days(str(tmp_path), 3, 3_000, seed=5)
+    paths = [str(tmp_path / f"day_{day}") for day in range(3)]
+    assert est.estimate_lines(paths) == pytest.approx(9_000, rel=0.02)
+    input_bytes = sum(os.path.getsize(p) for p in paths)
+    fits = est.estimate("duckdb", 9_000, input_bytes, os.path.getsize(paths[-1]), 2, memory_limit=10**9)
+    assert not fits.spills and fits.peak_disk == input_bytes + 9_000 * (1 + 2 * 13 + 4 * 26)
+    spills = est.estimate("duckdb", 9_000, input_bytes, os.path.getsize(paths[-1]), 2, memory_limit=10**6)
+    assert spills.spills and spills.peak_memory == 10**6
+    assert spills.peak_disk == fits.peak_disk + 9_000 * est.PARSED_BYTES_PER_LINE
+    assert est.output_bytes_per_row(est.criteo_t15_cardinalities()) == 1 + 26 + 8 * 1 + 9 * 2 + 9 * 4
+
+
+def test_the_preprocessing_doc_holds_the_table_the_estimate_prints():
+    """docs/preprocessing.md's Criteo 1TB table is `python -m preproc.estimate --criteo1tb`'s output."""
+    from preproc import estimate as est
+    with open(os.path.join(REPO, "docs", "preprocessing.md")) as f:
+        doc = f.read()
+    assert f"<!-- criteo1tb_estimate -->\n{est.criteo1tb_table()}\n<!-- /criteo1tb_estimate -->" in doc
