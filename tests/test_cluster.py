@@ -301,12 +301,17 @@ def test_a_host_cut_off_mid_run_ends_every_rank_and_auto_resume_finishes_after_h
     lost = lost_lines(output)
     assert len(lost) == 2 and all("on host dlrm-node3 (" in line and line.endswith("; stopping")
                                   for line in lost), output[-4000:]
-    assert re.search(r"error: lost rank 2 on host dlrm-node3 \(no answer from 10\.\S+ for 8 s\)", output), lost
+    assert re.search(r"error: lost rank 2 on host dlrm-node3 \(no answer from 10\.\S+ for [0-9]+ s\)", output), lost
     assert "<stderr>:Traceback" not in output, output[-4000:]
     cut_off = lost_lines((tmp_path / "dlrm-node3.stderr").read_text())
     assert len(cut_off) == 1 and re.fullmatch(
-        r"error: lost rank 0 on host dlrm-node1 \(no answer from \S+ for [4-8] s\), "
-        r"rank 1 on host dlrm-node2 \(no answer from \S+ for [4-8] s\); stopping", cut_off[0]), cut_off
+        r"error: lost rank 0 on host dlrm-node1 \(no answer from \S+ for [0-9]+ s\), "
+        r"rank 1 on host dlrm-node2 \(no answer from \S+ for [0-9]+ s\); stopping", cut_off[0]), cut_off
+    # each line gives the silence it saw (a watch delayed by load checks late): at least the 8 s
+    # timeout for the first peer lost, half of it for the others named with it
+    assert all(int(s) >= 8 for s in re.findall(r"dlrm-node3 \(no answer from \S+ for (\d+) s", output)), lost
+    assert sorted(int(s) for s in re.findall(r"for (\d+) s", cut_off[0]))[-1] >= 8 and \
+        all(int(s) >= 4 for s in re.findall(r"for (\d+) s", cut_off[0])), cut_off
     cluster.heal("dlrm-node3")
     assert_whole_checkpoints_resume_to_the_uninterrupted_weights(cluster, folder, uninterrupted_checkpoint, transport)
 

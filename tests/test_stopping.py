@@ -188,7 +188,7 @@ def test_a_frozen_rank_ends_the_job_within_a_minute_and_auto_resume_finishes_its
     lost = [line for line in output.splitlines() if "error: lost" in line]
     assert len(lost) == 1, output[-4000:]
     assert re.search(r"^\[0\]<stderr>:error: lost rank 1 on host localhost \(no answer from 127\.0\.0\.1:[0-9]+ "
-                     r"for 5 s\); stopping$", lost[0]), lost
+                     r"for [0-9]+ s\); stopping$", lost[0]), lost
     assert not [line for line in output.splitlines() if line.startswith(("[0]", "[1]")) and "Traceback" in line]
     saved = checkpoint.list_checkpoints(str(folder))
     assert sorted(glob.glob(f"{folder}/step_*")) == saved, "a step folder without its manifest"
