@@ -153,6 +153,8 @@ def worker(options: dict) -> Optional[dict]:
     from recsys.runtime.stop_signals import STOP_SIGNALS
     from recsys.training.step_graph import overlap_report
     from recsys.training.trainer import DENSE_GRADIENT_BUCKETS
+    from recsys.sparse.comm_model import LOSS_VALUES
+    from factory import communication_layout
 
     dist.init()
     steps, vote = options["steps"], tf.zeros([len(STOP_SIGNALS)])
@@ -181,7 +183,7 @@ def worker(options: dict) -> Optional[dict]:
         gradients = tape.gradient(total, plain.model.embedding_variables)
         reduced = dist.bucketed_allreduce([tf.zeros_like(v) for v in plain.model.dense_variables],
                                           DENSE_GRADIENT_BUCKETS)
-        loss = dist.allreduce(tf.zeros([1 + len(STOP_SIGNALS)]), name="train_loss")
+        loss = dist.allreduce(tf.zeros([LOSS_VALUES]), name="train_loss")
         return tf.add_n([tf.reduce_sum(tf.convert_to_tensor(g.values if hasattr(g, "values") else g))
                          for g in [*gradients, *reduced, loss] if g is not None] + [total])
 
@@ -195,7 +197,7 @@ def worker(options: dict) -> Optional[dict]:
                   overlapped_batches, carried["next"], vote, True).graph}
     mine = {"rank": dist.rank(), "unpipelined_ms": unpipelined_ms, "pipelined_ms": pipelined_ms,
             "compute_ms": compute_ms, "exchange_ms": exchange_ms, "exchange_cpu_ms": exchange_cpu_ms,
-            "dense_weights": sum(v.shape.num_elements() for v in plain.model.dense_variables),
+            "dense_weights": communication_layout(plain, options["batch"], True).dense_weights,
             "overlap": {name: overlap_report(graph) for name, graph in graphs.items()}}
     ranks = dist.allgather_object(mine)
     return ranks if dist.rank() == 0 else None
