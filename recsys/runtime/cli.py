@@ -22,16 +22,24 @@ def signal_exit_code(signum: int) -> int:
     return 128 + signum
 
 
+def stderr_line(text: str) -> None:
+    """Write `text` and its newline to stderr in one write: stderr writes through, so `print` would
+    send the newline as a second write, and mpirun's --tag-output tags each write it reads, leaving
+    a bare `[1,0]<stderr>:` tag glued to the end of the line."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def bad_input(error: Any) -> int:
     """Print `error` as the one `error: ...` line (whitespace folded to single spaces, so an engine's
     multi-line message stays one line); returns BAD_INPUT, for `sys.exit` or `return`."""
-    print(f"error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+    stderr_line(f"error: {' '.join(str(error).split())}")
     return BAD_INPUT
 
 
 def failure(error: Any) -> int:
     """Print a failure during the run as one `error: ...` line; returns FAILURE."""
-    print(f"error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+    stderr_line(f"error: {' '.join(str(error).split())}")
     return FAILURE
 
 

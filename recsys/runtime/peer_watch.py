@@ -45,7 +45,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from recsys.runtime import safe_io
-from recsys.runtime.cli import FAILURE
+from recsys.runtime.cli import FAILURE, stderr_line
 
 TIMEOUT_VARIABLE = "DLRM_PEER_TIMEOUT"
 DEFAULT_TIMEOUT_S = 25.0
@@ -268,7 +268,7 @@ class PeerWatch:
             self._lock.release()
             return
         self._lost.set()
-        print(f"error: lost {losses}; stopping", file=sys.stderr, flush=True)
+        stderr_line(f"error: lost {losses}; stopping")
         for rank, peer in self._peers.items():
             if rank not in lost:
                 with contextlib.suppress(OSError):

@@ -20,12 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from recsys.runtime.cli import signal_exit_code
+from recsys.runtime.cli import signal_exit_code, stderr_line
 from recsys.runtime.safe_io import exit_now
 
 HANDLER_DEADLINE_S = 30.0
@@ -44,8 +43,8 @@ class StopNow(BaseException):
     def report(self) -> int:
         """The one line an entry point prints for it, and its exit code. Every writer is atomic, so
         what is on disk is whole."""
-        print(f"stopped by {self}: the run ended before finishing; outputs already on disk are complete, nothing "
-              f"half-written remains", file=sys.stderr, flush=True)
+        stderr_line(f"stopped by {self}: the run ended before finishing; outputs already on disk are complete, "
+                    f"nothing half-written remains")
         return signal_exit_code(self.signum)
 
 
@@ -89,9 +88,9 @@ class StopRequest:
             while time.monotonic() < deadline and self._handled == handled_before:
                 time.sleep(0.1)
             if self._handled == handled_before:
-                print(f"received {signal_name(signum)}, but the run has not reached a point where it can stop in "
-                      f"{HANDLER_DEADLINE_S:.0f} s (blocked, e.g. waiting for a rank that is gone): exiting without "
-                      f"a checkpoint; the checkpoints on disk are whole", file=sys.stderr, flush=True)
+                stderr_line(f"received {signal_name(signum)}, but the run has not reached a point where it can "
+                            f"stop in {HANDLER_DEADLINE_S:.0f} s (blocked, e.g. waiting for a rank that is gone): "
+                            f"exiting without a checkpoint; the checkpoints on disk are whole")
                 exit_now(signal_exit_code(signum))
 
     @contextlib.contextmanager
@@ -126,8 +125,8 @@ class StopRequest:
         self.signum = signum
         if self._deferring:
             return
-        print(f"received {signal_name(signum)}: finishing the current step, then saving and stopping "
-              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+        stderr_line(f"received {signal_name(signum)}: finishing the current step, then saving and stopping "
+                    f"(send it again to stop at once)")
 
 
 # The process's one request, installed by the entry point (main.run) before any work.
