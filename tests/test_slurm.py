@@ -1,7 +1,7 @@
-"""slurm_multinode.sh on a real one-node Slurm cluster: 2-rank Horovod training over PMIx, errors."""
+"""slurm_multinode.sh on a real one-node Slurm cluster: 2-rank Horovod training over PMIx, errors. The
+requeue path (the warning signal, a checkpoint, requeue, auto-resume) is test_cluster.py's, across hosts."""
 from __future__ import annotations
 
-import glob
 import os
 import shlex
 import subprocess
@@ -10,12 +10,10 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
 import psutil
 import pytest
 
-from recsys.training import checkpoint
-from multiproc import REPO_ROOT, assert_ok, launch_env, require, run_horovod
+from multiproc import REPO_ROOT, launch_env, require
 from slurm_cluster import SlurmCluster, SlurmStartError, missing_binaries
 from recsys.runtime.logger import read_dllogger_file
 
@@ -179,37 +177,3 @@ def warn_and_requeue(slurm: SlurmCluster, placement: List[str], env: Dict[str, s
         if job.poll() is None:
             job.kill()
     return job.returncode, f"sbatch: {errors}\n" + job_report(None, output, slurm)
-
-
-
-def test_warning_signal_stops_requeues_and_the_job_resumes_by_itself(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """Slurm's time-limit warning (SIGUSR1 to the batch script, as `#SBATCH --signal=B:USR1@120`
-    sends it) reaches both ranks, which save and stop; requeue=1 requeues the job, whose second run
-    resumes from that checkpoint through --auto_resume and ends with the weights of a 2-rank run
-    that was never interrupted."""
-    mpi_plugins = slurm.run_client(["srun", "--mpi=list"])
-    require("pmix" in mpi_plugins.stdout + mpi_plugins.stderr, "Slurm has no pmix MPI plugin")
-    folder, output = tmp_path / "ckpt", tmp_path / "job.out"
-    args = [*TRAINING_ARGS, "--synthetic_dataset_train_batches", "1500", "--print_freq", "50", "--deterministic",
-            "--seed", "3", "--learning_rate", "0.1", "--warmup_steps", "2"]
-    train = [sys.executable, os.path.join(REPO_ROOT, "main.py"), *args, "--auto_resume",
-             "--save_checkpoint_path", str(folder)]
-    job_env = {"cmd": shlex.join(train), "requeue": "1"}
-    env = {**launch_env(job_env), "SLURM_CONF": slurm.conf_path}
-    returncode, report = warn_and_requeue(slurm, ["-n", "2", "-N", "1"], env, tmp_path, output)
-    assert returncode == 0, report
-    text = output.read_text(errors="replace")
-    assert "received SIGUSR1, passing it to the tasks" in text and "requeueing job" in text, report
-    stopped = [line for line in text.splitlines() if "stopped by SIGUSR1 after step" in line]
-    assert len(stopped) == 1, report
-    step = int(stopped[0].split(" after step ")[1].split()[0])
-    assert "--auto_resume: resuming from the newest checkpoint" in text and "Traceback" not in text, report
-    assert checkpoint.resolve(str(folder)).endswith("step_000001500"), report
-    assert 0 < step < 1500
-
-    whole = tmp_path / "whole"
-    assert_ok(run_horovod(["main.py", *args, "--save_checkpoint_path", str(whole)]))
-    for name in ("dense", "embeddings"):
-        for path in sorted(glob.glob(f"{checkpoint.resolve(str(whole))}/{name}/*.npy")):
-            resumed = np.load(path.replace(checkpoint.resolve(str(whole)), checkpoint.resolve(str(folder))))
-            np.testing.assert_allclose(resumed, np.load(path), rtol=1e-6, atol=1e-7, err_msg=path)
