@@ -25,6 +25,7 @@ test: setup  ## set up, then run the whole pytest suite (prints passed/failed/sk
 bench: setup  ## run every benchmark under bench/ (JSON in bench/results/, a table on stdout; the CUDA sweep only on a GPU)
 	@for b in bench/*.py; do \
 		name="$$(basename "$$b" .py)"; \
+		grep -q "__main__" "$$b" || continue; \
 		if [[ "$$name" == interaction_cuda_sweep ]] && ! nvidia-smi -L >/dev/null 2>&1; then \
 			echo "== $$b: skipped (nvidia-smi lists no GPU)"; continue; fi; \
 		echo "== $$b"; $(PY) -m "bench.$$name"; done

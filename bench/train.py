@@ -35,7 +35,11 @@ batch 2048. Its MFU counts the matmuls only (MLPs and cross layers, x3 for forwa
 the pooled lookups are gathers and sums, not matmuls).
 The results name the CPU (model and bf16 units): the same targets read differently on a CPU with
 AMX than on one with AVX512-BF16 only.
-Writes bench/results/train.json and prints two tables; `--only multihot_dcnv2` runs that row alone
+Each training row also holds where its step goes (`breakdown_thread_ms`: bench.step_profile's
+categories, from TensorFlow's profiler over BREAKDOWN_STEPS further steps: embedding forward,
+backward and update, interaction, each MLP forward and backward, dense optimizer, loss, input,
+collectives) and `threads_busy` (their sum over the step's wall time), printed as a third table.
+Writes bench/results/train.json and prints the tables; `--only multihot_dcnv2` runs that row alone
 and replaces it in an existing bench/results/train.json.
 `--only onednn` measures fp32 at batch 4096 with oneDNN off and on and records it under the CPU's
 model (the project's default, oneDNN on, is decided from these rows).
@@ -56,7 +60,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "train.json")
 
 from bench.reference import pytorch_dlrm  # noqa: E402
+from bench.step_profile import profile_breakdown  # noqa: E402
 from recsys.data.feature_spec import MLPERF_HOTNESS  # noqa: E402
+
+BREAKDOWN_STEPS = 5  # profiled after the timed steps, on the same batches
+# The breakdown table's columns: each a sum of bench.step_profile categories.
+BREAKDOWN_COLUMNS = {"emb fwd": ("embedding forward",), "emb bwd+upd": ("embedding backward", "embedding update"),
+                     "interact": ("interaction forward", "interaction backward"),
+                     "bot MLP": ("bottom MLP forward", "bottom MLP backward"),
+                     "top fwd": ("top MLP forward",), "top bwd": ("top MLP backward",),
+                     "dense opt": ("dense optimizer",), "rest": ("input", "loss", "collectives", "other")}
 
 CARDINALITIES = [100_000] * 26
 DIM = 128
@@ -192,6 +205,8 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     loss.numpy()
     step_time = (time.perf_counter() - start) / steps
     training_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    replay = iter(batches[warmup:] * 2)
+    breakdown = profile_breakdown(lambda: trainer.train_step(*next(replay))[0].numpy(), BREAKDOWN_STEPS)
     samples_per_s = batch_size / step_time
     achieved = flops_per_sample() * samples_per_s
     latencies, _ = Evaluator.for_model(model).benchmark_inference(pipelines.test, max_batches=40, warmup_batches=10)
@@ -204,6 +219,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     return {"batch_size": batch_size, "xla": xla, "low_memory_allocator": low_memory, "precision": precision,
             "interaction": options.model.interaction,
             "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
+            "breakdown_thread_ms": breakdown, "threads_busy": sum(breakdown.values()) / (step_time * 1000),
             "flops_per_sample": flops_per_sample(), "achieved_flops_per_s": achieved,
             "matmul_flops_per_s": peak_matmul,
             "inference_batch_size": 2048, "inference_p99_latency_ms": stats["p99"] * 1000,
@@ -259,6 +275,21 @@ def multihot_worker(steps: int) -> dict:
             "flops_per_sample": cross_flops_per_sample(),
             "achieved_flops_per_s": cross_flops_per_sample() * samples_per_s, "matmul_flops_per_s": peak,
             "mfu": cross_flops_per_sample() * samples_per_s / peak}
+
+
+def print_breakdown(runs: list) -> None:
+    """Per row, the step's op time by part (thread ms per step, bench.step_profile): what the matmuls
+    of the MLPs take beside what the rest of the step costs."""
+    print(f"\nwhere the step goes (op time summed over the threads, ms per step; busy: threads kept busy)")
+    print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'step ms':>8} " + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS)
+          + f" {'busy':>5}")
+    for r in runs:
+        if r["low_memory_allocator"]:
+            continue
+        parts = [sum(r["breakdown_thread_ms"][category] for category in categories)
+                 for categories in BREAKDOWN_COLUMNS.values()]
+        print(f"{r['batch_size']:>6} {r['precision']:>5} {str(r['xla']):>5} {r['step_time_ms']:>8.1f} "
+              + " ".join(f"{part:>11.1f}" for part in parts) + f" {r['threads_busy']:>5.2f}")
 
 
 def run_multihot_row(steps: int) -> dict:
@@ -470,6 +501,7 @@ def main() -> None:
               f"{r['inference_p99_latency_ms']:>10.2f} "
               f"{r['inference_samples_per_s']:>13.0f} {r['runtime_rss_bytes'] / gib:>7.2f}G "
               f"{r['built_rss_bytes'] / gib:>5.2f}G {r['peak_rss_bytes'] / gib:>5.2f}G {r['rss_ratio']:>9.2f}")
+    print_breakdown(runs)
     for result in reference.values():
         print(f"PyTorch reference DLRM (torch {result['torch']}, fp32, {result['threads']} threads): batch "
               f"{result['batch_size']}: {result['samples_per_s']:.0f} samples/s, {result['step_time_ms']:.1f} ms/step")
