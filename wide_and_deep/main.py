@@ -364,7 +364,8 @@ class Benchmark:
 def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
              between_batches: Callable[[], None] = lambda: None) -> Dict[str, float]:
     """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
-    averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss.
+    averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy, loss, normalized
+    entropy and calibration (recsys.runtime.metrics.quality_metrics).
     `endless_benchmark` (`--evaluate --benchmark`): pass after pass from one endless dataset, each batch's
     samples/s logged, until its steps are done; their mean is the result.
     `between_batches` runs before each batch (`--evaluate`: where a stop signal ends the run)."""
@@ -372,7 +373,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
     import tensorflow as tf
 
     from recsys.runtime import distributed as dist
-    from recsys.runtime.metrics import exact_auc
+    from recsys.runtime.metrics import exact_auc, quality_metrics
     from wide_and_deep import wd_data, wd_metrics
 
     ap_sum, groups, parts, done = 0.0, 0, [], 0
@@ -402,8 +403,10 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
                                   for i, c in enumerate(columns))
     result = None
     if run.rank == 0:
+        quality = quality_metrics(labels, probabilities)
         result = {"binary_accuracy_val": wd_metrics.binary_accuracy(labels, probabilities),
                   "auc_val": exact_auc(labels, probabilities), "loss_val": wd_metrics.bce(labels, probabilities),
+                  "normalized_entropy_val": quality["normalized_entropy"], "calibration_val": quality["calibration"],
                   "streaming_map_val": streaming, "exact_map_val": wd_metrics.exact_map12(ids, labels, probabilities)}
     return dist.broadcast_object(result, root_rank=0)
 
@@ -481,7 +484,7 @@ def run_evaluate(run: Run) -> int:
 
 def log_formats(logger) -> None:
     for metric in ("binary_accuracy", "auc", "loss", "mean_loss", "binary_accuracy_val", "auc_val", "loss_val",
-                   "streaming_map_val", "exact_map_val"):
+                   "normalized_entropy_val", "calibration_val", "streaming_map_val", "exact_map_val"):
         logger.metadata(metric, {"format": ":.4f"})
     for metric in ("batch_samplesps", "train_throughput", "validation_throughput"):
         logger.metadata(metric, {"unit": "samples/s", "format": ":.1f"})
