@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -54,7 +54,7 @@ class ExportCheckError(RuntimeError):
 
 
 def build_parser() -> cli.ArgumentParser:
-    parser = cli.ArgumentParser(prog="python -m deployment.export",
+    parser = cli.ArgumentParser(prog="python -m deployment.export", allow_abbrev=False,
                                 description="Export a checkpoint as an ONNX model and serving.json, checked "
                                             "against TensorFlow on the test split")
     parser.add_argument("--checkpoint", required=True,
@@ -120,6 +120,28 @@ def _joined(parts: Sequence[np.ndarray], limit: int, dtype) -> np.ndarray:
     return np.concatenate(parts)[:limit].astype(dtype)
 
 
+def dlrm_weights(model) -> onnx_graph.DlrmWeights:
+    """The ONNX graph's weights of a one-process DLRM / DCNv2 (`model.Dlrm`), as numpy arrays."""
+    config = model.config
+    dense = {name: variable.numpy() for name, variable in model.dense_weight_map().items()}
+
+    def stack(prefix: str, count: int) -> List[onnx_graph.Dense]:
+        return [onnx_graph.Dense(dense[f"{prefix}_layer_{i}_kernel"], dense[f"{prefix}_layer_{i}_bias"])
+                for i in range(count)]
+    cross = None
+    if config.cross:
+        low_rank = bool(config.cross_layer_projection_dim)
+        cross = [onnx_graph.CrossLayer(dense[f"cross_layer_{i}_u_kernel"] if low_rank else None,
+                                       dense[f"cross_layer_{i}_{'v' if low_rank else 'w'}_kernel"],
+                                       dense[f"cross_layer_{i}_bias"]) for i in range(config.num_cross_layers)]
+    return onnx_graph.DlrmWeights(
+        num_numerical=config.num_numerical_features,
+        tables=[np.asarray(view.read_rows(0, view.rows), np.float32) for view in model.table_views()],
+        hotness=config.feature_hotness, poolings=config.feature_poolings,
+        bottom=stack("bottom_mlp", len(config.bottom_mlp_dims)), top=stack("top_mlp", len(config.top_mlp_dims)),
+        cross=cross)
+
+
 def restore_dlrm(manifest, args) -> Restored:
     """A DLRM / DCNv2 checkpoint restored into the one-process model of the dataset's features, and
     its predictions on the test split."""
@@ -177,28 +199,39 @@ def restore_dlrm(manifest, args) -> Restored:
             ids.append(saved_model.padded_serving_ids(features[CATEGORICAL_KEY], config.feature_hotness).numpy())
             labels.append(np.asarray(batch_labels).reshape(-1))
             probabilities.append(predict(features).numpy().reshape(-1))
-    dense = {name: variable.numpy() for name, variable in model.dense_weight_map().items()}
-
-    def stack(prefix: str, count: int) -> List[onnx_graph.Dense]:
-        return [onnx_graph.Dense(dense[f"{prefix}_layer_{i}_kernel"], dense[f"{prefix}_layer_{i}_bias"])
-                for i in range(count)]
-    cross = None
-    if config.cross:
-        low_rank = bool(config.cross_layer_projection_dim)
-        cross = [onnx_graph.CrossLayer(dense[f"cross_layer_{i}_u_kernel"] if low_rank else None,
-                                       dense[f"cross_layer_{i}_{'v' if low_rank else 'w'}_kernel"],
-                                       dense[f"cross_layer_{i}_bias"]) for i in range(config.num_cross_layers)]
-    weights = onnx_graph.DlrmWeights(
-        num_numerical=config.num_numerical_features,
-        tables=[np.asarray(view.read_rows(0, view.rows), np.float32) for view in tables],
-        hotness=config.feature_hotness, poolings=config.feature_poolings,
-        bottom=stack("bottom_mlp", len(config.bottom_mlp_dims)), top=stack("top_mlp", len(config.top_mlp_dims)),
-        cross=cross)
+    weights = dlrm_weights(model)
     categorical = [{"name": name, "cardinality": int(cardinality), "hotness": int(hotness)} for name, cardinality, hotness
                    in zip(spec.categorical_names, spec.cardinalities, config.feature_hotness)]
     return Restored("dcnv2" if config.cross else "dlrm", weights, list(spec.numerical_names), categorical,
                     _joined(numerical, limit, np.float32), _joined(ids, limit, np.int32),
                     _joined(labels, limit, np.float32), _joined(probabilities, limit, np.float32))
+
+
+def wide_and_deep_weights(model) -> onnx_graph.WideDeepWeights:
+    """The ONNX graph's weights of a `wd_model.WideAndDeep`, as numpy arrays: its stacked tables cut
+    into one table per feature, in feature-contract order."""
+    from wide_and_deep import features as F
+    from wide_and_deep import wd_model
+
+    buckets = model.config.buckets
+    named = {name: variable.numpy() for name, variable in model.named_variables().items()}
+
+    def per_feature(stacked: np.ndarray, names: Sequence[str]) -> Dict[str, np.ndarray]:
+        ends = np.cumsum([buckets[name] for name in names])
+        return dict(zip(names, np.split(stacked, ends[:-1])))
+    wide = per_feature(named["wide_table"], F.CATEGORICAL_NAMES)
+    deep: Dict[str, np.ndarray] = {}
+    for width in wd_model.DEEP_WIDTHS:
+        deep |= per_feature(named[f"deep_table_{width}"], [n for n in F.CATEGORICAL_NAMES if F.EMBEDDING_DIMS[n] == width])
+    order = [("categorical", F.CATEGORICAL_NAMES.index(name)) if name in F.BUCKETS
+             else ("numerical", F.NUMERIC_FEATURES.index(name)) for name in F.deep_input_order()]
+    return onnx_graph.WideDeepWeights(
+        num_numerical=len(F.NUMERIC_FEATURES), wide_tables=[wide[name] for name in F.CATEGORICAL_NAMES],
+        wide=onnx_graph.Dense(named["wide_kernel"], named["wide_bias"]),
+        deep_tables=[deep[name] for name in F.CATEGORICAL_NAMES], deep_order=order,
+        hidden=[onnx_graph.Dense(named[f"deep_dense_{i}_kernel"], named[f"deep_dense_{i}_bias"])
+                for i in range(len(model.hidden))],
+        head=onnx_graph.Dense(named["deep_head_kernel"], named["deep_head_bias"]))
 
 
 def restore_wide_and_deep(manifest, args) -> Restored:
@@ -236,24 +269,7 @@ def restore_wide_and_deep(manifest, args) -> Restored:
             count += len(labels[-1])
             if count >= limit:
                 break
-    named = {name: variable.numpy() for name, variable in model.named_variables().items()}
-
-    def per_feature(stacked: np.ndarray, names: Sequence[str]) -> Dict[str, np.ndarray]:
-        ends = np.cumsum([config.buckets[name] for name in names])
-        return dict(zip(names, np.split(stacked, ends[:-1])))
-    wide = per_feature(named["wide_table"], F.CATEGORICAL_NAMES)
-    deep: Dict[str, np.ndarray] = {}
-    for width in wd_model.DEEP_WIDTHS:
-        deep |= per_feature(named[f"deep_table_{width}"], [n for n in F.CATEGORICAL_NAMES if F.EMBEDDING_DIMS[n] == width])
-    order = [("categorical", F.CATEGORICAL_NAMES.index(name)) if name in F.BUCKETS
-             else ("numerical", F.NUMERIC_FEATURES.index(name)) for name in F.deep_input_order()]
-    weights = onnx_graph.WideDeepWeights(
-        num_numerical=len(F.NUMERIC_FEATURES), wide_tables=[wide[name] for name in F.CATEGORICAL_NAMES],
-        wide=onnx_graph.Dense(named["wide_kernel"], named["wide_bias"]),
-        deep_tables=[deep[name] for name in F.CATEGORICAL_NAMES], deep_order=order,
-        hidden=[onnx_graph.Dense(named[f"deep_dense_{i}_kernel"], named[f"deep_dense_{i}_bias"])
-                for i in range(len(config.hidden_units))],
-        head=onnx_graph.Dense(named["deep_head_kernel"], named["deep_head_bias"]))
+    weights = wide_and_deep_weights(model)
     categorical = [{"name": name, "cardinality": int(config.buckets[name]), "hotness": 1} for name in F.CATEGORICAL_NAMES]
     return Restored("wide_and_deep", weights, list(F.NUMERIC_FEATURES), categorical,
                     _joined(numerical, limit, np.float32), _joined(ids, limit, np.int32),
@@ -262,13 +278,11 @@ def restore_wide_and_deep(manifest, args) -> Restored:
 
 def with_int8_tables(weights: Any) -> Any:
     """`weights` with every table that is smaller so (quantize.worth_quantizing) as 8-bit rows."""
-    import dataclasses
-
     def quantized(tables: Sequence[np.ndarray]) -> list:
         return [quantize_rows(t) if worth_quantizing(t.shape[1]) else t for t in tables]
     if isinstance(weights, onnx_graph.WideDeepWeights):
-        return dataclasses.replace(weights, deep_tables=quantized(weights.deep_tables))
-    return dataclasses.replace(weights, tables=quantized(weights.tables))
+        return replace(weights, deep_tables=quantized(weights.deep_tables))
+    return replace(weights, tables=quantized(weights.tables))
 
 
 def all_tables(weights: Any) -> list:

@@ -107,7 +107,8 @@ class _Builder:
 
     def op(self, op_type: str, inputs: Sequence[str], **attributes) -> str:
         output = self._name(op_type.lower())
-        self.nodes.append(helper.make_node(op_type, list(inputs), [output], **attributes))
+        # named: ONNX Runtime's fusions name their nodes after the fused ones, and unnamed ones collide
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=output, **attributes))
         return output
 
     def dense_stack(self, x: str, width: int, layers: Sequence[Dense], relu_last: bool, hint: str) -> str:
@@ -152,7 +153,7 @@ class _Builder:
     def model(self, output: str, num_numerical: int, categorical_columns: int, name: str) -> onnx.ModelProto:
         inputs = [helper.make_tensor_value_info(NUMERICAL, TensorProto.FLOAT, ["batch", num_numerical]),
                   helper.make_tensor_value_info(CATEGORICAL, TensorProto.INT32, ["batch", categorical_columns])]
-        self.nodes.append(helper.make_node("Sigmoid", [output], [PROBABILITIES]))
+        self.nodes.append(helper.make_node("Sigmoid", [output], [PROBABILITIES], name=PROBABILITIES))
         outputs = [helper.make_tensor_value_info(PROBABILITIES, TensorProto.FLOAT, ["batch", 1])]
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="dlrm-tf2")
