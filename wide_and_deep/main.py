@@ -12,8 +12,8 @@ the others (the reference made one uncounted update more); a resume continues th
 where it stopped; `--amp` on a CPU computes in bfloat16 where the CPU has bf16 units (the reference
 refused `--cpu --amp`); `--evaluate` needs trained weights (`--use_checkpoint`) unless it only measures
 speed (`--benchmark`); evaluation also logs MAP@12 over whole displays (`exact_map_val`) and AUC,
-accuracy and loss over every eval row; `--xla` compiles the step's forward and backward pass (the
-reference: auto-clustering); `--affinity` shares out the CPUs the process may use by local rank
+accuracy, loss, normalized entropy and calibration over every eval row; `--xla` compiles the step's
+forward and backward pass (the reference: auto-clustering); `--affinity` shares out the CPUs the process may use by local rank
 (cpu_affinity.py; the reference: the cores near each GPU); the TensorBoard events go to
 `--results_dir/event_files` (the reference: `--model_dir`'s).
 """
