@@ -1108,9 +1108,11 @@ def stopped_early(result, loop_config, job: Job) -> int:
 
 
 def run_eval(job: Job) -> None:
-    """--mode eval: one pass over the test data."""
+    """--mode eval: one pass over the test data; `test_loss` is the log loss beside which the
+    normalized entropy and the calibration stand (recsys.runtime.metrics.quality_metrics)."""
     result = job.evaluator.evaluate(job.pipelines.test)
-    utils.log_final(job.logger, {"auc": result.auc, "test_loss": result.loss})
+    utils.log_final(job.logger, {"auc": result.auc, "test_loss": result.loss,
+                                 "normalized_entropy": result.normalized_entropy, "calibration": result.calibration})
 
 
 def run_inference(job: Job) -> None:

@@ -14,6 +14,7 @@ from recsys.runtime.logger import DllLogger
 def log_final(logger: DllLogger, data: dict) -> None:
     """The run's last record: `data`, each metric with its printed format (and latencies in seconds)."""
     formats = {"auc": ":.5f", "validation_loss": ":.5f", "train_loss": ":.5f", "test_loss": ":.5f",
+               "normalized_entropy": ":.5f", "calibration": ":.5f",
                "throughput": ":.2e", "mean_step_time_ms": ":.3f", "mean_inference_throughput": ":.2e"}
     for metric, value in data.items():
         if metric in formats:

@@ -4,6 +4,7 @@ Also the import path the venv gives every other program: the project's packages,
 import ast
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
@@ -178,3 +179,20 @@ def test_wide_and_deep_main_runs_from_its_folder_with_the_venv_alone():
                             env=_clean_environment(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--train_data_pattern" in result.stdout
+
+
+# deployment/: the modules a serving environment without TensorFlow may import (the ONNX graph and the
+# 8-bit tables; deployment/export.py, which restores checkpoints, imports TensorFlow and the root).
+TENSORFLOW_FREE = ("deployment.onnx_graph", "deployment.quantize", "recsys.runtime.metrics")
+
+
+def test_the_serving_side_modules_load_without_tensorflow():
+    """Imported in a fresh interpreter, the modules of TENSORFLOW_FREE bring in neither TensorFlow nor
+    Horovod nor a root module (which would import them)."""
+    script = ("import sys; " + "; ".join(f"import {module}" for module in TENSORFLOW_FREE) + "; "
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('tensorflow', 'keras', 'horovod', 'model', 'saved_model', 'factory', 'datasets')))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_clean_environment(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

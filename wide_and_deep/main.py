@@ -12,8 +12,8 @@ the others (the reference made one uncounted update more); a resume continues th
 where it stopped; `--amp` on a CPU computes in bfloat16 where the CPU has bf16 units (the reference
 refused `--cpu --amp`); `--evaluate` needs trained weights (`--use_checkpoint`) unless it only measures
 speed (`--benchmark`); evaluation also logs MAP@12 over whole displays (`exact_map_val`) and AUC,
-accuracy and loss over every eval row; `--xla` compiles the step's forward and backward pass (the
-reference: auto-clustering); `--affinity` shares out the CPUs the process may use by local rank
+accuracy, loss, normalized entropy and calibration over every eval row; `--xla` compiles the step's
+forward and backward pass (the reference: auto-clustering); `--affinity` shares out the CPUs the process may use by local rank
 (cpu_affinity.py; the reference: the cores near each GPU); the TensorBoard events go to
 `--results_dir/event_files` (the reference: `--model_dir`'s).
 """
@@ -364,7 +364,8 @@ class Benchmark:
 def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
              between_batches: Callable[[], None] = lambda: None) -> Dict[str, float]:
     """One pass over this rank's eval records; the reference's MAP@12 (per batch, per-rank mean, ranks
-    averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy and loss.
+    averaged) and, from every row gathered on rank 0, exact MAP@12, AUC, accuracy, loss, normalized
+    entropy and calibration (recsys.runtime.metrics.quality_metrics).
     `endless_benchmark` (`--evaluate --benchmark`): pass after pass from one endless dataset, each batch's
     samples/s logged, until its steps are done; their mean is the result.
     `between_batches` runs before each batch (`--evaluate`: where a stop signal ends the run)."""
@@ -372,7 +373,7 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
     import tensorflow as tf
 
     from recsys.runtime import distributed as dist
-    from recsys.runtime.metrics import exact_auc
+    from recsys.runtime.metrics import exact_auc, quality_metrics
     from wide_and_deep import wd_data, wd_metrics
 
     ap_sum, groups, parts, done = 0.0, 0, [], 0
@@ -402,8 +403,10 @@ def evaluate(run: Run, endless_benchmark: Optional[Benchmark] = None,
                                   for i, c in enumerate(columns))
     result = None
     if run.rank == 0:
+        quality = quality_metrics(labels, probabilities)
         result = {"binary_accuracy_val": wd_metrics.binary_accuracy(labels, probabilities),
                   "auc_val": exact_auc(labels, probabilities), "loss_val": wd_metrics.bce(labels, probabilities),
+                  "normalized_entropy_val": quality["normalized_entropy"], "calibration_val": quality["calibration"],
                   "streaming_map_val": streaming, "exact_map_val": wd_metrics.exact_map12(ids, labels, probabilities)}
     return dist.broadcast_object(result, root_rank=0)
 
@@ -481,7 +484,7 @@ def run_evaluate(run: Run) -> int:
 
 def log_formats(logger) -> None:
     for metric in ("binary_accuracy", "auc", "loss", "mean_loss", "binary_accuracy_val", "auc_val", "loss_val",
-                   "streaming_map_val", "exact_map_val"):
+                   "normalized_entropy_val", "calibration_val", "streaming_map_val", "exact_map_val"):
         logger.metadata(metric, {"format": ":.4f"})
     for metric in ("batch_samplesps", "train_throughput", "validation_throughput"):
         logger.metadata(metric, {"unit": "samples/s", "format": ":.1f"})

@@ -1,7 +1,9 @@
-"""Evaluation metrics over all samples: exact rank AUC, the reference's threshold AUC, log loss."""
+"""Evaluation metrics over all samples: exact rank AUC, the reference's threshold AUC, log loss, and
+the quality a model owner checks before serving (`quality_metrics`: log loss, normalized entropy,
+calibration, as TorchRec's metrics define them)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -49,3 +51,47 @@ def log_loss_from_logits(labels: np.ndarray, logits: np.ndarray) -> float:
     y = np.asarray(labels, np.float64).reshape(-1)
     x = np.asarray(logits, np.float64).reshape(-1)
     return float(np.mean(np.maximum(x, 0.0) - x * y + np.log1p(np.exp(-np.abs(x)))))
+
+
+# Probabilities are clipped to [PROBABILITY_CLIP, 1 - PROBABILITY_CLIP] in a log loss (Keras's epsilon):
+# a float32 probability of exactly 0 or 1 would otherwise cost an infinite loss.
+PROBABILITY_CLIP = 1e-7
+
+
+def base_entropy(labels: np.ndarray) -> float:
+    """The binary entropy (nats) of the mean label, the base CTR: the log loss of a model that predicts
+    the base CTR for every sample. 0 when one class is absent (no sample, or all labels equal)."""
+    y = np.asarray(labels, np.float64).reshape(-1)
+    ctr = float(np.mean(y)) if y.size else 0.0
+    if ctr <= 0.0 or ctr >= 1.0:
+        return 0.0
+    return float(-(ctr * np.log(ctr) + (1.0 - ctr) * np.log1p(-ctr)))
+
+
+def quality_metrics(labels: np.ndarray, probabilities: Optional[np.ndarray] = None,
+                    logits: Optional[np.ndarray] = None) -> Dict[str, float]:
+    """The metrics beside AUC a model owner checks before serving, over every sample, from the model's
+    `logits` (exact log loss) or its `probabilities` (clipped to PROBABILITY_CLIP):
+
+    - `log_loss`: mean binary cross-entropy;
+    - `normalized_entropy`: log loss / `base_entropy(labels)` (TorchRec's NE: below 1 the model beats
+      predicting the base CTR; NaN when one class is absent);
+    - `calibration`: sum of predicted CTRs / sum of labels (TorchRec's calibration: 1 is calibrated,
+      above 1 over-predicts clicks; NaN without a positive label).
+    """
+    if (probabilities is None) == (logits is None):
+        raise ValueError("give probabilities or logits (one of them)")
+    y = np.asarray(labels, np.float64).reshape(-1)
+    if logits is not None:
+        x = np.asarray(logits, np.float64).reshape(-1)
+        p = np.exp(-np.logaddexp(0.0, -x))
+        loss = log_loss_from_logits(y, x) if y.size else float("nan")
+    else:
+        p = np.asarray(probabilities, np.float64).reshape(-1)
+        clipped = np.clip(p, PROBABILITY_CLIP, 1.0 - PROBABILITY_CLIP)
+        loss = float(np.mean(-(y * np.log(clipped) + (1.0 - y) * np.log1p(-clipped)))) if y.size else float("nan")
+    if y.shape != p.shape:
+        raise ValueError(f"labels {y.shape} and predictions {p.shape} differ in length")
+    entropy, positives = base_entropy(y), float(np.sum(y))
+    return {"log_loss": loss, "normalized_entropy": loss / entropy if entropy > 0 else float("nan"),
+            "calibration": float(np.sum(p)) / positives if positives > 0 else float("nan")}

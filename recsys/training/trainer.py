@@ -70,9 +70,12 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclass
 class EvalResult:
+    """One evaluation: AUC, log loss (`loss`), and metrics.quality_metrics' normalized entropy and calibration."""
     auc: float
     loss: float
     num_samples: int
+    normalized_entropy: float = float("nan")
+    calibration: float = float("nan")
 
 
 @dataclass
@@ -288,7 +291,8 @@ PredictFn = Callable[[Dict[str, tf.Tensor]], tf.Tensor]
 
 
 class Evaluator:
-    """AUC and log loss over every sample of every rank, from any function that returns logits.
+    """AUC, log loss, normalized entropy and calibration over every sample of every rank, from any
+    function that returns logits.
 
     An evaluation longer than `progress_interval_s` prints its progress on rank 0 every that many
     seconds (a full Criteo test set takes minutes).
@@ -339,7 +343,9 @@ class Evaluator:
     def _score(self, logits: np.ndarray, labels: np.ndarray) -> EvalResult:
         auc = (metrics.threshold_auc(labels, logits, self.auc_thresholds) if self.auc_thresholds
                else metrics.exact_auc(labels, logits))
-        return EvalResult(auc=auc, loss=metrics.log_loss_from_logits(labels, logits), num_samples=labels.size)
+        quality = metrics.quality_metrics(labels, logits=logits)
+        return EvalResult(auc=auc, loss=quality["log_loss"], num_samples=labels.size,
+                          normalized_entropy=quality["normalized_entropy"], calibration=quality["calibration"])
 
     def _score_once(self, logits: np.ndarray, labels: np.ndarray) -> EvalResult:
         """The metrics computed on rank 0 alone (an exact AUC sorts every sample) and sent to all."""
