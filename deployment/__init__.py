@@ -1,0 +1,1 @@
+"""Serving: the exported model (ONNX + serving.json), its Triton server, its model repository."""
