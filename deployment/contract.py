@@ -93,15 +93,16 @@ class ServingContract:
         return {"inputs": self.inputs, "outputs": self.outputs, "numerical_names": self.numerical_names,
                 "categorical": self.categorical, "pad_id": self.pad_id}
 
-    def mismatch(self, other: "ServingContract") -> Optional[str]:
-        """Why `other` cannot replace this contract's model (the first difference), or None."""
+    def mismatch(self, other: "ServingContract", mine_label: str = "the served") -> Optional[str]:
+        """Why `other` cannot replace this contract's model (the first difference, this one called
+        `mine_label`), or None."""
         mine, theirs = self.signature(), other.signature()
         for key in mine:
             if mine[key] == theirs[key]:
                 continue
             if key == "categorical":
-                return _feature_difference(self.categorical, other.categorical)
-            return f"{key} {_describe(theirs[key])} differ from the served {_describe(mine[key])}"
+                return _feature_difference(self.categorical, other.categorical, mine_label)
+            return f"{key} {_describe(theirs[key])} differ from {mine_label} {_describe(mine[key])}"
         return None
 
 
@@ -111,13 +112,14 @@ def _describe(value: Any) -> str:
     return str(list(value) if isinstance(value, tuple) else value)
 
 
-def _feature_difference(served: Tuple[CategoricalFeature, ...], new: Tuple[CategoricalFeature, ...]) -> str:
+def _feature_difference(served: Tuple[CategoricalFeature, ...], new: Tuple[CategoricalFeature, ...],
+                        label: str) -> str:
     if len(served) != len(new):
-        return f"categorical: {len(new)} features differ from the served {len(served)}"
+        return f"categorical: {len(new)} features differ from {label} {len(served)}"
     for old, feature in zip(served, new):
         if old != feature:
             return (f"categorical feature {feature.name!r} (cardinality {feature.cardinality}, hotness "
-                    f"{feature.hotness}) differs from the served {old.name!r} (cardinality {old.cardinality}, "
+                    f"{feature.hotness}) differs from {label} {old.name!r} (cardinality {old.cardinality}, "
                     f"hotness {old.hotness})")
     return "categorical features differ"
 

@@ -77,7 +77,7 @@ def add_version(export_dir: Path, repo_dir: Path, version: Optional[int] = None,
         raise ContractError(f"{target}: version {version} is already there (versions are never rewritten)")
     if present:
         served = load_contract(model_dir / str(present[-1]))
-        why = served.mismatch(contract)
+        why = served.mismatch(contract, f"version {present[-1]}'s")
         if why:
             raise ContractError(f"{export_dir}: cannot be version {version} of {model_dir}: {why}")
     model_dir.mkdir(parents=True, exist_ok=True)
