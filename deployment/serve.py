@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from deployment.contract import CONTRACT_FILE, ContractError, ServingContract, load_contract
 from deployment.repository import CONFIG_FILE, DEFAULT_MAX_BATCH_SIZE, DEFAULT_QUEUE_DELAY_US, model_config_text, versions
