@@ -3,9 +3,10 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 VENV := .venv
 PY := $(VENV)/bin/python
+SERVING_PY := .venv-serving/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup demo demo-wd test bench clean
+.PHONY: help setup demo demo-wd test bench serve clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -28,7 +29,14 @@ bench: setup  ## run every benchmark under bench/ (JSON in bench/results/, a tab
 		grep -q "__main__" "$$b" || continue; \
 		if [[ "$$name" == interaction_cuda_sweep ]] && ! nvidia-smi -L >/dev/null 2>&1; then \
 			echo "== $$b: skipped (nvidia-smi lists no GPU)"; continue; fi; \
+		if [[ "$$name" == serving ]]; then \
+			if [[ -z "$(EXPORT)" ]]; then echo "== $$b: skipped (give EXPORT=<export folder>)"; continue; fi; \
+			echo "== $$b"; $(SERVING_PY) -m bench.serving --export "$(EXPORT)"; continue; fi; \
 		echo "== $$b"; $(PY) -m "bench.$$name"; done
+
+serve: setup  ## serve an export folder or model repository with Triton (HTTP 8000, gRPC 8001 on 127.0.0.1): make serve EXPORT=path [SERVE_ARGS="--http_port 9000"]
+	@if [[ -z "$(EXPORT)" ]]; then echo "error: give EXPORT=<export folder or model repository> (python -m deployment.export writes one)" >&2; exit 2; fi
+	$(SERVING_PY) -m deployment.serve "$(EXPORT)" $(SERVE_ARGS)
 
 clean:  ## remove build outputs (keeps .venv and the wheel cache)
 	rm -rf .pytest_cache build

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent environment setup for a CPU or a GPU host: Debian packages, the .venv from
 # requirements.txt + requirements-dev.txt, Horovod 0.28.1 built once from its PyPI sdist and
-# cached as a wheel outside the repository (one wheel per host kind), and the dot-interaction op.
+# cached as a wheel outside the repository (one wheel per host kind), the dot-interaction op, and
+# the serving environment .venv-serving from requirements-serving.txt (no TensorFlow).
 set -euo pipefail
 
 usage() {
@@ -18,7 +19,10 @@ Installs only what is missing:
     a fresh install is checked with `horovodrun --check-build` (NCCL must be listed on GPUs);
   * the custom dot-interaction op: `make cpu`, or `make gpu` (CUDA kernels) on a GPU host;
   * the project's packages (recsys/, wide_and_deep/) linked into the venv's site-packages, so that
-    `cd wide_and_deep && python main.py` imports them; the repository root stays off the import path.
+    `cd wide_and_deep && python main.py` imports them; the repository root stays off the import path;
+  * the serving virtualenv .venv-serving from requirements-serving.txt (Triton via nvidia-pytriton,
+    ONNX Runtime, tritonclient; no TensorFlow), made from the Debian python3 whose libpython the
+    Triton Python backend links (skipped while the file's hash matches the last install).
 
   --plan   print what would be installed for this host kind, change nothing
 
@@ -44,7 +48,8 @@ CACHE_DIR="${DLRM_CACHE_DIR:-${HOME}/.cache/dlrm-tf2}"
 HOROVOD_VERSION="0.28.1"
 REQUIREMENT_FILES=("${REPO_DIR}/requirements.txt" "${REPO_DIR}/requirements-dev.txt")
 APT_PACKAGES=(cmake g++ g++-11 make openmpi-bin libopenmpi-dev openjdk-17-jre-headless
-              slurmctld slurmd slurm-client munge numactl openssh-server openssh-client)
+              slurmctld slurmd slurm-client munge numactl openssh-server openssh-client
+              python3 python3-venv libpython3.11)
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { echo "[setup] error: $*" >&2; exit 1; }
@@ -160,6 +165,29 @@ cuda_home() {
   echo "${top:-<no nvcc on PATH: set CUDA_HOME>}"
 }
 
+# The serving environment: its own venv, from the system Python 3.11 (nvidia-pytriton's Python-backend
+# stub links /usr/lib's libpython3.11; a venv of another 3.11 build fails inside the stub).
+SERVING_VENV="${REPO_DIR}/.venv-serving"
+SERVING_REQUIREMENTS="${REPO_DIR}/requirements-serving.txt"
+SERVING_PYTHON="/usr/bin/python3.11"
+create_serving_venv() {
+  local stamp="${SERVING_VENV}/.requirements.sha256" want
+  want="$(sha256sum "${SERVING_REQUIREMENTS}" | cut -d' ' -f1)"
+  if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${want}" ]]; then
+    log "serving requirements up to date (${SERVING_VENV})"
+    return
+  fi
+  [[ -x "${SERVING_PYTHON}" ]] || die "the serving environment needs ${SERVING_PYTHON} (Debian's python3, python3-venv, libpython3.11)"
+  if [[ ! -x "${SERVING_VENV}/bin/python" ]]; then
+    log "creating ${SERVING_VENV}"
+    "${SERVING_PYTHON}" -m venv "${SERVING_VENV}"
+  fi
+  log "installing serving requirements into ${SERVING_VENV}"
+  "${SERVING_VENV}/bin/pip" install -q --disable-pip-version-check -r "${SERVING_REQUIREMENTS}"
+  "${SERVING_VENV}/bin/pip" check
+  echo "${want}" > "${stamp}"
+}
+
 HOROVOD_FLAVOUR="cpu"
 HOROVOD_CHECKS=(TensorFlow Gloo MPI)  # what `horovodrun --check-build` must list as built
 if [[ "${KIND}" == gpu ]]; then HOROVOD_FLAVOUR="nccl"; HOROVOD_CHECKS+=(NCCL); fi
@@ -252,6 +280,8 @@ print_plan() {
   echo "horovod check: horovodrun --check-build lists ${HOROVOD_CHECKS[*]}"
   echo "dot-interaction op: make -C tensorflow-dot-based-interact ${OP_TARGET}"
   echo "import path: ${INSTALLED_PACKAGES[*]} linked into $(venv_site_packages) from ${REPO_DIR} (no .pth)"
+  echo "serving venv ${SERVING_VENV} (${SERVING_PYTHON}) from requirements-serving.txt:"
+  grep -E '^[A-Za-z0-9]' "${SERVING_REQUIREMENTS}" | sed 's/^/  /'
 }
 
 if [[ "${PLAN}" == 1 ]]; then print_plan; exit 0; fi
@@ -261,4 +291,5 @@ link_packages
 install_horovod
 build_interaction_op
 "${VENV}/bin/pip" check
+create_serving_venv
 log "done"

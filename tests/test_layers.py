@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Lowest first: a module of one layer may import its own layer and the ones before it.
 LAYERS = ("recsys.runtime", "recsys.data", "recsys.sparse", "recsys.training", "wide_and_deep")
 ROOT_LAYER = len(LAYERS)  # the root modules, dataloading/, preproc/, scripts/: they may import every layer
-SKIPPED = {".venv", ".git", "tests", "bench", "tensorflow-dot-based-interact", "build"}
+SKIPPED = {".venv", ".venv-serving", ".git", "tests", "bench", "tensorflow-dot-based-interact", "build"}
 
 
 def module_name(path: Path, repo: Path) -> str:
@@ -115,6 +115,37 @@ def test_no_package_imports_a_higher_layer_or_the_root():
 def test_there_is_no_import_cycle():
     # Packages' __init__ modules import nothing of the project, so a package and its modules form no cycle.
     assert import_cycle(import_graph(REPO)) is None
+
+
+# The serving side runs in .venv-serving, without TensorFlow (docs/serving.md): these modules import
+# only the standard library, these packages and each other.
+SERVING_MODULES = ("deployment/contract.py", "deployment/requests.py", "deployment/runtime.py",
+                   "deployment/repository.py", "deployment/serve.py", "deployment/triton_model.py",
+                   "bench/serving.py")
+SERVING_PACKAGES = {"numpy", "onnx", "onnxruntime", "tritonclient", "pytriton", "google",
+                    "triton_python_backend_utils"}
+
+
+def serving_imports(path: Path) -> List[str]:
+    """Every import in `path` outside the standard library, SERVING_PACKAGES and the serving modules."""
+    allowed = SERVING_PACKAGES | {name.removesuffix(".py").replace("/", ".") for name in SERVING_MODULES}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if name not in allowed and top not in allowed - {"deployment", "bench"} and top not in sys.stdlib_module_names:
+                found.append(f"{path.name}:{node.lineno}: {name}")
+    return found
+
+
+def test_the_serving_modules_import_no_tensorflow_nor_the_training_code():
+    assert [hit for name in SERVING_MODULES for hit in serving_imports(REPO / name)] == []
 
 
 def test_at_most_sixteen_python_files_at_the_root():

@@ -631,7 +631,7 @@ def test_dockerignore_keeps_out_the_venv_builds_and_data() -> None:
     patterns = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
     with tempfile.TemporaryDirectory() as context:
         tracked = run(["git", "ls-files"]).stdout.split()
-        planted = [".venv/bin/python", ".git/HEAD", "build/x.o", "tensorflow-dot-based-interact/build/cpu/k.o",
+        planted = [".venv/bin/python", ".venv-serving/bin/python", ".git/HEAD", "build/x.o", "tensorflow-dot-based-interact/build/cpu/k.o",
                    "tensorflow-dot-based-interact/tensorflow_dot_based_interact/_dot_based_interact_ops.so",
                    "tensorflow-dot-based-interact/tensorflow_dot_based_interact/_dot_based_interact_ops.json",
                    "tensorflow-dot-based-interact/artifacts/op.whl", "tests/__pycache__/t.pyc",
@@ -872,7 +872,7 @@ def test_no_module_outside_the_tests_edits_sys_path() -> None:
     editing = set()
     for path in REPO.rglob("*.py"):
         relative = path.relative_to(REPO).as_posix()
-        if relative.split("/")[0] in (".venv", "tests", ".git") or "/.venv/" in relative:
+        if relative.split("/")[0] in (".venv", ".venv-serving", "tests", ".git") or "/.venv/" in relative:
             continue
         if _edits_sys_path(ast.parse(path.read_text(encoding="utf-8"), relative)):
             editing.add(relative)
