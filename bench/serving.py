@@ -16,9 +16,6 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -27,22 +24,12 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from deployment.client import connect, free_ports, request_inputs, start_server, stop_server
 from deployment.contract import ContractError, example_batch
 from deployment.runtime import open_export
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "bench" / "results" / "serving.json"
-TRITON_TYPES = {"float32": "FP32", "int32": "INT32"}
-
-
-def free_ports(count: int) -> List[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def percentiles(seconds: List[float]) -> Dict[str, float]:
@@ -68,23 +55,14 @@ def time_served(protocol: str, url: str, model: str, feed: Dict[str, np.ndarray]
                 concurrency: int, requests: int, seconds: float) -> Dict[str, Any]:
     """`concurrency` clients sending `feed` until `requests` answers or `seconds`; a wrong answer or
     an error counts as failed."""
-    if protocol == "grpc":
-        import tritonclient.grpc as module
-    else:
-        import tritonclient.http as module
     latencies: List[float] = []
     failed, issued = [0], [0]
     lock = threading.Lock()
     deadline = time.perf_counter() + seconds
 
     def client_loop() -> None:
-        client = module.InferenceServerClient(url) if protocol == "grpc" else \
-            module.InferenceServerClient(url, network_timeout=120.0)
-        tensors = []
-        for name, array in feed.items():
-            tensor = module.InferInput(name, list(array.shape), TRITON_TYPES[array.dtype.name])
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
+        client = connect(protocol, url)
+        tensors = request_inputs(protocol, feed)
         while time.perf_counter() < deadline:
             with lock:
                 if issued[0] >= requests:
@@ -115,25 +93,6 @@ def time_served(protocol: str, url: str, model: str, feed: Dict[str, np.ndarray]
             "samples_per_s": round(rows * len(latencies) / elapsed, 1), **(percentiles(latencies) if latencies else {})}
 
 
-def copy_lines(stream: Any) -> None:
-    """The server's further log lines to this stderr."""
-    for line in stream:
-        sys.stderr.write(line)
-
-
-def start_server(export_dir: Path, ports: List[int], max_batch_size: int) -> subprocess.Popen:
-    """`python -m deployment.serve` on the export, once it serves (its log goes to this stderr)."""
-    process = subprocess.Popen([sys.executable, "-m", "deployment.serve", str(export_dir), "--http_port",
-                                str(ports[0]), "--grpc_port", str(ports[1]), "--max_batch_size", str(max_batch_size)],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    for line in process.stdout:
-        sys.stderr.write(line)
-        if line.startswith("[serve] serving"):
-            threading.Thread(target=copy_lines, args=(process.stdout,), daemon=True).start()
-            return process
-    raise ContractError(f"deployment.serve exited with {process.wait()} before serving {export_dir}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("--export", type=Path, required=True, help="export folder (serving.json + model.onnx)")
@@ -152,7 +111,7 @@ def main() -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     ports = free_ports(2)
-    server = start_server(args.export, ports, max(4096, max(batch_sizes)))
+    server = start_server(args.export, ports[0], ports[1], ["--max_batch_size", str(max(4096, max(batch_sizes)))])
     url = f"127.0.0.1:{ports[1] if args.protocol == 'grpc' else ports[0]}"
     cells = []
     try:
@@ -167,8 +126,7 @@ def main() -> None:
                               **time_served(args.protocol, url, export.contract.model, feed, expected, clients,
                                             args.requests, args.seconds)})
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        stop_server(server)
     record = {"export": str(args.export), "model": export.contract.model, "protocol": args.protocol,
               "bounds": {"requests_per_cell": args.requests, "seconds_per_cell": args.seconds},
               "host": {"cpus": os.cpu_count(), "machine": platform.machine()}, "cells": cells}

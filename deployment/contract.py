@@ -68,6 +68,7 @@ class ServingContract:
     checkpoint: str
     step: int
     checks: Optional[Dict[str, Any]]
+    check_samples: Optional[str] = None  # the export check's samples (inputs, labels, TF's probabilities)
 
     @property
     def onnx_path(self) -> Path:
@@ -184,10 +185,13 @@ def parse_contract(raw: Any, folder: Path) -> ServingContract:
     _require(_int(raw["step"]) and raw["step"] >= 0, where, f"'step' must be an int >= 0, got {raw['step']!r}")
     checks = raw.get("checks")
     _require(checks is None or isinstance(checks, dict), where, "'checks' must be an object when given")
+    samples = raw.get("check_samples")
+    _require(samples is None or (isinstance(samples, str) and samples and "/" not in samples), where,
+             f"'check_samples' must be a file name in the export folder when given, got {samples!r}")
     return ServingContract(folder=folder, model=raw["model"], onnx=raw["onnx"], inputs=inputs, outputs=outputs,
                            numerical_names=tuple(names), categorical=tuple(features), pad_id=raw["pad_id"],
                            table_dtype=raw["table_dtype"], checkpoint=str(raw["checkpoint"]), step=raw["step"],
-                           checks=checks)
+                           checks=checks, check_samples=samples)
 
 
 def load_contract(folder: Path) -> ServingContract:

@@ -17,8 +17,10 @@ and calibration (recsys.runtime.metrics), and records them in serving.json's `ch
 --int8_tables the tables become 8-bit rows (deployment/quantize.py): the float32 graph is still
 checked against TensorFlow, and the export reports the tables' bytes and the AUC change.
 
-EXPORT receives `model.onnx` and `serving.json` (the serving contract: inputs, features, pad id,
-table dtype, the checkpoint and its step), built beside it and renamed into place whole. It may
+EXPORT receives `model.onnx`, `serving.json` (the serving contract: inputs, features, pad id,
+table dtype, the checkpoint and its step) and `check_samples.npz` (the check's inputs, labels and
+TensorFlow's probabilities, which `python -m deployment.score` sends to a server), built beside it
+and renamed into place whole. It may
 be new, empty or an earlier export (serving.json of EXPORT_FORMAT and nothing else): any other
 folder is refused. Bad input is one `error: ...` line and exit 2 (recsys/runtime/cli.py).
 """
@@ -43,7 +45,9 @@ EXPORT_VERSION = 1
 SERVING_FILE = "serving.json"
 ONNX_FILE = "model.onnx"
 EXTERNAL_DATA = "model.onnx.data"  # the weights of a model over PROTOBUF_LIMIT, beside model.onnx
-EXPORT_ENTRIES = frozenset({SERVING_FILE, ONNX_FILE, EXTERNAL_DATA})
+# The check's samples: the two inputs, the labels and TensorFlow's probabilities, for deployment.score
+CHECK_SAMPLES_FILE = "check_samples.npz"
+EXPORT_ENTRIES = frozenset({SERVING_FILE, ONNX_FILE, EXTERNAL_DATA, CHECK_SAMPLES_FILE})
 PROTOBUF_LIMIT = 2**31 - 2**26  # a protobuf message holds at most 2 GiB; leave room for the graph
 TOLERANCE = 1e-5  # max |ONNX Runtime - TensorFlow| of a probability, float32 tables
 DEFAULT_DATASET_TYPES = {"dlrm": "tf_raw", "wide_and_deep": "tfrecords"}
@@ -384,7 +388,11 @@ def export(args) -> Dict[str, Any]:
             "outputs": [{"name": onnx_graph.PROBABILITIES, "dtype": "float32", "shape": [-1, 1]}],
             "numerical_names": restored.numerical_names, "categorical": restored.categorical,
             "pad_id": onnx_graph.PAD_ID, "table_dtype": "int8" if args.int8_tables else "float32",
-            "checkpoint": os.path.abspath(manifest.path), "step": manifest.step, "checks": checks}
+            "checkpoint": os.path.abspath(manifest.path), "step": manifest.step, "checks": checks,
+            "check_samples": CHECK_SAMPLES_FILE}
+        np.savez(os.path.join(staging, CHECK_SAMPLES_FILE), **{
+            onnx_graph.NUMERICAL: restored.numerical, onnx_graph.CATEGORICAL: restored.categorical_ids,
+            "labels": labels, "probabilities": restored.tf_probabilities})
         with open(os.path.join(staging, SERVING_FILE), "w") as f:
             json.dump(serving, f, indent=1)
     return serving

@@ -20,33 +20,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
+from deployment.client import connect, infer
 from deployment.contract import example_batch
 from deployment.runtime import open_export
-
-PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
-TRITON_TYPES = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.int32): "INT32",
-                np.dtype(np.int64): "INT64"}
-
-
-def make_client(protocol: str, url: str) -> Any:
-    return PROTOCOLS[protocol].InferenceServerClient(url)
-
-
-def infer(protocol: str, client: Any, model: str, inputs: Dict[str, np.ndarray]) -> np.ndarray:
-    module = PROTOCOLS[protocol]
-    tensors = []
-    for name, array in inputs.items():
-        tensor = module.InferInput(name, list(array.shape), TRITON_TYPES[array.dtype])
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    return client.infer(model, tensors).as_numpy("probabilities")
-
 
 def batch_of(export: str, rows: int, seed: int = 0) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
     """A valid batch for `export` and its in-process ONNX Runtime probabilities."""
@@ -60,7 +40,7 @@ def predict(http: str, grpc: str, model: str, export: str) -> Dict[str, Any]:
     inputs, expected = batch_of(export, rows=64)
     result = {}
     for protocol, url in (("http", http), ("grpc", grpc)):
-        client = make_client(protocol, url)
+        client = connect(protocol, url)
         result[protocol] = float(np.max(np.abs(infer(protocol, client, model, inputs) - expected)))
         client.close()
     return result
@@ -89,7 +69,7 @@ def bad_cases(inputs: Dict[str, np.ndarray]) -> Dict[str, Dict[str, np.ndarray]]
 def keep_sending(protocol: str, url: str, model: str, inputs: Dict[str, np.ndarray], expected: np.ndarray,
                  running: Callable[[], bool], record: Dict[str, Any]) -> None:
     """Valid requests until `running()` is false; counts answers and failures (a wrong answer too)."""
-    client = make_client(protocol, url)
+    client = connect(protocol, url)
     while running():
         try:
             ok = np.allclose(infer(protocol, client, model, inputs), expected, atol=1e-6)
@@ -111,7 +91,7 @@ def bad(http: str, grpc: str, model: str, export: str) -> Dict[str, Any]:
         thread.start()
     replies = {}
     for protocol, url in (("http", http), ("grpc", grpc)):
-        client = make_client(protocol, url)
+        client = connect(protocol, url)
         for case, request in bad_cases(inputs).items():
             try:
                 infer(protocol, client, model, request)
@@ -136,7 +116,7 @@ def load(http: str, grpc: str, model: str, seconds: float, exports: List[str]) -
     deadline = time.monotonic() + seconds
 
     def client_loop(protocol: str, url: str) -> None:
-        client = make_client(protocol, url)
+        client = connect(protocol, url)
         first = True
         while first or time.monotonic() < deadline:
             try:

@@ -1,7 +1,7 @@
 """`python -m deployment.export` (issue 41): checkpoints of main.py on 2 ranks (horovodrun), of dcnv2.py on
 multi-hot data and of wide_and_deep/main.py as ONNX models that ONNX Runtime runs as TensorFlow does;
---int8_tables; the graph's padding and pooling against the model's own TensorFlow; bad input as one
-line with nothing written; the serving metrics (metrics.quality_metrics) on a hand-computed example.
+--int8_tables (that export also served by Triton and scored by deployment.score); the graph's padding and
+pooling against the model's own TensorFlow; bad input as one line with nothing written; the serving metrics (metrics.quality_metrics) on a hand-computed example.
 The exports run in this process (`export.main`, its exit code and stderr): the training runs that
 make their checkpoints are the entry points themselves."""
 import json
@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from deployment import export, onnx_graph
 from deployment.quantize import QuantizedTable, quantize_rows
-from multiproc import REPO_ROOT, assert_ok, assert_one_error, launch_env, run_horovod, run_python, snapshot
+from multiproc import (REPO_ROOT, assert_ok, assert_one_error, launch_env, require, run_horovod, run_python,
+                       snapshot)
 from recsys.data import synthetic_data
 from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
 from recsys.data.feature_spec import get_default_feature_spec
@@ -133,7 +134,7 @@ def test_a_two_rank_checkpoint_exports_and_onnx_runtime_predicts_as_tensorflow(t
                       capsys)
     assert_ok(result)
     written = serving(tmp_path / "export")
-    assert sorted(os.listdir(tmp_path / "export")) == ["model.onnx", "serving.json"]
+    assert sorted(os.listdir(tmp_path / "export")) == ["check_samples.npz", "model.onnx", "serving.json"]
     checks, evaluation = written["checks"], final_record(tmp_path / "e.json")
     assert checks["samples"] == 300 and checks["max_abs_diff"] <= 1e-5
     assert checks["auc_onnx"] == pytest.approx(evaluation["auc"], abs=1e-6)
@@ -193,7 +194,20 @@ def test_a_multi_hot_dcnv2_checkpoint_exports_with_int8_tables(tmp_path, capsys)
     assert int8["auc_change"] == pytest.approx(checks["onnx"]["auc"] - checks["onnx_float32"]["auc"])
     assert abs(int8["auc_change"]) < 0.01
     assert "x smaller); AUC" in result.stdout
-    assert sorted(os.listdir(tmp_path / "export")) == ["model.onnx", "serving.json"]
+    assert sorted(os.listdir(tmp_path / "export")) == ["check_samples.npz", "model.onnx", "serving.json"]
+
+    # served by Triton (.venv-serving), the padded multi-hot ids and 8-bit tables over gRPC: the served
+    # predictions are the in-process ONNX Runtime's, their AUC the export's int8 AUC
+    from test_serving import SERVING_PYTHON, run_serving
+
+    require(SERVING_PYTHON.exists(), "no .venv-serving (scripts/setup.sh makes it)")
+    scored = run_serving("-m", "deployment.score", str(tmp_path / "export"), "--protocol", "grpc", "--batch_size", "64",
+                         "--record", str(tmp_path / "score.json"))
+    assert scored.returncode == 0, scored.stdout[-2000:] + scored.stderr[-3000:]
+    record = json.loads((tmp_path / "score.json").read_text())
+    assert record["samples"] == 300 and record["max_abs_diff"] <= 1e-5
+    assert record["served"]["auc"] == pytest.approx(checks["auc_onnx"], abs=1e-6)
+    assert record["tensorflow"]["auc"] == pytest.approx(checks["tensorflow"]["auc"], abs=1e-9)
 
 
 def test_a_wide_and_deep_checkpoint_exports(tmp_path, capsys):

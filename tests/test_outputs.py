@@ -228,7 +228,8 @@ def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path):
 
 def test_demo_runs_the_pipeline_from_raw_criteo_days(tmp_path):
     """scripts/demo.sh at a small size: raw days -> prepare_dataset.sh -> 2-rank training -> eval,
-    inference, export, plot; the summary reports the preprocessing's line accounting."""
+    inference, export, plot, the ONNX export served by Triton and scored over HTTP; the summary reports
+    the preprocessing's line accounting and the served AUC."""
     import re
     import subprocess
 
@@ -261,6 +262,11 @@ def test_demo_runs_the_pipeline_from_raw_criteo_days(tmp_path):
     points = re.search(r"^plot written to .*train_log.png \((\d+) loss points, 4 AUC points\)$", out, re.M)
     assert points and int(points.group(1)) >= 20, out[-3000:]
     assert (demo / "saved_model" / "saved_model.pb").is_file()
+    # served by Triton and scored over HTTP: the served AUC is the in-process one, which is main.py's eval
+    served = re.search(r"^served by Triton over HTTP \(([\d,]+) test samples\): AUC ([\d.]+), in-process ([\d.]+) ",
+                       out, re.M)
+    assert served and served.group(2) == served.group(3), out[-3000:]
+    assert abs(float(served.group(2)) - auc) < 1e-4
 
 
 def test_wide_and_deep_demo_runs_from_csvs_to_the_plot(tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Dict, List
 
 import pytest
 
+from deployment.client import free_ports
 from tests import multiproc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,16 +43,6 @@ def client(*args: str, timeout: float = 120) -> dict:
     result = run_serving("tests/serving_client.py", *args, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def free_ports(count: int) -> List[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def children_of(pid: int) -> List[int]:
