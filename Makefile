@@ -30,8 +30,9 @@ bench: setup  ## run every benchmark under bench/ (JSON in bench/results/, a tab
 		if [[ "$$name" == interaction_cuda_sweep ]] && ! nvidia-smi -L >/dev/null 2>&1; then \
 			echo "== $$b: skipped (nvidia-smi lists no GPU)"; continue; fi; \
 		if [[ "$$name" == serving ]]; then \
-			if [[ -z "$(EXPORT)" ]]; then echo "== $$b: skipped (give EXPORT=<export folder>)"; continue; fi; \
-			echo "== $$b"; $(SERVING_PY) -m bench.serving --export "$(EXPORT)"; continue; fi; \
+			export="$(or $(EXPORT),demo_output/onnx_export)"; \
+			if [[ ! -d "$$export" ]]; then echo "== $$b: skipped (no $$export: run make demo, or give EXPORT=<export folder>)"; continue; fi; \
+			echo "== $$b"; $(SERVING_PY) -m bench.serving --export "$$export"; continue; fi; \
 		echo "== $$b"; $(PY) -m "bench.$$name"; done
 
 serve: setup  ## serve an export folder or model repository with Triton (HTTP 8000, gRPC 8001 on 127.0.0.1): make serve EXPORT=path [SERVE_ARGS="--http_port 9000"]

@@ -1,6 +1,8 @@
 """Load test of the Triton server (`python -m deployment.serve`) beside in-process ONNX Runtime.
 
-    .venv-serving/bin/python -m bench.serving --export EXPORT_DIR [--protocol grpc] [--requests 2000] [--seconds 5]
+    .venv-serving/bin/python -m bench.serving [--export EXPORT_DIR] [--protocol grpc] [--requests 2000] [--seconds 5]
+
+The export defaults to make demo's (demo_output/onnx_export: the demo's trained DLRM).
 
 Starts the server on the export (127.0.0.1, free ports), then for each batch size and concurrency
 (1, 4, 16 clients, each its own connection, sending the same valid batch back to back) sends requests
@@ -30,6 +32,7 @@ from deployment.runtime import open_export
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "bench" / "results" / "serving.json"
+DEMO_EXPORT = REPO_ROOT / "demo_output" / "onnx_export"  # make demo's last step writes it
 
 
 def percentiles(seconds: List[float]) -> Dict[str, float]:
@@ -95,7 +98,8 @@ def time_served(protocol: str, url: str, model: str, feed: Dict[str, np.ndarray]
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--export", type=Path, required=True, help="export folder (serving.json + model.onnx)")
+    parser.add_argument("--export", type=Path, default=DEMO_EXPORT,
+                        help="export folder of python -m deployment.export (default: make demo's, demo_output/onnx_export)")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
     parser.add_argument("--batch_sizes", default="1,64,1024", help="comma-separated rows per request")
@@ -105,6 +109,10 @@ def main() -> None:
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if not args.export.exists():
+        print(f"error: --export {args.export}: no such folder (run make demo, whose last step writes "
+              f"{DEMO_EXPORT}, or give an export folder of python -m deployment.export)", file=sys.stderr)
+        sys.exit(2)
     try:
         export = open_export(args.export)
     except ContractError as error:
