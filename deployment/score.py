@@ -73,7 +73,7 @@ def in_process_probabilities(contract: ServingContract, samples: Dict[str, np.nd
 
 
 def describe(name: str, values: Dict[str, float]) -> str:
-    return f"  {name:<22} " + ", ".join(f"{key} {value:.6f}" for key, value in values.items())
+    return f"  {name:<24} " + ", ".join(f"{key} {value:.6f}" for key, value in values.items())
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -91,6 +91,31 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.batch_size < 1:
         parser.error(f"--batch_size must be at least 1, got {args.batch_size}")
     return args
+
+
+def report(args: argparse.Namespace, contract: ServingContract, samples: Dict[str, np.ndarray], served: np.ndarray,
+           url: str, model: str) -> int:
+    """Prints (and with --record writes) the served scores beside the in-process ones; the exit code."""
+    labels = samples["labels"].reshape(-1)
+    in_process = in_process_probabilities(contract, samples, args.batch_size)
+    difference = float(np.max(np.abs(served - in_process)))
+    record = {"export": str(args.export), "model": model, "protocol": args.protocol, "url": url,
+              "samples": int(len(labels)), "served": scores(labels, served), "in_process": scores(labels, in_process),
+              "tensorflow": scores(labels, samples["probabilities"].reshape(-1)), "max_abs_diff": difference}
+    print(f"served {model} over {args.protocol.upper()} at {url}: {len(labels)} test samples of the export's check")
+    print(describe(f"served ({args.protocol})", record["served"]))
+    print(describe("in-process ONNX Runtime", record["in_process"]))
+    print(describe("TensorFlow (at export)", record["tensorflow"]))
+    print(f"  max |served - in-process| of the probabilities = {difference:.3g} (limit {TOLERANCE:g})", flush=True)
+    if args.record is not None:
+        staging = args.record.with_name(f".{args.record.name}.tmp")
+        staging.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(staging, args.record)
+    if not difference <= TOLERANCE:
+        print(f"error: the served probabilities differ from in-process ONNX Runtime's by up to {difference:.3g} "
+              f"(limit {TOLERANCE:g})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -111,30 +136,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as error:  # the server failed to start or to answer: tritonclient's errors, OSError
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"error: scoring {args.export} on {url or 'a new server'} failed: {first}", file=sys.stderr)
+        if server is not None:
+            stop_server(server)
         return 1
+    try:
+        return report(args, contract, samples, served, url, model)
     finally:
         if server is not None:
             stop_server(server)
-    labels = samples["labels"].reshape(-1)
-    in_process = in_process_probabilities(contract, samples, args.batch_size)
-    difference = float(np.max(np.abs(served - in_process)))
-    record = {"export": str(args.export), "model": model, "protocol": args.protocol, "url": url,
-              "samples": int(len(labels)), "served": scores(labels, served), "in_process": scores(labels, in_process),
-              "tensorflow": scores(labels, samples["probabilities"].reshape(-1)), "max_abs_diff": difference}
-    print(f"served {model} over {args.protocol.upper()} at {url}: {len(labels)} test samples of the export's check")
-    print(describe(f"served ({args.protocol})", record["served"]))
-    print(describe("in-process ONNX Runtime", record["in_process"]))
-    print(describe("TensorFlow (at export)", record["tensorflow"]))
-    print(f"  max |served - in-process| of the probabilities = {difference:.3g} (limit {TOLERANCE:g})")
-    if args.record is not None:
-        staging = args.record.with_name(f".{args.record.name}.tmp")
-        staging.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(staging, args.record)
-    if not difference <= TOLERANCE:
-        print(f"error: the served probabilities differ from in-process ONNX Runtime's by up to {difference:.3g} "
-              f"(limit {TOLERANCE:g})", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -190,10 +190,18 @@ def test_refresh_under_load_fails_no_request_and_refuses_bad_versions(exports, s
     assert differences == {"http": pytest.approx(0, abs=1e-6), "grpc": pytest.approx(0, abs=1e-6)}
 
 
-def test_serve_refuses_a_folder_that_is_no_export_with_one_line(tmp_path):
+def test_serve_and_score_refuse_a_folder_that_is_no_export_with_one_line(tmp_path, exports):
     multiproc.require(SERVING_PYTHON.exists(), "no .venv-serving (scripts/setup.sh makes it)")
     result = run_serving("-m", "deployment.serve", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"error: {tmp_path}: neither an export folder (serving.json) nor a model repository with one model "
         "(<model>/config.pbtxt); found 0 models"]
+    scored = run_serving("-m", "deployment.score", str(tmp_path))
+    assert scored.returncode == 2 and scored.stderr.splitlines() == [
+        f"error: {tmp_path / 'serving.json'}: not found (an export folder holds serving.json and model.onnx)"]
+    # an export without the check's samples (the fixtures' are hand-made) cannot be scored: one line
+    scored = run_serving("-m", "deployment.score", str(exports["a"]))
+    assert scored.returncode == 2 and scored.stderr.splitlines() == [
+        f"error: {exports['a']}: serving.json names no check_samples (an export of an earlier version: export the "
+        f"checkpoint again)"]
