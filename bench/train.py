@@ -35,10 +35,10 @@ batch 2048. Its MFU counts the matmuls only (MLPs and cross layers, x3 for forwa
 the pooled lookups are gathers and sums, not matmuls).
 The results name the CPU (model and bf16 units): the same targets read differently on a CPU with
 AMX than on one with AVX512-BF16 only.
-Each training row also holds where its step goes (`breakdown_thread_ms`: bench.step_profile's
-categories, from TensorFlow's profiler over BREAKDOWN_STEPS further steps: embedding forward,
-backward and update, interaction, each MLP forward and backward, dense optimizer, loss, input,
-collectives) and `threads_busy` (their sum over the step's wall time), printed as a third table.
+Each training row also holds where its step goes (`breakdown_ms`: bench.step_profile's categories,
+from TensorFlow's profiler over BREAKDOWN_STEPS further steps: the wall time split among the ops
+running at each instant, by embedding forward, backward and update, interaction, each MLP forward
+and backward, dense optimizer, loss, input, collectives, and idle), printed as a third table.
 Writes bench/results/train.json and prints the tables; `--only multihot_dcnv2` runs that row alone
 and replaces it in an existing bench/results/train.json.
 `--only onednn` measures fp32 at batch 4096 with oneDNN off and on and records it under the CPU's
@@ -69,7 +69,8 @@ BREAKDOWN_COLUMNS = {"emb fwd": ("embedding forward",), "emb bwd+upd": ("embeddi
                      "interact": ("interaction forward", "interaction backward"),
                      "bot MLP": ("bottom MLP forward", "bottom MLP backward"),
                      "top fwd": ("top MLP forward",), "top bwd": ("top MLP backward",),
-                     "dense opt": ("dense optimizer",), "rest": ("input", "loss", "collectives", "other")}
+                     "dense opt": ("dense optimizer",), "rest": ("input", "loss", "collectives", "other"),
+                     "idle": ("idle",)}
 
 CARDINALITIES = [100_000] * 26
 DIM = 128
@@ -219,7 +220,7 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     return {"batch_size": batch_size, "xla": xla, "low_memory_allocator": low_memory, "precision": precision,
             "interaction": options.model.interaction,
             "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
-            "breakdown_thread_ms": breakdown, "threads_busy": sum(breakdown.values()) / (step_time * 1000),
+            "breakdown_ms": breakdown,
             "flops_per_sample": flops_per_sample(), "achieved_flops_per_s": achieved,
             "matmul_flops_per_s": peak_matmul,
             "inference_batch_size": 2048, "inference_p99_latency_ms": stats["p99"] * 1000,
@@ -278,18 +279,16 @@ def multihot_worker(steps: int) -> dict:
 
 
 def print_breakdown(runs: list) -> None:
-    """Per row, the step's op time by part (thread ms per step, bench.step_profile): what the matmuls
-    of the MLPs take beside what the rest of the step costs."""
-    print(f"\nwhere the step goes (op time summed over the threads, ms per step; busy: threads kept busy)")
-    print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'step ms':>8} " + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS)
-          + f" {'busy':>5}")
+    """Per row, the step's wall time by part (ms per step, bench.step_profile: each instant split among
+    the ops running then; idle: no op running): what the MLPs' matmuls take beside the rest."""
+    print("\nwhere the step goes (ms per step of the profiled steps; idle: no op running)")
+    print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'step ms':>8} " + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS))
     for r in runs:
         if r["low_memory_allocator"]:
             continue
-        parts = [sum(r["breakdown_thread_ms"][category] for category in categories)
-                 for categories in BREAKDOWN_COLUMNS.values()]
+        parts = [sum(r["breakdown_ms"][category] for category in categories) for categories in BREAKDOWN_COLUMNS.values()]
         print(f"{r['batch_size']:>6} {r['precision']:>5} {str(r['xla']):>5} {r['step_time_ms']:>8.1f} "
-              + " ".join(f"{part:>11.1f}" for part in parts) + f" {r['threads_busy']:>5.2f}")
+              + " ".join(f"{part:>11.1f}" for part in parts))
 
 
 def run_multihot_row(steps: int) -> dict:
