@@ -35,15 +35,19 @@ batch 2048. Its MFU counts the matmuls only (MLPs and cross layers, x3 for forwa
 the pooled lookups are gathers and sums, not matmuls).
 The results name the CPU (model and bf16 units): the same targets read differently on a CPU with
 AMX than on one with AVX512-BF16 only.
-Each training row also holds where its step goes (`breakdown_ms`: bench.step_profile's categories,
-from TensorFlow's profiler over BREAKDOWN_STEPS further steps: the wall time split among the ops
-running at each instant, by embedding forward, backward and update, interaction, each MLP forward
-and backward, dense optimizer, loss, input, collectives, and idle), printed as a third table.
+Where the step goes (the `breakdown` rows, a third table): for batch 2048 and 4096 in fp32 and bf16,
+the same step in a process of its own with one inter-op thread (TF_NUM_INTEROP_THREADS=1: one op at a
+time, each on every core), timed, then profiled by TensorFlow's profiler over BREAKDOWN_STEPS steps
+(bench.step_profile): the serialized step's time by embedding forward, backward and update,
+interaction, each MLP forward and backward, dense optimizer, loss, input, collectives and idle (no op
+running). With several inter-op threads the real step overlaps ops, and an op's span then holds its
+wait for the cores, so only the serialized step gives each part its own cost; the real step's time
+beside it shows what the overlap gains.
 Writes bench/results/train.json and prints the tables; `--only multihot_dcnv2` runs that row alone
 and replaces it in an existing bench/results/train.json.
 `--only onednn` measures fp32 at batch 4096 with oneDNN off and on and records it under the CPU's
 model (the project's default, oneDNN on, is decided from these rows).
-Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn]
+Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn|breakdown]
 """
 from __future__ import annotations
 
@@ -63,7 +67,8 @@ from bench.reference import pytorch_dlrm  # noqa: E402
 from bench.step_profile import profile_breakdown  # noqa: E402
 from recsys.data.feature_spec import MLPERF_HOTNESS  # noqa: E402
 
-BREAKDOWN_STEPS = 5  # profiled after the timed steps, on the same batches
+BREAKDOWN_STEPS = 5  # profiled after the timed steps
+BREAKDOWN_CONFIGS = ((2048, "fp32"), (4096, "fp32"), (2048, "bf16"), (4096, "bf16"))
 # The breakdown table's columns: each a sum of bench.step_profile categories.
 BREAKDOWN_COLUMNS = {"emb fwd": ("embedding forward",), "emb bwd+upd": ("embedding backward", "embedding update"),
                      "interact": ("interaction forward", "interaction backward"),
@@ -206,8 +211,6 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     loss.numpy()
     step_time = (time.perf_counter() - start) / steps
     training_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    replay = iter(batches[warmup:] * 2)
-    breakdown = profile_breakdown(lambda: trainer.train_step(*next(replay))[0].numpy(), BREAKDOWN_STEPS)
     samples_per_s = batch_size / step_time
     achieved = flops_per_sample() * samples_per_s
     latencies, _ = Evaluator.for_model(model).benchmark_inference(pipelines.test, max_batches=40, warmup_batches=10)
@@ -220,7 +223,6 @@ def worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: 
     return {"batch_size": batch_size, "xla": xla, "low_memory_allocator": low_memory, "precision": precision,
             "interaction": options.model.interaction,
             "samples_per_s": samples_per_s, "step_time_ms": step_time * 1000,
-            "breakdown_ms": breakdown,
             "flops_per_sample": flops_per_sample(), "achieved_flops_per_s": achieved,
             "matmul_flops_per_s": peak_matmul,
             "inference_batch_size": 2048, "inference_p99_latency_ms": stats["p99"] * 1000,
@@ -278,17 +280,53 @@ def multihot_worker(steps: int) -> dict:
             "mfu": cross_flops_per_sample() * samples_per_s / peak}
 
 
-def print_breakdown(runs: list) -> None:
-    """Per row, the step's wall time by part (ms per step, bench.step_profile: each instant split among
-    the ops running then; idle: no op running): what the MLPs' matmuls take beside the rest."""
-    print("\nwhere the step goes (ms per step of the profiled steps; idle: no op running)")
-    print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'step ms':>8} " + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS))
-    for r in runs:
-        if r["low_memory_allocator"]:
-            continue
-        parts = [sum(r["breakdown_ms"][category] for category in categories) for categories in BREAKDOWN_COLUMNS.values()]
-        print(f"{r['batch_size']:>6} {r['precision']:>5} {str(r['xla']):>5} {r['step_time_ms']:>8.1f} "
-              + " ".join(f"{part:>11.1f}" for part in parts))
+def print_breakdown(rows: list) -> None:
+    """Per breakdown row, the serialized step's time by part (bench.step_profile), beside the real
+    step's time (`step_time_ms`, several inter-op threads)."""
+    print("\nwhere the step goes: the step with one op at a time (ms per step; idle: no op running), "
+          "beside the real step")
+    print(f"{'batch':>6} {'prec':>5} {'real ms':>8} {'serial ms':>9} " + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS))
+    for r in rows:
+        parts = [sum(r["parts_ms"][category] for category in categories) for categories in BREAKDOWN_COLUMNS.values()]
+        print(f"{r['batch_size']:>6} {r['precision']:>5} {r.get('step_time_ms', float('nan')):>8.1f} "
+              f"{r['serialized_step_time_ms']:>9.1f} " + " ".join(f"{part:>11.1f}" for part in parts))
+
+
+def breakdown_worker(batch_size: int, precision: str, steps: int) -> dict:
+    """The serialized step (run with one inter-op thread) of one configuration: its time and its parts."""
+    warmup = 5
+    pipelines = bench_pipelines(batch_size, warmup + steps + BREAKDOWN_STEPS, precision)
+    batches = list(pipelines.train)
+    trainer, _ = build_bench_trainer(precision)
+    for features, labels in batches[:warmup]:
+        trainer.train_step(features, labels)[0].numpy()
+    start = time.perf_counter()
+    for features, labels in batches[warmup:warmup + steps]:
+        loss = trainer.train_step(features, labels)[0]
+    loss.numpy()
+    step_time = (time.perf_counter() - start) / steps
+    profiled = iter(batches[warmup + steps:])
+    parts = profile_breakdown(lambda: trainer.train_step(*next(profiled))[0].numpy(), BREAKDOWN_STEPS)
+    return {"batch_size": batch_size, "precision": precision, "inter_op_threads": 1,
+            "serialized_step_time_ms": step_time * 1000, "parts_ms": parts}
+
+
+def run_breakdown_rows(steps: int) -> list:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, TF_NUM_INTEROP_THREADS="1")
+    return [run_subprocess(["--breakdown-worker", str(batch), precision, str(steps)], env,
+                           f"breakdown, batch {batch}, {precision}")
+            for batch, precision in BREAKDOWN_CONFIGS]
+
+
+def with_real_steps(breakdown: list, runs: list) -> list:
+    """Each breakdown row with `step_time_ms`, the real step of its configuration's training row
+    (several inter-op threads, no XLA, the pool allocator)."""
+    for row in breakdown:
+        real = [r for r in runs if (r["batch_size"], r["precision"]) == (row["batch_size"], row["precision"])
+                and not r["xla"] and not r["low_memory_allocator"]]
+        if real:
+            row["step_time_ms"] = real[0]["step_time_ms"]
+    return breakdown
 
 
 def run_multihot_row(steps: int) -> dict:
@@ -396,9 +434,10 @@ def run_onednn_rows(steps: int) -> None:
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="5 timed steps per configuration instead of 20")
-    parser.add_argument("--only", choices=["multihot_dcnv2", "onednn"],
-                        help="run only this row and replace it in an existing results file (onednn: fp32 at "
-                             "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's model)")
+    parser.add_argument("--only", choices=["multihot_dcnv2", "onednn", "breakdown"],
+                        help="run only these rows and replace them in an existing results file (onednn: fp32 at "
+                             "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's model; "
+                             "breakdown: the serialized steps' parts, beside the real steps already recorded)")
     parser.add_argument("--dlrm_repo", default=os.environ.get("DLRM_PYTORCH_REPO"),
                         help="a clone of facebookresearch/dlrm: run the PyTorch reference beside (default: "
                              "$DLRM_PYTORCH_REPO; without it the reference rows are left out, with the reason)")
@@ -442,6 +481,9 @@ def main() -> None:
         tensorboard, print_freq, steps = sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
         print("RESULT " + json.dumps(loop_worker(tensorboard, print_freq, steps)), flush=True)
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--breakdown-worker":
+        print("RESULT " + json.dumps(breakdown_worker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))), flush=True)
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--multihot-worker":
         print("RESULT " + json.dumps(multihot_worker(int(sys.argv[2]))), flush=True)
         return
@@ -450,6 +492,15 @@ def main() -> None:
     steps = 5 if quick else 20
     if args.only == "onednn":
         run_onednn_rows(steps)
+        return
+    if args.only == "breakdown":
+        with open(RESULTS) as f:
+            results = json.load(f)
+        results["breakdown"] = with_real_steps(run_breakdown_rows(steps), results["runs"])
+        results["breakdown_load_average"] = os.getloadavg()
+        with open(RESULTS, "w") as f:
+            json.dump(results, f, indent=1)
+        print_breakdown(results["breakdown"])
         return
     if args.only:
         with open(RESULTS) as f:
@@ -463,6 +514,7 @@ def main() -> None:
         return
     multihot = run_multihot_row(steps)
     runs = [repeated_row(lambda variant=variant: run_worker(*variant, steps)) for variant in VARIANTS]
+    breakdown = with_real_steps(run_breakdown_rows(steps), runs)
     reference = reference_runs(args.dlrm_repo, steps)
     print_freq, loop_steps = (5, 20) if quick else (10, 100)
     tensorboard_rows = run_tensorboard_rows(print_freq, loop_steps)
@@ -484,7 +536,8 @@ def main() -> None:
         json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "cpu": cpu, "load_average": os.getloadavg(),
                    "command": "python -m bench.train" + (" --quick" if quick else "")
                               + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
-                   "runs": runs, "multihot_dcnv2": multihot, "pytorch_reference": list(reference.values()),
+                   "runs": runs, "breakdown": breakdown, "multihot_dcnv2": multihot,
+                   "pytorch_reference": list(reference.values()),
                    "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}}, f, indent=1)
     gib = float(1 << 30)
     print(f"CPU: {cpu['model']}, {os.cpu_count()} threads; bf16: {cpu['bf16']}")
@@ -500,7 +553,7 @@ def main() -> None:
               f"{r['inference_p99_latency_ms']:>10.2f} "
               f"{r['inference_samples_per_s']:>13.0f} {r['runtime_rss_bytes'] / gib:>7.2f}G "
               f"{r['built_rss_bytes'] / gib:>5.2f}G {r['peak_rss_bytes'] / gib:>5.2f}G {r['rss_ratio']:>9.2f}")
-    print_breakdown(runs)
+    print_breakdown(breakdown)
     for result in reference.values():
         print(f"PyTorch reference DLRM (torch {result['torch']}, fp32, {result['threads']} threads): batch "
               f"{result['batch_size']}: {result['samples_per_s']:.0f} samples/s, {result['step_time_ms']:.1f} ms/step")
