@@ -30,7 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import duckdb
+try:
+    import duckdb
+except ImportError:  # prepare_dataset.sh leaves this check to the engine (one interpreter start less)
+    print(f"error: the duckdb engine needs the duckdb package for {sys.executable} (pip install duckdb)", file=sys.stderr)
+    sys.exit(2)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
