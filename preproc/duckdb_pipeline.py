@@ -250,11 +250,15 @@ def parse_pass(con: duckdb.DuckDBPyConnection, paths: Sequence[str], days: Seque
         con.execute(f"INSERT INTO typed (day, reason) SELECT day, {NOT_UTF8_CODE} "
                     f"FROM ({refused_lines(con, 'train', *zip(*refused_train))})")
     rejects = "last" if paths[-1] in refusing else None
-    con.execute("SET preserve_insertion_order = true")  # row_number() OVER () numbers the lines in file order
+    # row_number() OVER () numbers the lines in file order, on one thread: only the numbering runs
+    # there (into a table of the last day's lines), the parse of those lines on every thread.
+    con.execute("SET preserve_insertion_order = true")
     try:
-        con.execute(f"INSERT INTO typed {select.replace('@SCANS@', scan_sql(paths[-1], last, buffer_bytes, rejects, numbered=True))}")
+        con.execute(f"CREATE OR REPLACE {kind} last_lines AS {scan_sql(paths[-1], last, buffer_bytes, rejects, numbered=True)}")
     finally:
         con.execute("SET preserve_insertion_order = false")
+    con.execute(f"INSERT INTO typed {select.replace('@SCANS@', 'SELECT * FROM last_lines')}")
+    con.execute("DROP TABLE last_lines")
     if rejects:  # the lines read are numbered as in the file, and the refused ones added
         refused = refused_lines(con, rejects, paths[-1:], [last])
         con.execute(f"UPDATE typed SET line = {file_line_sql('typed.line', refused)} WHERE day = {last}")
