@@ -27,10 +27,15 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import duckdb
+try:
+    import duckdb
+except ImportError:  # prepare_dataset.sh leaves this check to the engine (one interpreter start less)
+    print(f"error: the duckdb engine needs the duckdb package for {sys.executable} (pip install duckdb)", file=sys.stderr)
+    sys.exit(2)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -246,11 +251,15 @@ def parse_pass(con: duckdb.DuckDBPyConnection, paths: Sequence[str], days: Seque
         con.execute(f"INSERT INTO typed (day, reason) SELECT day, {NOT_UTF8_CODE} "
                     f"FROM ({refused_lines(con, 'train', *zip(*refused_train))})")
     rejects = "last" if paths[-1] in refusing else None
-    con.execute("SET preserve_insertion_order = true")  # row_number() OVER () numbers the lines in file order
+    # row_number() OVER () numbers the lines in file order, on one thread: only the numbering runs
+    # there (into a table of the last day's lines), the parse of those lines on every thread.
+    con.execute("SET preserve_insertion_order = true")
     try:
-        con.execute(f"INSERT INTO typed {select.replace('@SCANS@', scan_sql(paths[-1], last, buffer_bytes, rejects, numbered=True))}")
+        con.execute(f"CREATE OR REPLACE {kind} last_lines AS {scan_sql(paths[-1], last, buffer_bytes, rejects, numbered=True)}")
     finally:
         con.execute("SET preserve_insertion_order = false")
+    con.execute(f"INSERT INTO typed {select.replace('@SCANS@', 'SELECT * FROM last_lines')}")
+    con.execute("DROP TABLE last_lines")
     if rejects:  # the lines read are numbered as in the file, and the refused ones added
         refused = refused_lines(con, rejects, paths[-1:], [last])
         con.execute(f"UPDATE typed SET line = {file_line_sql('typed.line', refused)} WHERE day = {last}")
@@ -310,17 +319,24 @@ def rows_sql(condition: str, order: str) -> str:
     return f"SELECT {', '.join(columns)} FROM typed WHERE reason IS NULL AND {condition} ORDER BY {order}"
 
 
-def packed_batches(reader, dictionaries: Sequence[Dictionary], on_rows: Callable[[int], None]) -> Iterator[np.ndarray]:
-    """Arrow record batches of rows_sql -> [rows, 40] int32 chunks (numericals as float32 bits, ids)."""
-    for batch in reader:
-        packed = np.empty((batch.num_rows, NUM_FIELDS), dtype="<i4")
-        packed[:, 0] = batch.column(0).to_numpy(zero_copy_only=False)
-        for i in range(1, FIRST_CATEGORICAL_INDEX):
+def packed_batches(reader, dictionaries: Sequence[Dictionary], on_rows: Callable[[int], None],
+                   threads: int = 1) -> Iterator[np.ndarray]:
+    """Arrow record batches of rows_sql -> [rows, 40] int32 chunks (numericals as float32 bits, ids).
+    The 26 lookups of a batch run on `threads` threads (numpy and arrow release the GIL in them)."""
+    def fill(packed: np.ndarray, batch: pa.RecordBatch, i: int) -> None:
+        if i < FIRST_CATEGORICAL_INDEX:
             packed[:, i] = batch.column(i).to_numpy(zero_copy_only=False).astype("<f4").view("<i4")
-        for i, dictionary in zip(range(FIRST_CATEGORICAL_INDEX, NUM_FIELDS), dictionaries):
-            packed[:, i] = dictionary.lookup(batch.column(i))
-        on_rows(batch.num_rows)
-        yield packed
+        else:
+            packed[:, i] = dictionaries[i - FIRST_CATEGORICAL_INDEX].lookup(batch.column(i))
+
+    with ThreadPoolExecutor(threads) as pool:
+        for batch in reader:
+            packed = np.empty((batch.num_rows, NUM_FIELDS), dtype="<i4")
+            packed[:, 0] = batch.column(0).to_numpy(zero_copy_only=False)
+            for done in [pool.submit(fill, packed, batch, i) for i in range(1, NUM_FIELDS)]:
+                done.result()
+            on_rows(batch.num_rows)
+            yield packed
 
 
 def train_queries(last: int, num_parts: int) -> List[str]:
@@ -340,7 +356,7 @@ def sort_parts(rows: int, memory_limit: Optional[str]) -> int:
 
 
 def write_query(con: duckdb.DuckDBPyConnection, queries: Sequence[str], dictionaries: Sequence[Dictionary],
-                output_dir: str, progress: Progress, stage: str, rows: int) -> int:
+                output_dir: str, progress: Progress, stage: str, rows: int, threads: int = 1) -> int:
     """Run `queries` one after another and write their rows in order as one split folder; returns
     the row count."""
     written = [0]
@@ -360,7 +376,7 @@ def write_query(con: duckdb.DuckDBPyConnection, queries: Sequence[str], dictiona
         written[0] += n
 
     with progress.stage(stage, rows, fraction, " (queries and rows written)"):
-        return write_split(packed_batches(record_batches(), dictionaries, count), output_dir, f"{stage} rows",
+        return write_split(packed_batches(record_batches(), dictionaries, count, threads), output_dir, f"{stage} rows",
                            FIRST_CATEGORICAL_INDEX - 1, cardinalities)
 
 
@@ -451,7 +467,7 @@ def prepare(input_folder: str, num_days: int, frequency_limit: str, output_dir: 
                    **{split: [rows_sql(condition, "line")] for split, condition in halves.items()}}
         with atomic_directory(output_dir, replace) as staging:
             rows = {split: write_query(con, queries[split], dictionaries, os.path.join(staging, split), progress,
-                                       split, split_counts[split]["input_lines"])
+                                       split, split_counts[split]["input_lines"], threads)
                     for split in queries}
             for counted in split_counts.values():
                 counted["input_folder"] = input_folder

@@ -10,8 +10,9 @@ Each stage then scales with the cores that run it:
 - `cluster`: Spark's jobs, over every executor core of the cluster;
 - `machine`: work spread over one machine's cores (DuckDB's scan and grouped counts; the parquet
   conversion, PARALLEL_JOBS processes on the driver machine);
-- `serial`: one Python thread (DuckDB's writer: the ids looked up in numpy and written row group
-  by row group; split_dataset.py), kept at its measured rate whatever the cores;
+- `serial`: kept at its measured rate whatever the cores (DuckDB's writer: rows written row group
+  by row group by one Python thread, a batch's ids looked up in numpy on the engine's threads;
+  split_dataset.py);
 - `fixed`: start-up.
 
 Assumptions, each a limit of the estimate: per-core rates hold on any core count and any input

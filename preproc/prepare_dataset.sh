@@ -64,9 +64,7 @@ if [[ -z "${ENGINE:-}" ]]; then
 fi
 [[ "$ENGINE" == duckdb || "$ENGINE" == spark ]] || die "unknown engine '$ENGINE': use duckdb or spark"
 [[ "$ENGINE" == spark || "$PLATFORM" == CPU ]] || die "the duckdb engine runs on CPUs only: use --engine spark with DGX2"
-if [[ "$ENGINE" == duckdb ]]; then
-    "$PYTHON" -c 'import duckdb' 2>/dev/null || die "the duckdb engine needs the duckdb package for $PYTHON (pip install duckdb)"
-fi
+# duckdb_pipeline.py itself says when $PYTHON lacks duckdb (no second interpreter start here).
 
 download_dir="${download_dir:-/data/dlrm/criteo}"
 spark_output_path="${spark_output_path:-/data/dlrm/spark/output}"
