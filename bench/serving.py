@@ -40,6 +40,15 @@ def percentiles(seconds: List[float]) -> Dict[str, float]:
     return {"p50_ms": round(float(p50), 3), "p95_ms": round(float(p95), 3), "p99_ms": round(float(p99), 3)}
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (results compare only within one machine)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
 def time_in_process(export: Any, feed: Dict[str, np.ndarray], requests: int, seconds: float) -> Dict[str, Any]:
     """In-process ONNX Runtime: one `predict` per request, one thread, bounded like the served cells."""
     export.predict(feed)
@@ -137,7 +146,8 @@ def main() -> None:
         stop_server(server)
     record = {"export": str(args.export), "model": export.contract.model, "protocol": args.protocol,
               "bounds": {"requests_per_cell": args.requests, "seconds_per_cell": args.seconds},
-              "host": {"cpus": os.cpu_count(), "machine": platform.machine()}, "cells": cells}
+              "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "cpu": cpu_model(),
+                       "load_average": os.getloadavg()}, "cells": cells}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     staging = args.output.with_suffix(".json.tmp")
     staging.write_text(json.dumps(record, indent=1) + "\n")
