@@ -42,7 +42,8 @@ time, each on every core), timed, then profiled by TensorFlow's profiler over BR
 interaction, each MLP forward and backward, dense optimizer, loss, input, collectives and idle (no op
 running). With several inter-op threads the real step overlaps ops, and an op's span then holds its
 wait for the cores, so only the serialized step gives each part its own cost; the real step's time
-beside it shows what the overlap gains.
+(TensorFlow's default inter-op threads, timed in the same run, in turns) beside it shows what the
+overlap gains.
 Writes bench/results/train.json and prints the tables; `--only multihot_dcnv2` runs that row alone
 and replaces it in an existing bench/results/train.json.
 `--only onednn` measures fp32 at batch 4096 with oneDNN off and on and records it under the CPU's
@@ -288,12 +289,13 @@ def print_breakdown(rows: list) -> None:
     print(f"{'batch':>6} {'prec':>5} {'real ms':>8} {'serial ms':>9} " + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS))
     for r in rows:
         parts = [sum(r["parts_ms"][category] for category in categories) for categories in BREAKDOWN_COLUMNS.values()]
-        print(f"{r['batch_size']:>6} {r['precision']:>5} {r.get('step_time_ms', float('nan')):>8.1f} "
+        print(f"{r['batch_size']:>6} {r['precision']:>5} {r['step_time_ms']:>8.1f} "
               f"{r['serialized_step_time_ms']:>9.1f} " + " ".join(f"{part:>11.1f}" for part in parts))
 
 
-def breakdown_worker(batch_size: int, precision: str, steps: int) -> dict:
-    """The serialized step (run with one inter-op thread) of one configuration: its time and its parts."""
+def breakdown_worker(batch_size: int, precision: str, steps: int, profile: bool) -> dict:
+    """The step of one configuration under this process's thread settings: its time, and with
+    `profile` its parts (bench.step_profile)."""
     warmup = 5
     pipelines = bench_pipelines(batch_size, warmup + steps + BREAKDOWN_STEPS, precision)
     batches = list(pipelines.train)
@@ -305,28 +307,32 @@ def breakdown_worker(batch_size: int, precision: str, steps: int) -> dict:
         loss = trainer.train_step(features, labels)[0]
     loss.numpy()
     step_time = (time.perf_counter() - start) / steps
-    profiled = iter(batches[warmup + steps:])
-    parts = profile_breakdown(lambda: trainer.train_step(*next(profiled))[0].numpy(), BREAKDOWN_STEPS)
-    return {"batch_size": batch_size, "precision": precision, "inter_op_threads": 1,
-            "serialized_step_time_ms": step_time * 1000, "parts_ms": parts}
+    result = {"batch_size": batch_size, "precision": precision, "step_time_ms": step_time * 1000}
+    if profile:
+        profiled = iter(batches[warmup + steps:])
+        result["parts_ms"] = profile_breakdown(lambda: trainer.train_step(*next(profiled))[0].numpy(), BREAKDOWN_STEPS)
+    return result
 
 
 def run_breakdown_rows(steps: int) -> list:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, TF_NUM_INTEROP_THREADS="1")
-    return [run_subprocess(["--breakdown-worker", str(batch), precision, str(steps)], env,
-                           f"breakdown, batch {batch}, {precision}")
-            for batch, precision in BREAKDOWN_CONFIGS]
-
-
-def with_real_steps(breakdown: list, runs: list) -> list:
-    """Each breakdown row with `step_time_ms`, the real step of its configuration's training row
-    (several inter-op threads, no XLA, the pool allocator)."""
-    for row in breakdown:
-        real = [r for r in runs if (r["batch_size"], r["precision"]) == (row["batch_size"], row["precision"])
-                and not r["xla"] and not r["low_memory_allocator"]]
-        if real:
-            row["step_time_ms"] = real[0]["step_time_ms"]
-    return breakdown
+    """Per configuration, in processes of their own, REPEATS times in turn: the serialized step (one
+    inter-op thread) profiled, and the real step (TensorFlow's default inter-op threads) timed; the
+    faster of each."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    env.pop("TF_NUM_INTEROP_THREADS", None)
+    rows = []
+    for batch, precision in BREAKDOWN_CONFIGS:
+        serial, real = [], []
+        for _ in range(REPEATS):
+            serial.append(run_subprocess(["--breakdown-worker", str(batch), precision, str(steps), "1"],
+                                         dict(env, TF_NUM_INTEROP_THREADS="1"), f"breakdown, batch {batch}, {precision}"))
+            real.append(run_subprocess(["--breakdown-worker", str(batch), precision, str(steps), "0"], env,
+                                       f"step, batch {batch}, {precision}"))
+        fastest = min(serial, key=lambda row: row["step_time_ms"])
+        rows.append({"batch_size": batch, "precision": precision, "parts_ms": fastest["parts_ms"],
+                     "serialized_step_time_ms": fastest["step_time_ms"],
+                     "step_time_ms": min(row["step_time_ms"] for row in real)})
+    return rows
 
 
 def run_multihot_row(steps: int) -> dict:
@@ -437,7 +443,7 @@ def parse_args():
     parser.add_argument("--only", choices=["multihot_dcnv2", "onednn", "breakdown"],
                         help="run only these rows and replace them in an existing results file (onednn: fp32 at "
                              "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's model; "
-                             "breakdown: the serialized steps' parts, beside the real steps already recorded)")
+                             "breakdown: the serialized steps' parts beside the real steps)")
     parser.add_argument("--dlrm_repo", default=os.environ.get("DLRM_PYTORCH_REPO"),
                         help="a clone of facebookresearch/dlrm: run the PyTorch reference beside (default: "
                              "$DLRM_PYTORCH_REPO; without it the reference rows are left out, with the reason)")
@@ -482,7 +488,8 @@ def main() -> None:
         print("RESULT " + json.dumps(loop_worker(tensorboard, print_freq, steps)), flush=True)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--breakdown-worker":
-        print("RESULT " + json.dumps(breakdown_worker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))), flush=True)
+        print("RESULT " + json.dumps(breakdown_worker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1")),
+              flush=True)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--multihot-worker":
         print("RESULT " + json.dumps(multihot_worker(int(sys.argv[2]))), flush=True)
@@ -496,7 +503,7 @@ def main() -> None:
     if args.only == "breakdown":
         with open(RESULTS) as f:
             results = json.load(f)
-        results["breakdown"] = with_real_steps(run_breakdown_rows(steps), results["runs"])
+        results["breakdown"] = run_breakdown_rows(steps)
         results["breakdown_load_average"] = os.getloadavg()
         with open(RESULTS, "w") as f:
             json.dump(results, f, indent=1)
@@ -514,7 +521,7 @@ def main() -> None:
         return
     multihot = run_multihot_row(steps)
     runs = [repeated_row(lambda variant=variant: run_worker(*variant, steps)) for variant in VARIANTS]
-    breakdown = with_real_steps(run_breakdown_rows(steps), runs)
+    breakdown = run_breakdown_rows(steps)
     reference = reference_runs(args.dlrm_repo, steps)
     print_freq, loop_steps = (5, 20) if quick else (10, 100)
     tensorboard_rows = run_tensorboard_rows(print_freq, loop_steps)
