@@ -429,4 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recsys.runtime.stop_signals import run_stopping_at_once
+
+    # SIGINT/SIGTERM unwind the staging folder (atomic_directory) and end as one line, exit 128 + N
+    sys.exit(run_stopping_at_once(main))
