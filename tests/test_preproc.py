@@ -844,38 +844,6 @@ def spark_daemon(role: str, host: str, port: int, env: Dict[str, str], log, *arg
     return daemon
 
 
-@needs_spark
-def test_spark_runs_on_a_standalone_cluster(tmp_path):
-    """SPARK_MASTER=spark://...: a master and a worker started here (spark-class), the Spark engine
-    run against them, and its dataset equal to the embedded engine's on the same input."""
-    engine_available("duckdb")
-    synthetic_criteo.write_days(str(tmp_path / "raw"), NUM_DAYS, 1500, seed=21, bad_lines={2: {5: "bad_label"}})
-    master_port = _free_port()
-    env = _environment(SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path / "logs"),
-                       SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_DIRS=str(tmp_path / "spark_tmp"))
-    master_url = f"spark://127.0.0.1:{master_port}"
-    logs = open(tmp_path / "cluster.log", "w")
-    daemons = []
-    try:
-        daemons.append(spark_daemon("Master", "127.0.0.1", master_port, env, logs))
-        daemons.append(spark_daemon("Worker", "127.0.0.1", _free_port(), env, logs, "--cores", "2", "--memory", "2g",
-                                    master_url))
-        cluster = run_prepare(str(tmp_path / "cluster"), "CPU", "2", raw=str(tmp_path / "raw"), SPARK_MASTER=master_url,
-                              SPARK_LOCAL_IP="127.0.0.1", NUM_EXECUTORS="1", EXECUTOR_CORES="2",
-                              EXECUTOR_MEMORY="1g", DRIVER_MEMORY="1g")
-    finally:
-        for daemon in reversed(daemons):
-            _stop_daemon(daemon)
-        logs.close()
-    assert cluster.returncode == 0, cluster.stdout[-3000:] + cluster.stderr[-3000:]
-    assert f"--master {master_url}" in cluster.stderr or "spark-submit" in cluster.stderr
-    with open(tmp_path / "cluster" / "final" / "preprocessing_summary.json") as f:
-        assert json.load(f)["engine"] == "spark"
-    embedded = run_prepare(str(tmp_path / "embedded"), "--engine", "duckdb", "CPU", "2", raw=str(tmp_path / "raw"))
-    assert embedded.returncode == 0, embedded.stderr[-3000:]
-    assert dataset_digest(str(tmp_path / "cluster" / "final")) == dataset_digest(str(tmp_path / "embedded" / "final"))
-
-
 @pytest.mark.skipif(not HAVE_DUCKDB, reason="needs duckdb")
 def test_duckdb_engine_spills_under_a_small_memory_limit(tmp_path):
     """DUCKDB_MEMORY_LIMIT over 5 times below the input size: the train sort runs in key ranges
