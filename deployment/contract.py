@@ -23,6 +23,9 @@ TABLE_DTYPES = ("float32", "int8")
 NUMERICAL_INPUT = "numerical_features"
 CATEGORICAL_INPUT = "categorical_features"
 OUTPUT = "probabilities"
+# max |ONNX Runtime - TensorFlow| of a probability with float32 tables (the export's check), and
+# max |served - in-process| (deployment.score)
+PROBABILITY_TOLERANCE = 1e-5
 # The one layout of the contract: the name, dtype and trailing width of each input and the output.
 EXPECTED_INPUTS = ((NUMERICAL_INPUT, "float32"), (CATEGORICAL_INPUT, "int32"))
 EXPECTED_OUTPUTS = ((OUTPUT, "float32"),)

@@ -35,9 +35,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from deployment import onnx_graph
+from deployment.contract import PROBABILITY_TOLERANCE
 from deployment.quantize import quantize_rows, worth_quantizing
 from recsys.runtime import cli
-from recsys.runtime.metrics import exact_auc, quality_metrics
+from recsys.runtime.metrics import serving_scores as scores
 from recsys.runtime.safe_io import OutputPathError, atomic_directory, check_replaceable, refuse_overlap
 
 EXPORT_FORMAT = "dlrm-tf2-serving"
@@ -49,7 +50,7 @@ EXTERNAL_DATA = "model.onnx.data"  # the weights of a model over PROTOBUF_LIMIT,
 CHECK_SAMPLES_FILE = "check_samples.npz"
 EXPORT_ENTRIES = frozenset({SERVING_FILE, ONNX_FILE, EXTERNAL_DATA, CHECK_SAMPLES_FILE})
 PROTOBUF_LIMIT = 2**31 - 2**26  # a protobuf message holds at most 2 GiB; leave room for the graph
-TOLERANCE = 1e-5  # max |ONNX Runtime - TensorFlow| of a probability, float32 tables
+TOLERANCE = PROBABILITY_TOLERANCE  # max |ONNX Runtime - TensorFlow| of a probability, float32 tables
 DEFAULT_DATASET_TYPES = {"dlrm": "tf_raw", "wide_and_deep": "tfrecords"}
 
 
@@ -323,11 +324,6 @@ def onnx_probabilities(path: str, restored: Restored, batch_size: int) -> np.nda
             onnx_graph.NUMERICAL: restored.numerical[start:start + batch_size],
             onnx_graph.CATEGORICAL: restored.categorical_ids[start:start + batch_size]})[0].reshape(-1))
     return np.concatenate(parts)
-
-
-def scores(labels: np.ndarray, probabilities: np.ndarray) -> Dict[str, float]:
-    """AUC beside log loss, normalized entropy and calibration."""
-    return {"auc": exact_auc(labels, probabilities), **quality_metrics(labels, probabilities)}
 
 
 def describe(name: str, values: Dict[str, float]) -> str:

@@ -24,16 +24,12 @@ from typing import Dict, Iterator, Optional, Sequence
 import numpy as np
 
 from deployment.client import connect, free_ports, infer, start_server, stop_server
-from deployment.contract import CATEGORICAL_INPUT, NUMERICAL_INPUT, ContractError, ServingContract, load_contract
+from deployment.contract import (CATEGORICAL_INPUT, NUMERICAL_INPUT, PROBABILITY_TOLERANCE, ContractError,
+                                 ServingContract, load_contract)
 from deployment.runtime import open_export
-from recsys.runtime.metrics import exact_auc, quality_metrics
+from recsys.runtime.metrics import serving_scores as scores
 
-TOLERANCE = 1e-5  # deployment.export's: max |served - TensorFlow| of a probability (float32 tables)
-
-
-def scores(labels: np.ndarray, probabilities: np.ndarray) -> Dict[str, float]:
-    """AUC beside log loss, normalized entropy and calibration (recsys.runtime.metrics)."""
-    return {"auc": exact_auc(labels, probabilities), **quality_metrics(labels, probabilities)}
+TOLERANCE = PROBABILITY_TOLERANCE  # max |served - in-process| of a probability
 
 
 def load_samples(contract: ServingContract) -> Dict[str, np.ndarray]:

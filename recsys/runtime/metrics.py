@@ -95,3 +95,9 @@ def quality_metrics(labels: np.ndarray, probabilities: Optional[np.ndarray] = No
     entropy, positives = base_entropy(y), float(np.sum(y))
     return {"log_loss": loss, "normalized_entropy": loss / entropy if entropy > 0 else float("nan"),
             "calibration": float(np.sum(p)) / positives if positives > 0 else float("nan")}
+
+
+def serving_scores(labels: np.ndarray, probabilities: np.ndarray) -> Dict[str, float]:
+    """AUC beside log loss, normalized entropy and calibration: what the export's check and the
+    served score report for a model's probabilities."""
+    return {"auc": exact_auc(labels, probabilities), **quality_metrics(labels, probabilities)}
