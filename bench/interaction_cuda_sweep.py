@@ -1,8 +1,9 @@
 """Side-by-side measurement of the CUDA dot-interaction kernels' tuning choices on one GPU.
 
-The tensor-core kernels' chunk size (bytes of each row a step stages) and claimed residency
-(blocks per SM, which also caps their registers) are build-time choices per precision and
-direction (`cc/kernels/cuda/kernel_layout.h`, `make KERNEL_DEFINES=...`). This builds the
+The tensor-core kernels' chunk size (bytes of each row a step stages), claimed residency
+(blocks per SM, which also caps their registers) and how chunks arrive on sm_90+ (bulk copies or
+per-lane cp.async) are build-time choices per precision and direction
+(`cc/kernels/cuda/kernel_layout.h`, `make KERNEL_DEFINES=...`). This builds the
 standalone harness once per variant, runs each one's correctness cases against NumPy and times
 it at (N, 27, 128) (`harness/check_harness.py`), all in the same run on the same GPU, and writes
 DIR/interaction_cuda_sweep.json with, per mode and direction, every candidate's time, fraction of
@@ -13,6 +14,9 @@ choice where a list is shorter: a kernel's speed depends only on its own precisi
 direction's choices, so one build measures one candidate of each. Variant 0 is the header's
 defaults. With --emulated the variants are built for the CPU emulation instead and only checked
 for correctness (three samples per case): what a machine without a GPU can say about them.
+--best-defines FILE writes the -D flags of the fastest candidate of every precision and
+direction (none where the header's default won), which `KERNEL_DEFINES="$(cat FILE)"
+scripts/gpu_interaction_check.sh` then builds, checks and records beside the reference.
 
 Exit status: 0 when every variant built and passed; 1 when one did not; 2 for bad arguments, a
 missing tool, or no GPU.
@@ -34,31 +38,51 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 OP_DIR = REPO_ROOT / "tensorflow-dot-based-interact"
 RESULTS_NAME = "interaction_cuda_sweep.json"
 
-# (row bytes, blocks per SM) per precision and direction; the first is kernel_layout.h's default.
-CANDIDATES: Dict[Tuple[str, str], List[Tuple[int, int]]] = {
-    ("fp16", "forward"): [(128, 10), (128, 8), (128, 9), (64, 10)],
-    ("fp16", "backward"): [(128, 8), (128, 6), (128, 7), (64, 8), (64, 10)],
-    ("fp32", "forward"): [(256, 6), (128, 8), (128, 6), (128, 9)],
-    ("fp32", "backward"): [(128, 6), (64, 8), (64, 7), (64, 6)],
+# (row bytes, blocks per SM, bulk copies) per precision and direction; the first is
+# kernel_layout.h's default. Variant 1 is the defaults with cp.async instead of bulk copies.
+CANDIDATES: Dict[Tuple[str, str], List[Tuple[int, int, int]]] = {
+    ("fp16", "forward"): [(128, 10, 1), (128, 10, 0), (128, 11, 1), (64, 10, 0)],
+    ("fp16", "backward"): [(128, 8, 1), (128, 8, 0), (64, 10, 1), (64, 8, 1)],
+    ("fp32", "forward"): [(256, 6, 1), (256, 6, 0), (128, 8, 1), (128, 9, 1)],
+    ("fp32", "backward"): [(128, 6, 1), (128, 6, 0), (64, 8, 1), (64, 6, 0)],
 }
 # Harness modes and the precision whose choices their kernels take (fp32: 3xTF32).
 MODE_PRECISION = {"fp16": "fp16", "tf32": "fp32", "fp32": "fp32"}
 DIRECTIONS = ("forward", "backward")
 
 
-def variant_choices(index: int) -> Dict[Tuple[str, str], Tuple[int, int]]:
+def variant_choices(index: int) -> Dict[Tuple[str, str], Tuple[int, int, int]]:
     """The candidate variant `index` builds for each precision and direction."""
     return {key: options[index] if index < len(options) else options[0] for key, options in CANDIDATES.items()}
+
+
+def choice_defines(precision: str, direction: str, choice: Tuple[int, int, int]) -> List[str]:
+    """The -D flags that build `choice` for one precision and direction."""
+    prefix = f"DBI_{precision.upper()}_{direction.upper()}"
+    row_bytes, blocks, bulk = choice
+    return [f"-D{prefix}_ROW_BYTES={row_bytes}", f"-D{prefix}_BLOCKS={blocks}", f"-D{prefix}_BULK={bulk}"]
 
 
 def variant_defines(index: int) -> List[str]:
     """The -D flags of variant `index` (none for variant 0, the header's defaults)."""
     if index == 0:
         return []
+    return [flag for (precision, direction), choice in variant_choices(index).items()
+            for flag in choice_defines(precision, direction, choice)]
+
+
+def best_defines(rows: List[dict]) -> List[str]:
+    """The -D flags of the fastest candidate of every precision and direction whose fastest is
+    not the header's default. A precision's choices serve two modes (fp32: TF32 and 3xTF32); the
+    TF32 mode's timings decide, as they do for the defaults."""
     defines = []
-    for (precision, direction), (row_bytes, blocks) in variant_choices(index).items():
-        prefix = f"DBI_{precision.upper()}_{direction.upper()}"
-        defines += [f"-D{prefix}_ROW_BYTES={row_bytes}", f"-D{prefix}_BLOCKS={blocks}"]
+    for (precision, direction) in CANDIDATES:
+        mode = "fp16" if precision == "fp16" else "tf32"
+        fastest = next((row for row in rows if (row["mode"], row["direction"]) == (mode, direction) and row["fastest"]),
+                       None)
+        if fastest is not None and not fastest["default"]:
+            choice = (fastest["row_bytes"], fastest["blocks_per_sm"], int(fastest["bulk_copies"]))
+            defines += choice_defines(precision, direction, choice)
     return defines
 
 
@@ -134,7 +158,7 @@ def run_variant(index: int, binary: Path, work: Path, args: argparse.Namespace) 
 
 def candidate_rows(variants: List[dict]) -> List[dict]:
     """Per mode and direction, every distinct candidate's measurement (the first variant that
-    built it), fastest marked."""
+    built it), the fastest of those whose variant passed every correctness case marked."""
     rows = []
     for mode, precision in MODE_PRECISION.items():
         for direction in DIRECTIONS:
@@ -149,10 +173,11 @@ def candidate_rows(variants: List[dict]) -> List[dict]:
                               if (run["mode"], run["direction"]) == (mode, direction)), None)
                 usage = variant["registers"].get(f"{mode} {direction}", {})
                 group.append({"mode": mode, "direction": direction, "row_bytes": choice[0], "blocks_per_sm": choice[1],
-                              "variant": variant["index"], "default": choice == CANDIDATES[(precision, direction)][0],
+                              "bulk_copies": bool(choice[2]), "variant": variant["index"], "default": choice == CANDIDATES[(precision, direction)][0],
+                              "passed": variant.get("correctness") == "all passed",
                               "ms": timed["ms"] if timed else None,
                               "fraction_of_peak": timed["fraction_of_peak"] if timed else None, **usage})
-            timed_rows = [row for row in group if row["ms"] is not None]
+            timed_rows = [row for row in group if row["ms"] is not None and row["passed"]]
             fastest = min(timed_rows, key=lambda row: row["ms"]) if timed_rows else None
             for row in group:
                 row["fastest"] = row is fastest
@@ -161,13 +186,14 @@ def candidate_rows(variants: List[dict]) -> List[dict]:
 
 
 def print_table(rows: List[dict]) -> None:
-    print(f"{'mode':<5} {'direction':<9} {'row bytes':>9} {'blocks/SM':>9} {'regs':>5} {'spill':>5} {'ms':>8} "
-          f"{'of peak':>8}")
+    print(f"{'mode':<5} {'direction':<9} {'row bytes':>9} {'blocks/SM':>9} {'copies':>8} {'regs':>5} {'spill':>5} "
+          f"{'ms':>8} {'of peak':>8}")
     for row in rows:
         ms = f"{row['ms']:8.3f}" if row["ms"] is not None else "     n/a"
         peak = f"{100 * row['fraction_of_peak']:7.1f}%" if row["fraction_of_peak"] is not None else "     n/a"
         marks = (" default" if row["default"] else "") + (" fastest" if row["fastest"] else "")
-        print(f"{row['mode']:<5} {row['direction']:<9} {row['row_bytes']:>9} {row['blocks_per_sm']:>9} "
+        copies = "bulk" if row["bulk_copies"] else "cp.async"
+        print(f"{row['mode']:<5} {row['direction']:<9} {row['row_bytes']:>9} {row['blocks_per_sm']:>9} {copies:>8} "
               f"{row.get('registers', '-'):>5} {row.get('stack_bytes', '-'):>5} {ms} {peak}{marks}")
 
 
@@ -182,6 +208,8 @@ def main() -> int:
     parser.add_argument("--emulated", action="store_true", help="build for the CPU emulation: correctness only")
     parser.add_argument("--jobs", type=int, default=4, help="variants built at once")
     parser.add_argument("--python", default=sys.executable, help="the Python that runs check_harness.py (NumPy)")
+    parser.add_argument("--best-defines", type=Path, default=None,
+                        help="write the fastest candidates' -D flags here (empty: the defaults won everywhere)")
     args = parser.parse_args()
     count = max(len(options) for options in CANDIDATES.values())
     try:
@@ -242,6 +270,10 @@ def main() -> int:
     print(f"{device}: {len(variants)} variants, {measured}")
     print_table(rows)
     print(f"results: {args.output / RESULTS_NAME}")
+    if args.best_defines is not None and not args.emulated:
+        best = " ".join(best_defines(rows))
+        args.best_defines.write_text(best + "\n")
+        print(f"fastest candidates: {best or 'the defaults'} ({args.best_defines})")
     return 0 if passed else 1
 
 

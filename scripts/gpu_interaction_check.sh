@@ -27,7 +27,8 @@ On a machine with an NVIDIA GPU, nvcc and python3 (NumPy; no TensorFlow needed):
      launch, warp-state and memory sections as DIR/ncu_ours.csv and DIR/ncu_reference.csv.
 Exit status: 0 when everything passed; 1 when a check failed; 3 when NumPy is missing (the JSON
 then holds the bandwidth only); 2 for bad arguments or a missing tool.
-Environment: NVCC (default nvcc), PYTHON (default python3).
+Environment: NVCC (default nvcc), PYTHON (default python3), KERNEL_DEFINES (the kernels' build-time
+choices, e.g. what bench/interaction_cuda_sweep.py --best-defines wrote; recorded in the JSON's command).
 USAGE
 }
 
@@ -101,7 +102,7 @@ else
 fi
 
 check_arguments=(--binary "${HARNESS}" --results "${OUTPUT_DIR}/interaction_cuda.json" --batch "${BATCH}"
-  --repeats "${REPEATS}" --command "scripts/gpu_interaction_check.sh ${ARGUMENTS}")
+  --repeats "${REPEATS}" --command "${KERNEL_DEFINES:+KERNEL_DEFINES=\"${KERNEL_DEFINES}\" }scripts/gpu_interaction_check.sh ${ARGUMENTS}")
 if [[ -n "${REFERENCE}" ]]; then
   peer_arguments=(-s -C "${OP_DIR}" reference-peer "BUILD=${BUILD_DIR}" "NVCC=${NVCC}" "REFERENCE=${REFERENCE}")
   if [[ -n "${ARCHS}" ]]; then peer_arguments+=("CUDA_ARCHS=${ARCHS}"); fi

@@ -222,9 +222,11 @@ def recorded_peer_comparison(record_name: str) -> Tuple[dict, Dict[str, dict], D
     finally:
         sys.path.pop(0)
     record = json.loads((REPO / "bench" / "results" / record_name).read_text())
-    rows = compare_with_peer(record["bandwidth"], record["peer"]["bandwidth"])
+    targets = record["peer_target"]  # the goals of the run's day
+    rows = compare_with_peer(record["bandwidth"], record["peer"]["bandwidth"], targets)
     assert rows == record["peer"]["comparison"] and len(rows) == 9
-    return record, {row["mode"]: row for row in rows if row["direction"] == "forward+backward"}, PEER_TARGET
+    assert set(targets) == set(PEER_TARGET)
+    return record, {row["mode"]: row for row in rows if row["direction"] == "forward+backward"}, targets
 
 
 def test_peer_comparison_of_the_h100_baseline() -> None:
@@ -256,31 +258,33 @@ def test_peer_comparison_of_the_h200_runs(record_name: str, commit: str, speedup
 
 
 def test_the_recorded_sweep_found_the_header_defaults_fastest() -> None:
-    """The H200 sweep (bench/results/interaction_cuda_sweep.json): every variant passed its
-    correctness cases, and in every mode and direction the fastest candidate is the one
-    kernel_layout.h ships (the sweep's first candidate): defaults changed without a new sweep
-    fail here."""
+    """The last GPU sweep (bench/results/interaction_cuda_sweep.json): every variant passed its
+    correctness cases, and in every mode and direction whose timings choose the defaults (fp16;
+    TF32 for the fp32 kernels' choices) the fastest candidate is the one kernel_layout.h ships (the
+    sweep's first candidate), which spills nothing: defaults changed without a new sweep fail here."""
     sweep = load_sweep()
     record = json.loads((REPO / "bench" / "results" / "interaction_cuda_sweep.json").read_text())
-    assert record["device"] == "NVIDIA H200" and record["all_passed"] is True and not record["emulated"]
+    assert record["device"].startswith(("NVIDIA H200", "NVIDIA H100")) and record["all_passed"] is True
+    assert not record["emulated"]
     assert len(record["variants"]) == max(len(options) for options in sweep.CANDIDATES.values())
     for mode, precision in sweep.MODE_PRECISION.items():
         for direction in sweep.DIRECTIONS:
             rows = [row for row in record["candidates"] if (row["mode"], row["direction"]) == (mode, direction)]
-            assert len(rows) == len(sweep.CANDIDATES[(precision, direction)])
+            assert [(row["row_bytes"], row["blocks_per_sm"], int(row["bulk_copies"])) for row in rows] == \
+                sweep.CANDIDATES[(precision, direction)]
             fastest = min(rows, key=lambda row: row["ms"])
-            assert fastest["fastest"] and (fastest["row_bytes"], fastest["blocks_per_sm"]) == \
-                sweep.CANDIDATES[(precision, direction)][0], (mode, direction, rows)
-            assert all(row["stack_bytes"] == 0 for row in rows)
+            assert fastest["fastest"]
+            if mode in ("fp16", "tf32"):
+                assert fastest is rows[0] and fastest["stack_bytes"] == 0, (mode, direction, rows)
 
 
 # Shared memory per SM (bytes) and blocks per SM a GPU allows (A100: 164 KB, H100: 228 KB).
 SM_LIMITS = {"A100": (164 * 1024, 32), "H100": (228 * 1024, 32)}
 LAYOUT_FIELDS = ("rows", "padded_dim", "k_step", "chunk_columns", "chunks", "chunk_stride", "gram_stride",
-                 "coefficient_stride", "forward_pairs_offset", "forward_stage_bytes", "forward_rezero_from",
-                 "forward_rezero_to", "forward_zero_last_chunk_padding", "forward_bytes",
+                 "coefficient_stride", "forward_stage_bytes", "forward_rezero_from",
+                 "forward_rezero_to", "forward_zero_last_chunk_padding", "forward_barrier_offset", "forward_bytes",
                  "backward_upstream_offset", "backward_stage_bytes", "coefficient_offset", "pass_through_offset",
-                 "scratch_offset", "backward_bytes")
+                 "scratch_offset", "backward_barrier_offset", "backward_bytes")
 LAYOUT_PROBE = r"""
 #include <cstdio>
 #include <initializer_list>
@@ -293,9 +297,11 @@ long long Blocks(long long warp_bytes, long long shared) {
 int main() {
   std::printf("{\"warps_per_block\": %d, \"threads_per_block\": %d, \"stages\": %d, "
               "\"forward_blocks_claim\": {\"2\": %d, \"4\": %d}, \"backward_blocks_claim\": {\"2\": %d, \"4\": %d}, "
+              "\"forward_bulk\": {\"2\": %d, \"4\": %d}, \"backward_bulk\": {\"2\": %d, \"4\": %d}, "
               "\"reserved\": %d, \"max_warp_bytes\": {\"2\": %lld, \"4\": %lld}, \"layouts\": [",
               kTensorCoreWarpsPerBlock, kTensorCoreThreadsPerBlock, kStages, ForwardBlocksPerSm(2),
-              ForwardBlocksPerSm(4), BackwardBlocksPerSm(2), BackwardBlocksPerSm(4), kBlockReservedSharedBytes,
+              ForwardBlocksPerSm(4), BackwardBlocksPerSm(2), BackwardBlocksPerSm(4), ForwardBulkCopies(2),
+              ForwardBulkCopies(4), BackwardBulkCopies(2), BackwardBulkCopies(4), kBlockReservedSharedBytes,
               (long long)MaxTensorCoreWarpBytes(2), (long long)MaxTensorCoreWarpBytes(4));
   const char* separator = "";
   for (int bytes : {2, 4}) {
@@ -344,11 +350,12 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
     """Each tensor-core shape's per-warp regions, in the layout of each direction, hold what the
     kernels put there, none overlapping: kStages chunk stages (forward: the Gram tiles and the pair
     values fit in one; backward: each with room for the upstream row), then the coefficients, the
-    pass-through row and the fp16 scratch (only where F fills the padded rows); chunks of the
+    pass-through row and the fp16 scratch (only where F fills the padded rows), and last the
+    stages' mbarriers (8 bytes each); chunks of the
     header's bytes per row cover the padded D in whole 16-column tiles; where a forward stage holds different chunks of
     successive samples, the last one's padding columns are zeroed each time; where the Gram tiles
-    and pairs overwrite a forward stage's padding, the kernel zeroes exactly them again; every region is
-    128-byte aligned. Shared memory keeps at least 4 warps (each with its next chunk in flight)
+    overwrite a forward stage's padding, the kernel zeroes exactly them again; every region is
+    32-byte aligned (WMMA tile pointers). Shared memory keeps at least 4 warps (each with its next chunk in flight)
     resident per SM on an A100 and 8 on an H100 in both directions, with the runtime's 1 KB per
     block."""
     probe = tensor_core_layouts(tmp_path)
@@ -370,25 +377,25 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
             assert layout["gram_stride"] >= rows and layout["coefficient_stride"] >= rows
             for name in LAYOUT_FIELDS:
                 if name.endswith(("_offset", "_bytes")):
-                    assert layout[name] % 128 == 0, (name, layout)
+                    assert layout[name] % 32 == 0, (name, layout)
         steps = range(2 * probe["stages"] * forward["chunks"])  # step t: chunk t % chunks into stage t % stages
         shared_stage = any(len({t % forward["chunks"] for t in steps if t % probe["stages"] == stage}) > 1
                            for stage in range(probe["stages"]))
         assert forward["forward_zero_last_chunk_padding"] == (shared_stage and forward["padded_dim"] != d), entry
         rows, stride_bytes = forward["rows"], forward["chunk_stride"] * size
         assert forward["forward_stage_bytes"] >= rows * stride_bytes
-        assert forward["forward_pairs_offset"] >= rows * forward["gram_stride"] * 4
-        pairs_end = forward["forward_pairs_offset"] + (entry["width"] - d) * size
-        assert pairs_end <= forward["forward_stage_bytes"]
-        assert forward["forward_bytes"] == probe["stages"] * forward["forward_stage_bytes"]
+        gram_end = rows * forward["gram_stride"] * 4
+        assert gram_end <= forward["forward_stage_bytes"]
+        assert forward["forward_barrier_offset"] == probe["stages"] * forward["forward_stage_bytes"]
+        assert forward["forward_bytes"] >= forward["forward_barrier_offset"] + 8 * probe["stages"]
         last_valid = d - (forward["chunks"] - 1) * forward["chunk_columns"]
         first_padding = last_valid * size if forward["padded_dim"] != d else \
             f * stride_bytes if rows != f else rows * stride_bytes
         rezero = (forward["forward_rezero_from"], forward["forward_rezero_to"])
         if rezero == (0, 0):
-            assert pairs_end <= first_padding, entry
+            assert gram_end <= first_padding, entry
         else:
-            assert pairs_end > first_padding and rezero[0] <= first_padding and pairs_end <= rezero[1] <= \
+            assert gram_end > first_padding and rezero[0] <= first_padding and gram_end <= rezero[1] <= \
                 forward["forward_stage_bytes"] and rezero[0] % 16 == rezero[1] % 16 == 0, entry
         rows, stride_bytes = backward["rows"], backward["chunk_stride"] * size
         assert backward["backward_upstream_offset"] >= rows * stride_bytes
@@ -397,7 +404,9 @@ def test_tensor_core_shared_memory_holds_every_buffer_and_keeps_warps_resident(t
         assert backward["pass_through_offset"] >= backward["coefficient_offset"] + \
             rows * backward["coefficient_stride"] * size
         assert backward["scratch_offset"] >= backward["pass_through_offset"] + d * size
-        assert backward["backward_bytes"] >= backward["scratch_offset"] + (rows * 20 * 4 if size == 2 and f == rows else 0)
+        assert backward["backward_barrier_offset"] >= backward["scratch_offset"] + \
+            (rows * 20 * 4 if size == 2 and f == rows else 0)
+        assert backward["backward_bytes"] >= backward["backward_barrier_offset"] + 8 * probe["stages"]
         assert max(forward["forward_bytes"], backward["backward_bytes"]) <= probe["max_warp_bytes"][str(size)]
         for gpu, least in (("A100", 4), ("H100", 8)):
             warps = [blocks * probe["warps_per_block"] for blocks in entry["blocks"][gpu]]
@@ -533,25 +542,50 @@ def load_sweep():
 
 def test_sweep_candidates_start_with_the_header_defaults(tmp_path: Path) -> None:
     """The sweep's variant 0 builds with no -D flags, so its first candidate of every precision
-    and direction must be what kernel_layout.h chooses by default (bytes per row, blocks per SM);
-    the other variants' flags name every choice."""
+    and direction must be what kernel_layout.h chooses by default (bytes per row, blocks per SM,
+    bulk copies); the other variants' flags name every choice."""
     sweep = load_sweep()
     probe = tensor_core_layouts(tmp_path)
     criteo = {entry["size"]: entry for entry in probe["layouts"] if (entry["f"], entry["d"]) == (27, 128)}
     claims = {"forward": probe["forward_blocks_claim"], "backward": probe["backward_blocks_claim"]}
     for (precision, direction), options in sweep.CANDIDATES.items():
         size = 2 if precision == "fp16" else 4
-        assert options[0] == (criteo[size][direction]["chunk_limit"] * size, claims[direction][str(size)])
+        bulk = probe[f"{direction}_bulk"][str(size)]
+        assert options[0] == (criteo[size][direction]["chunk_limit"] * size, claims[direction][str(size)], bulk)
         assert len(set(options)) == len(options), options
     assert sweep.variant_defines(0) == []
-    assert len(sweep.variant_defines(1)) == 2 * len(sweep.CANDIDATES)
+    assert len(sweep.variant_defines(1)) == 3 * len(sweep.CANDIDATES)
+
+
+def test_sweep_best_defines_name_the_fastest_passing_candidates() -> None:
+    """--best-defines: for each precision and direction whose fastest correct candidate (in fp16 or
+    TF32 timings) is not the header's default, the -D flags that build it; a faster variant that
+    failed a correctness case is never chosen; nothing where the defaults won."""
+    sweep = load_sweep()
+    variants = []
+    for index in range(3):
+        timings = {(mode, direction): 1.0 for mode in sweep.MODE_PRECISION for direction in sweep.DIRECTIONS}
+        if index == 1:
+            timings[("fp16", "backward")] = 0.5  # the fastest, and correct
+        if index == 2:
+            timings = {key: 0.1 for key in timings}  # faster everywhere, but wrong
+        variants.append({"index": index, "correctness": "FAILED" if index == 2 else "all passed", "registers": {},
+                         "choices": {f"{precision} {direction}": list(choice)
+                                     for (precision, direction), choice in sweep.variant_choices(index).items()},
+                         "bandwidth": [{"mode": mode, "direction": direction, "ms": ms, "fraction_of_peak": 0.5}
+                                       for (mode, direction), ms in timings.items()]})
+    rows = sweep.candidate_rows(variants)
+    assert sweep.best_defines(rows) == sweep.choice_defines("fp16", "backward", sweep.CANDIDATES[("fp16", "backward")][1])
+    assert sweep.best_defines(sweep.candidate_rows(variants[:1])) == []
 
 
 def test_sweep_variant_passes_numpy_in_the_cpu_emulation(tmp_path: Path) -> None:
     """bench/interaction_cuda_sweep.py builds a variant other than the defaults (variant 3: fp16
     chunks of 64 bytes per row in both directions, so a forward stage holds two of a sample's
-    four chunks; fp32 forward at 9 blocks, backward at 6) for the CPU emulation, its kernels pass
-    every correctness case, and its record names each mode's and direction's choice."""
+    four chunks; fp32 forward at 9 blocks, backward in 64-byte chunks; the fp16 forward and fp32
+    backward chunks by per-lane cp.async, the others by bulk copies, so that both copy paths run
+    beside the defaults' bulk copies) for the CPU emulation, its kernels pass every correctness
+    case, and its record names each mode's and direction's choice."""
     compiler = shutil.which("g++")
     require(compiler is not None, "g++ not installed")
     major = int(run([compiler, "-dumpversion"]).stdout.split(".")[0])
@@ -563,10 +597,12 @@ def test_sweep_variant_passes_numpy_in_the_cpu_emulation(tmp_path: Path) -> None
     assert record["emulated"] is True and record["all_passed"] is True
     [variant] = record["variants"]
     assert variant["correctness"] == "all passed" and "-DDBI_FP16_FORWARD_ROW_BYTES=64" in variant["defines"]
-    rows = {(row["mode"], row["direction"]): (row["row_bytes"], row["blocks_per_sm"]) for row in record["candidates"]}
-    assert rows == {("fp16", "forward"): (64, 10), ("fp16", "backward"): (64, 8), ("tf32", "forward"): (128, 9),
-                    ("tf32", "backward"): (64, 6), ("fp32", "forward"): (128, 9), ("fp32", "backward"): (64, 6)}
-    assert "fp16  forward          64        10" in result.stdout
+    rows = {(row["mode"], row["direction"]): (row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"])
+            for row in record["candidates"]}
+    assert rows == {("fp16", "forward"): (64, 10, False), ("fp16", "backward"): (64, 8, True),
+                    ("tf32", "forward"): (128, 9, True), ("tf32", "backward"): (64, 6, False),
+                    ("fp32", "forward"): (128, 9, True), ("fp32", "backward"): (64, 6, False)}
+    assert "fp16  forward          64        10 cp.async" in result.stdout
 
 
 def test_sweep_refuses_bad_arguments_before_building(tmp_path: Path) -> None:
@@ -574,7 +610,7 @@ def test_sweep_refuses_bad_arguments_before_building(tmp_path: Path) -> None:
     build starts and with nothing created."""
     sweep = [sys.executable, str(REPO / "bench" / "interaction_cuda_sweep.py")]
     refused = run([*sweep, "--variants", "1,9", "--emulated", "--output", str(tmp_path / "out")])
-    assert refused.returncode == 2 and "--variants: numbers from 0 to 4" in refused.stderr
+    assert refused.returncode == 2 and "--variants: numbers from 0 to 3" in refused.stderr
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     refused = run([*sweep, "--emulated", "--output", str(blocker / "out")])

@@ -12,6 +12,12 @@
 // cp.async (cuda_pipeline.h's __pipeline_* calls) is deferred as on a GPU: a lane's copies land
 // only when it waits for their group, so a stage read before its wait, or written while its
 // copies are pending, gives wrong results; a lane that ends with copies never waited for fails.
+// Bulk copies (the kernels' sm_90 path: MbarrierInit, MbarrierArriveExpectBytes, BulkCopyToShared,
+// MbarrierTryWaitParity) are deferred the same way: they land when a lane's wait finds the
+// barrier's phase complete (its arrival made and every announced byte issued); a copy of bytes
+// not announced first, a barrier used before its init, a phase that never completes, and a block
+// that ends with copies never waited for fail. __CUDA_ARCH__ is 900 unless the build sets it
+// (-D__CUDA_ARCH__=800 runs the cp.async path), and the emulated major follows it.
 // The emulated GPU has one SM with 64 KB of shared memory, so the persistent grid is a block or
 // two and each warp runs several samples even at the harness's small emulated batches.
 // Not emulated: timing, races between warps (the kernels share nothing between warps), exact
@@ -33,6 +39,9 @@
 #include <type_traits>
 #include <vector>
 
+#ifndef __CUDA_ARCH__
+#define __CUDA_ARCH__ 900
+#endif
 #define __global__
 #define __device__
 #define __host__
@@ -90,12 +99,28 @@ struct Warp {
   std::vector<PendingCopy> gathering[kLanes];
 };
 
+// One mbarrier in shared memory: arrivals and bytes of the current phase, and its bulk copies,
+// done when a wait finds the phase complete.
+struct Mbarrier {
+  unsigned arrivals = 0;
+  unsigned pending_arrivals = 0;
+  int64_t pending_bytes = 0;
+  unsigned phase = 0;
+  std::vector<PendingCopy> copies;
+};
+
+inline std::map<const void*, Mbarrier>& Mbarriers() {
+  static std::map<const void*, Mbarrier> barriers;
+  return barriers;
+}
+
 struct Position {
   uint3 thread{0, 0, 0};
   uint3 block{0, 0, 0};
   uint3 grid{1, 1, 1};
   Warp* warp = nullptr;
   unsigned char* shared = nullptr;
+  size_t shared_bytes = 0;
 };
 
 inline Position& Current() {
@@ -181,8 +206,13 @@ auto Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
       shared.assign(shared_bytes + 128, 0xFF);  // garbage that reads as NaN
       const uintptr_t base = reinterpret_cast<uintptr_t>(shared.data());
       Current().shared = shared.data() + ((128 - base % 128) % 128);
+      Current().shared_bytes = shared_bytes;
+      Mbarriers().clear();
       for (unsigned w = 0; w < block.x / kLanes; ++w) {
         RunWarp(b, static_cast<int>(w), [&] { std::apply(kernel, bound); });
+      }
+      for (const auto& barrier : Mbarriers()) {
+        if (!barrier.second.copies.empty()) Fail("a block ended with bulk copies its warp never waited for");
       }
     }
   };
@@ -250,6 +280,70 @@ inline void __pipeline_wait_prior(size_t prior) {
     groups.erase(groups.begin());
   }
 }
+
+// ---- bulk copies and mbarriers (the kernels' sm_90 wrappers) ---------------------------------
+
+namespace emulation {
+
+inline void CheckShared(const void* pointer, size_t bytes, const char* what) {
+  const unsigned char* byte = static_cast<const unsigned char*>(pointer);
+  if (byte < Current().shared || byte + bytes > Current().shared + Current().shared_bytes) Fail(what);
+}
+
+inline Mbarrier& FindMbarrier(const uint64_t* barrier) {
+  const auto found = Mbarriers().find(barrier);
+  if (found == Mbarriers().end()) Fail("an mbarrier used before MbarrierInit");
+  return found->second;
+}
+
+}  // namespace emulation
+
+inline void MbarrierInit(uint64_t* barrier, uint32_t arrivals) {
+  emulation::CheckAligned(barrier, 8, "mbarrier not 8-byte aligned");
+  emulation::CheckShared(barrier, 8, "mbarrier outside the block's dynamic shared memory");
+  emulation::Mbarrier& state = emulation::Mbarriers()[barrier];
+  state = emulation::Mbarrier{};
+  state.arrivals = state.pending_arrivals = arrivals;
+}
+
+inline void MbarrierArriveExpectBytes(uint64_t* barrier, uint32_t bytes) {
+  emulation::Mbarrier& state = emulation::FindMbarrier(barrier);
+  if (state.pending_arrivals == 0) emulation::Fail("an mbarrier arrival beyond its count");
+  --state.pending_arrivals;
+  state.pending_bytes += bytes;
+}
+
+inline void BulkCopyToShared(void* target, const void* source, uint32_t bytes, uint64_t* barrier) {
+  if (bytes == 0 || bytes % 16 != 0) emulation::Fail("bulk copy of no or not a multiple of 16 bytes");
+  emulation::CheckAligned(target, 16, "bulk copy target misaligned");
+  emulation::CheckAligned(source, 16, "bulk copy source misaligned");
+  emulation::CheckShared(target, bytes, "bulk copy target outside the block's dynamic shared memory");
+  emulation::Mbarrier& state = emulation::FindMbarrier(barrier);
+  state.pending_bytes -= bytes;
+  if (state.pending_bytes < 0) emulation::Fail("a bulk copy of bytes its barrier's phase was not told of");
+  state.copies.push_back({target, source, bytes});
+}
+
+// Completes the phase when it can (the copies land then); whether the phase of `parity` is over.
+inline bool MbarrierTryWaitParity(uint64_t* barrier, uint32_t parity) {
+  static long fruitless = 0;
+  emulation::Mbarrier& state = emulation::FindMbarrier(barrier);
+  if (state.pending_arrivals == 0 && state.pending_bytes == 0 && (state.phase & 1u) == parity) {
+    for (const emulation::PendingCopy& copy : state.copies) std::memcpy(copy.target, copy.source, copy.bytes);
+    state.copies.clear();
+    state.phase ^= 1u;
+    state.pending_arrivals = state.arrivals;
+  }
+  if ((state.phase & 1u) != parity) {
+    fruitless = 0;
+    return true;
+  }
+  if (++fruitless > 1000000) emulation::Fail("an mbarrier phase never completes");
+  emulation::Yield();  // the lanes that still have to arrive or copy run
+  return false;
+}
+
+inline void FenceProxyAsyncShared() {}
 
 inline int min(int a, int b) { return a < b ? a : b; }
 
@@ -388,10 +482,10 @@ inline cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 
-// The emulated compute capability: DBI_EMULATED_MAJOR (default 9, an H100).
+// The emulated compute capability: DBI_EMULATED_MAJOR (default: __CUDA_ARCH__'s, 9 for 900).
 inline int EmulatedMajor() {
   const char* text = std::getenv("DBI_EMULATED_MAJOR");
-  return text != nullptr ? std::atoi(text) : 9;
+  return text != nullptr ? std::atoi(text) : __CUDA_ARCH__ / 100;
 }
 
 enum cudaDeviceAttr {

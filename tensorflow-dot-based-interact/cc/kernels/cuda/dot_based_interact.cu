@@ -1,9 +1,10 @@
 // CUDA kernels of the dot interaction (geometry and shared memory: kernel_layout.h):
 // * tensor-core kernels (WMMA with fp32 accumulation: fp16 for half; TF32 for float when TF32
 //   is allowed, else 3xTF32) for the shapes of FitsTensorCores, on a persistent grid: each warp
-//   walks its samples chunk by chunk, and the next chunk's cp.async copies (16 bytes each) are in
-//   flight while it computes this one (two shared-memory stages per warp); the output row is
-//   assembled in shared memory and written with 16-byte stores;
+//   walks its samples chunk by chunk, and the next chunk's copies are in flight while it computes
+//   this one (two shared-memory stages per warp): on sm_90+ one bulk copy per row (cp.async.bulk,
+//   completing on the stage's mbarrier), before that 16-byte cp.async copies from every lane; the
+//   output row is assembled in shared memory and written with 16-byte stores;
 // * a general SIMT kernel (fp32 arithmetic, any F and D; one warp per sample, kSamplesPerBlock
 //   per block) for every other shape and for GPUs older than compute 8.0.
 // No kernel finds a pair from its column: pairs are enumerated row by row, (i, j) for j < i, so
@@ -267,6 +268,115 @@ __device__ __forceinline__ void ZeroVectors(void* target, int64_t bytes, int lan
   for (int v = lane; v < vectors; v += kWarpSize) static_cast<uint4*>(target)[v] = make_uint4(0, 0, 0, 0);
 }
 
+// Bulk copies (sm_90+): a stage's chunk arrives as one cp.async.bulk per row, each counted in
+// bytes on the stage's mbarrier, which completes a phase once lane 0's arrival has announced the
+// step's bytes and all of them have landed. Thin PTX wrappers (PTX ISA 8.0, so CUDA 12.0 and newer
+// build them); for the CPU emulation, harness/emulation defines the same functions. Built for
+// GPUs older than sm_90 they trap: those builds never call them (kBulkCopyTarget below).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kBulkCopyTarget = true;
+#else
+constexpr bool kBulkCopyTarget = false;  // older GPUs, and nvcc's host pass, which runs no kernel
+#endif
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Sets up `barrier` for one arrival per phase.
+__device__ __forceinline__ void MbarrierInit(uint64_t* barrier, uint32_t arrivals) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(barrier)), "r"(arrivals) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Arrives on `barrier` and announces `bytes` of bulk copies that complete its current phase.
+__device__ __forceinline__ void MbarrierArriveExpectBytes(uint64_t* barrier, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(barrier)), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Whether the phase of `barrier` with parity `parity` has completed (the calling thread then sees
+// the bytes its bulk copies wrote); waits a while in hardware before saying no.
+__device__ __forceinline__ bool MbarrierTryWaitParity(uint64_t* barrier, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred complete;\n mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, complete;\n}\n"
+      : "=r"(done)
+      : "r"(SharedAddress(barrier)), "r"(parity)
+      : "memory");
+  return done != 0;
+#else
+  __trap();
+  return false;
+#endif
+}
+
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to this block's
+// shared memory, counted on `barrier`.
+__device__ __forceinline__ void BulkCopyToShared(void* target, const void* source, uint32_t bytes, uint64_t* barrier) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(SharedAddress(target)), "l"(source), "r"(bytes), "r"(SharedAddress(barrier))
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Orders this thread's ordinary shared-memory writes before later bulk copies into the same bytes.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+#endif  // __CUDACC__
+
+// A warp's kStages mbarriers, one per stage, and the parity of each one's next phase.
+struct StageBarriers {
+  uint64_t* barriers;
+  uint32_t parities;  // bit s: the parity stage s's next wait expects
+};
+
+// Lane 0 sets up the stage barriers, once the ordinary zeroing of the warp's region is ordered
+// before the bulk copies that follow it.
+__device__ __forceinline__ StageBarriers InitStageBarriers(unsigned char* region, int64_t offset, int lane) {
+  StageBarriers stages{reinterpret_cast<uint64_t*>(region + offset), 0u};
+  FenceProxyAsyncShared();
+  __syncwarp();
+  if (lane == 0) {
+    for (int stage = 0; stage < kStages; ++stage) MbarrierInit(stages.barriers + stage, 1);
+  }
+  __syncwarp();
+  return stages;
+}
+
+// The bulk copies of one step into stage `stage`, all announced by lane 0 before any is issued.
+__device__ __forceinline__ void AnnounceStepBytes(const StageBarriers& stages, int stage, uint32_t bytes, int lane) {
+  if (lane == 0) MbarrierArriveExpectBytes(stages.barriers + stage, bytes);
+  __syncwarp();
+}
+
+// Copies one row of a chunk per lane (F <= 32 rows): `row_bytes` from `sample` + row * dim to
+// `chunk` + row * chunk_stride, counted on the stage's barrier.
+template <typename T>
+__device__ __forceinline__ void BulkCopyChunkRows(const T* sample, int num_vectors, int dim, uint32_t row_bytes,
+                                                  T* chunk, int chunk_stride, uint64_t* barrier, int lane) {
+  if (lane < num_vectors) BulkCopyToShared(chunk + lane * chunk_stride, sample + lane * dim, row_bytes, barrier);
+}
+
 // A step of a warp: the sample, which of its chunks, and the stage that holds it. Kept as
 // counters and advanced one step at a time, so no step divides (a 64-bit division costs
 // about a hundred instructions, as much as a chunk's copies).
@@ -320,14 +430,14 @@ struct LaneWalk {
   }
 };
 
-// The pairs (i, j), j < i, in output order p = i(i-1)/2 + j as the lanes take them (pair lane,
-// lane + 32, ...), with no division or square root.
+// The pairs (i, j), j < i, in output order p = i(i-1)/2 + j from pair `first` on, every `stride`-th,
+// with no division or square root.
 struct PairWalk {
-  int p, i, j;
-  __device__ explicit PairWalk(int lane) : p(lane), i(1), j(lane) { Settle(); }
+  int p, i, j, stride;
+  __device__ PairWalk(int first, int stride_) : p(first), i(1), j(first), stride(stride_) { Settle(); }
   __device__ void Next() {
-    p += kWarpSize;
-    j += kWarpSize;
+    p += stride;
+    j += stride;
     Settle();
   }
   __device__ void Settle() {
@@ -337,6 +447,59 @@ struct PairWalk {
     }
   }
 };
+
+// The pair after (i, j) in output order.
+struct PairCursor {
+  int i, j;
+  __device__ void Next() {
+    if (++j == i) {
+      ++i;
+      j = 0;
+    }
+  }
+};
+
+// A lane's share of a sample's pair columns as 16-byte vectors (vector lane, lane + 32, ...), each
+// kPerVector consecutive pairs, and where each one's first pair lies (i << 8 | j, one register
+// each): found once per kernel, since every sample has the same pairs.
+template <typename T>
+struct LanePairVectors {
+  static constexpr int kPerVector = kVectorBytes / sizeof(T);
+  static constexpr int kMaxPerLane =
+      static_cast<int>((NumPairs(kTensorCoreMaxVectors) + kPerVector * kWarpSize - 1) / (kPerVector * kWarpSize));
+  uint32_t first[kMaxPerLane];
+  __device__ explicit LanePairVectors(int lane) {
+    PairWalk walk(lane * kPerVector, kWarpSize * kPerVector);
+#pragma unroll
+    for (int vector = 0; vector < kMaxPerLane; ++vector, walk.Next()) first[vector] = walk.i << 8 | walk.j;
+  }
+  // The first pair of the lane's vector `vector` (a run-time index: picked by compares, so that
+  // `first` stays in registers).
+  __device__ PairCursor Start(int vector) const {
+    uint32_t packed = first[0];
+#pragma unroll
+    for (int candidate = 1; candidate < kMaxPerLane; ++candidate) {
+      if (vector == candidate) packed = first[candidate];
+    }
+    return {static_cast<int>(packed >> 8), static_cast<int>(packed & 0xffu)};
+  }
+};
+
+// 16 bytes of T from fp32 values, each rounded once.
+__device__ __forceinline__ uint4 PackVector(const float (&values)[kVectorBytes / sizeof(float)]) {
+  uint4 packed;
+  float* floats = reinterpret_cast<float*>(&packed);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) floats[e] = values[e];
+  return packed;
+}
+__device__ __forceinline__ uint4 PackVector(const float (&values)[kVectorBytes / sizeof(__half)]) {
+  uint4 packed;
+  __half2* halves = reinterpret_cast<__half2*>(&packed);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) halves[e] = __floats2half2_rn(values[2 * e], values[2 * e + 1]);
+  return packed;
+}
 
 // The columns of a sample a chunk holds: where they start, how many the MMAs read (whole tiles)
 // and how many are data (the rest of the tiles are zero padding).
@@ -405,23 +568,34 @@ __device__ __forceinline__ void StoreChunk(const T* chunk, int num_vectors, int 
   }
 }
 
-// The pipeline of a warp: a step's copies are issued (and committed as one group) one step
-// ahead, so step s + 1 arrives while step s is computed. `issue(position)` starts a step's
-// copies, `compute(position)` runs it once they have landed; the stage computed is refilled
-// only after the whole warp is done with it.
-template <typename Issue, typename Compute>
-__device__ __forceinline__ void RunPipeline(const WarpSteps& steps, Issue issue, Compute compute) {
+// The pipeline of a warp: a step's copies are issued one step ahead, so step s + 1 arrives while
+// step s is computed. `issue(position)` starts a step's copies, `compute(position)` runs it once
+// they have landed; the stage computed is refilled only after the whole warp is done with it.
+// With kBulk the copies complete on the stage's mbarrier (`stages`), else they are one cp.async
+// group per step.
+template <bool kBulk, typename Issue, typename Compute>
+__device__ __forceinline__ void RunPipeline(const WarpSteps& steps, StageBarriers stages, Issue issue,
+                                            Compute compute) {
   StepPosition current = steps.Start();
   StepPosition next = current;
   issue(next);
-  __pipeline_commit();
+  if constexpr (!kBulk) __pipeline_commit();
   for (int64_t step = 0; step < steps.count; ++step) {
     steps.Advance(next);
     if (step + 1 < steps.count) issue(next);
-    __pipeline_commit();  // possibly empty: the wait below always leaves exactly the next step pending
-    __pipeline_wait_prior(1);
-    __syncwarp();  // every lane's copies of this step are visible to all
+    if constexpr (kBulk) {
+      const uint32_t parity = stages.parities >> current.stage & 1u;
+      while (!MbarrierTryWaitParity(stages.barriers + current.stage, parity)) {
+      }
+      stages.parities ^= 1u << current.stage;
+    } else {
+      __pipeline_commit();  // possibly empty: the wait below always leaves exactly the next step pending
+      __pipeline_wait_prior(1);
+    }
+    __syncwarp();  // every lane's copies (and ordinary writes of the issue) of this step are visible to all
     compute(current);
+    // This lane's ordinary writes to the stage come before the bulk copies of step + kStages.
+    if constexpr (kBulk) FenceProxyAsyncShared();
     __syncwarp();  // the stage is free for the copies of step + kStages
     steps.Advance(current);
   }
@@ -441,20 +615,32 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm
   const int lane = Lane();
   const int num_vectors = static_cast<int>(shape.num_vectors);
   const int dim = static_cast<int>(shape.dim);
-  const int pair_columns = static_cast<int>(shape.output_width - shape.dim);
+  using Pairs = LanePairVectors<T>;
+  const int pair_vectors = static_cast<int>(shape.output_width - shape.dim) / Pairs::kPerVector;
+  const Pairs lane_pairs(lane);
   const bool two_tiles = layout.rows > kTile;  // warp-uniform, as WMMA needs
   const auto stage = [&](const StepPosition& position) {
     return reinterpret_cast<T*>(region + position.stage * layout.forward_stage_bytes);
   };
+  constexpr bool kBulk = kBulkCopyTarget && ForwardBulkCopies(sizeof(T));
   ZeroVectors(region, layout.forward_bytes, lane);
   __syncwarp();
+  StageBarriers stages{};
+  if constexpr (kBulk) stages = InitStageBarriers(region, layout.forward_barrier_offset, lane);
   typename Operands::Sum gram00, gram10, gram11;
-  RunPipeline(
-      steps,
+  RunPipeline<kBulk>(
+      steps, stages,
       [&](const StepPosition& position) {
         const ChunkColumns columns = ColumnsOfChunk(layout, dim, position.chunk);
-        IssueChunk(input + position.sample * num_vectors * dim, num_vectors, dim, columns, stage(position),
-                   layout.chunk_stride, lane);
+        const T* sample = input + position.sample * num_vectors * dim;
+        if constexpr (kBulk) {
+          const uint32_t row_bytes = columns.valid * sizeof(T);
+          AnnounceStepBytes(stages, position.stage, num_vectors * row_bytes, lane);
+          BulkCopyChunkRows(sample + columns.first, num_vectors, dim, row_bytes, stage(position), layout.chunk_stride,
+                            stages.barriers + position.stage, lane);
+        } else {
+          IssueChunk(sample, num_vectors, dim, columns, stage(position), layout.chunk_stride, lane);
+        }
         if (layout.forward_zero_last_chunk_padding && position.chunk + 1 == layout.chunks) {
           ZeroPaddingColumns(num_vectors, columns, stage(position), layout.chunk_stride, lane);
         }
@@ -493,15 +679,23 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm
                                   wmma::mem_row_major);
         }
         __syncwarp();
-        T* pairs = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(chunk) + layout.forward_pairs_offset);
-        for (PairWalk walk(lane); walk.p < pair_columns; walk.Next()) {
-          // Past the last pair (i = F), the output's alignment padding: zero.
-          pairs[walk.p] = FromFloat<T>(walk.i < num_vectors ? gram[walk.i * layout.gram_stride + walk.j] : 0.0f);
+        // Each lane its vectors of pair values, straight from the Gram tiles to the output row; past
+        // the last pair (i = F), the output's alignment padding: zero.
+        uint4* pair_row = reinterpret_cast<uint4*>(row + dim);
+#pragma unroll 1
+        for (int vector = 0; vector < Pairs::kMaxPerLane; ++vector) {
+          const int index = lane + vector * kWarpSize;
+          if (index >= pair_vectors) break;
+          PairCursor cursor = lane_pairs.Start(vector);
+          float values[Pairs::kPerVector];
+#pragma unroll
+          for (int e = 0; e < Pairs::kPerVector; ++e, cursor.Next()) {
+            values[e] = cursor.i < num_vectors ? gram[cursor.i * layout.gram_stride + cursor.j] : 0.0f;
+          }
+          __stcs(pair_row + index, PackVector(values));
         }
-        __syncwarp();
-        StoreVectors(pairs, row + dim, pair_columns * static_cast<int>(sizeof(T)) / kVectorBytes, lane);
         if (layout.forward_rezero_to > layout.forward_rezero_from) {
-          __syncwarp();  // the pairs are stored before they are zeroed
+          __syncwarp();  // every lane has read the Gram tiles before they are zeroed
           ZeroVectors(reinterpret_cast<unsigned char*>(chunk) + layout.forward_rezero_from,
                       layout.forward_rezero_to - layout.forward_rezero_from, lane);
         }
@@ -577,6 +771,9 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerS
   const int num_vectors = static_cast<int>(shape.num_vectors);
   const int dim = static_cast<int>(shape.dim);
   const int upstream_vectors = static_cast<int>(shape.output_width) * static_cast<int>(sizeof(T)) / kVectorBytes;
+  using Pairs = LanePairVectors<T>;
+  const int pair_vectors = static_cast<int>(shape.output_width - shape.dim) / Pairs::kPerVector;
+  const Pairs lane_pairs(lane);
   const int bottom_vectors = dim * static_cast<int>(sizeof(T)) / kVectorBytes;
   const bool two_tiles = layout.rows > kTile;
   const auto stage = [&](const StepPosition& position) {
@@ -584,25 +781,42 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerS
   };
   // Padding (rows past F, columns past D, S's diagonal and padding) stays zero from here on,
   // but for S[0][F] and row F of X when they carry the pass-through.
+  constexpr bool kBulk = kBulkCopyTarget && BackwardBulkCopies(sizeof(T));
   ZeroVectors(region, layout.backward_bytes, lane);
   const bool pass_through_row = kHalf && fold_bottom_mlp_grad && num_vectors < layout.rows;
   const bool in_place = !kHalf || !fold_bottom_mlp_grad || pass_through_row;
   __syncwarp();  // zeroed before S[0][F] is set
   if (pass_through_row && lane == 0) coefficients[num_vectors] = FromFloat<T>(1.0f);
   __syncwarp();
+  StageBarriers stages{};
+  if constexpr (kBulk) stages = InitStageBarriers(region, layout.backward_barrier_offset, lane);
   // S's tiles as A operands, per k step: loaded once per sample and kept in registers for all its
   // tile columns (loading them per tile column was half of the kernel's shared-memory traffic).
   constexpr int kMaxKSteps = kTensorCoreMaxVectors / Operands::kK;
   typename Operands::template Operand<wmma::matrix_a, wmma::row_major> s_upper[kMaxKSteps], s_lower[kMaxKSteps];
-  RunPipeline(
-      steps,
+  RunPipeline<kBulk>(
+      steps, stages,
       [&](const StepPosition& position) {
-        IssueChunk(input + position.sample * num_vectors * dim, num_vectors, dim,
-                   ColumnsOfChunk(layout, dim, position.chunk), reinterpret_cast<T*>(stage(position)),
-                   layout.chunk_stride, lane);
-        if (position.chunk == 0) {
-          IssueVectors(upstream_grad + position.sample * shape.output_width,
-                       stage(position) + layout.backward_upstream_offset, upstream_vectors, lane);
+        const ChunkColumns columns = ColumnsOfChunk(layout, dim, position.chunk);
+        const T* sample = input + position.sample * num_vectors * dim;
+        const T* upstream = upstream_grad + position.sample * shape.output_width;
+        T* chunk = reinterpret_cast<T*>(stage(position));
+        if constexpr (kBulk) {
+          // Lanes 0 to F - 1 copy a row each, the last lane the upstream row with the first chunk.
+          const uint32_t row_bytes = columns.valid * sizeof(T);
+          const uint32_t upstream_bytes = position.chunk == 0 ? upstream_vectors * kVectorBytes : 0;
+          uint64_t* barrier = stages.barriers + position.stage;
+          AnnounceStepBytes(stages, position.stage, num_vectors * row_bytes + upstream_bytes, lane);
+          BulkCopyChunkRows(sample + columns.first, num_vectors, dim, row_bytes, chunk, layout.chunk_stride, barrier,
+                            lane);
+          if (upstream_bytes != 0 && lane == kWarpSize - 1) {
+            BulkCopyToShared(stage(position) + layout.backward_upstream_offset, upstream, upstream_bytes, barrier);
+          }
+        } else {
+          IssueChunk(sample, num_vectors, dim, columns, chunk, layout.chunk_stride, lane);
+          if (position.chunk == 0) {
+            IssueVectors(upstream, stage(position) + layout.backward_upstream_offset, upstream_vectors, lane);
+          }
         }
       },
       [&](const StepPosition& position) {
@@ -612,10 +826,21 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerS
         if (position.chunk == 0) {
           // S from the pair gradients; the first D values are bottom_mlp_grad and the pass-through.
           const T* upstream = reinterpret_cast<const T*>(stage(position) + layout.backward_upstream_offset);
-          for (PairWalk walk(lane); walk.i < num_vectors; walk.Next()) {
-            const T pair_grad = upstream[dim + walk.p];
-            coefficients[walk.i * layout.coefficient_stride + walk.j] = pair_grad;
-            coefficients[walk.j * layout.coefficient_stride + walk.i] = pair_grad;
+          const uint4* pair_grads = reinterpret_cast<const uint4*>(upstream + dim);
+#pragma unroll
+          for (int vector = 0; vector < Pairs::kMaxPerLane; ++vector) {
+            const int index = lane + vector * kWarpSize;
+            if (index >= pair_vectors) break;
+            const uint4 packed = pair_grads[index];
+            const T* grads = reinterpret_cast<const T*>(&packed);
+            PairCursor cursor = lane_pairs.Start(vector);
+#pragma unroll
+            for (int e = 0; e < Pairs::kPerVector; ++e, cursor.Next()) {
+              if (cursor.i < num_vectors) {  // past the last pair, the row's alignment padding
+                coefficients[cursor.i * layout.coefficient_stride + cursor.j] = grads[e];
+                coefficients[cursor.j * layout.coefficient_stride + cursor.i] = grads[e];
+              }
+            }
           }
           StoreVectors(upstream, bottom_mlp_grad + position.sample * dim, bottom_vectors, lane);
           if (fold_bottom_mlp_grad) {

@@ -7,7 +7,9 @@
 // each warp walks its samples (one every `warps in the grid`) in steps of one chunk of a
 // sample's columns (64 columns of each row, but 32 in the fp32 backward), and while it computes
 // one step, the next step's chunk is already on its way into the other of its kStages
-// shared-memory stages (cp.async), so every resident warp keeps a chunk in flight. Small chunks
+// shared-memory stages, so every resident warp keeps a chunk in flight. On sm_90 and newer a
+// chunk arrives by bulk copies (cp.async.bulk, one per row, each issued by one lane and counted on
+// the stage's mbarrier), before that by 16-byte cp.async copies that every lane issues. Small chunks
 // keep many warps resident: with few warps per scheduler the kernels wait on their own latencies
 // (an H200 profile of whole-sample chunks: 4-5 cycles per issued instruction at 8-12 warps per SM);
 // halving them further costs more per-step work than the extra warps win back (the sweep below).
@@ -65,6 +67,20 @@ constexpr int kStages = 2;             // chunks a warp holds: the one it comput
 #ifndef DBI_FP32_BACKWARD_BLOCKS
 #define DBI_FP32_BACKWARD_BLOCKS 6
 #endif
+// Whether a precision's and direction's chunks arrive by bulk copies where the GPU has them
+// (compute 9.0+; 1) or by per-lane cp.async everywhere (0).
+#ifndef DBI_FP16_FORWARD_BULK
+#define DBI_FP16_FORWARD_BULK 1
+#endif
+#ifndef DBI_FP16_BACKWARD_BULK
+#define DBI_FP16_BACKWARD_BULK 1
+#endif
+#ifndef DBI_FP32_FORWARD_BULK
+#define DBI_FP32_FORWARD_BULK 1
+#endif
+#ifndef DBI_FP32_BACKWARD_BULK
+#define DBI_FP32_BACKWARD_BULK 1
+#endif
 static_assert(DBI_FP16_FORWARD_ROW_BYTES % 32 == 0 && DBI_FP16_BACKWARD_ROW_BYTES % 32 == 0 &&
                   DBI_FP32_FORWARD_ROW_BYTES % 64 == 0 && DBI_FP32_BACKWARD_ROW_BYTES % 64 == 0,
               "chunks of whole 16-column tiles");
@@ -74,8 +90,17 @@ constexpr int ForwardChunkRowBytes(int element_bytes) {
 constexpr int BackwardChunkRowBytes(int element_bytes) {
   return element_bytes == 2 ? DBI_FP16_BACKWARD_ROW_BYTES : DBI_FP32_BACKWARD_ROW_BYTES;
 }
+constexpr bool ForwardBulkCopies(int element_bytes) {
+  return element_bytes == 2 ? DBI_FP16_FORWARD_BULK : DBI_FP32_FORWARD_BULK;
+}
+constexpr bool BackwardBulkCopies(int element_bytes) {
+  return element_bytes == 2 ? DBI_FP16_BACKWARD_BULK : DBI_FP32_BACKWARD_BULK;
+}
 constexpr int kScratchStride = kTile + 4;  // fp32 tile-column scratch of the fp16 backward
-constexpr int kRegionAlignment = 128;
+// Regions start on 32 bytes: what WMMA tile pointers need (bulk copies and 16-byte vectors need
+// less); coarser alignment would cost the fp16 backward its 8th block per SM on an H100.
+constexpr int kRegionAlignment = 32;
+constexpr int kBarrierBytes = 8;  // an mbarrier per stage (the bulk copies' completion)
 constexpr int kBlockReservedSharedBytes = 1024;  // the runtime's shared memory per block (8.0+)
 
 // Residency each tensor-core kernel is designed for, in blocks of kTensorCoreWarpsPerBlock warps
@@ -113,11 +138,10 @@ struct TensorCoreLayout {
   int chunk_stride;       // elements per row of a staged [rows, chunk_columns] chunk
   int gram_stride;        // fp32 per row of the forward's Gram tiles
   int coefficient_stride; // elements per row of the backward's symmetric [rows, rows] matrix
-  // forward stage: the chunk; after a sample's last chunk, the Gram tiles at 0 and the output
-  // stage (the pair values) after them
-  int64_t forward_pairs_offset;
+  // forward stage: the chunk; after a sample's last chunk, the Gram tiles (from which the lanes
+  // write the pair values to the output row)
   int64_t forward_stage_bytes;
-  // bytes [from, to) of a stage (multiples of 16) that the Gram tiles and pair values overwrite
+  // bytes [from, to) of a stage (multiples of 16) that the Gram tiles overwrite
   // where the chunks keep zero padding (columns past D, rows past F), zeroed again after each
   // sample; from == to == 0 when they reach no padding
   int64_t forward_rezero_from;
@@ -126,6 +150,7 @@ struct TensorCoreLayout {
   // kStages is no multiple of the chunks, a stage holds different chunks of successive samples,
   // and a full chunk's data would stay in the last one's padding columns
   bool forward_zero_last_chunk_padding;
+  int64_t forward_barrier_offset;  // kStages mbarriers, one per stage
   int64_t forward_bytes;  // per warp
   // backward stage: the chunk, then (filled with a sample's first chunk) its upstream row; per
   // warp after the stages: the coefficients, the upstream row's first D values (the
@@ -136,6 +161,7 @@ struct TensorCoreLayout {
   int64_t coefficient_offset;
   int64_t pass_through_offset;
   int64_t scratch_offset;
+  int64_t backward_barrier_offset;  // kStages mbarriers, one per stage
   int64_t backward_bytes;  // per warp
 };
 
@@ -155,17 +181,17 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   const int64_t output_width = OutputWidth(num_vectors, dim);
   const int64_t chunk_bytes = RoundUp(int64_t{layout.rows} * layout.chunk_stride * element_bytes, kRegionAlignment);
   const int64_t gram_bytes = RoundUp(int64_t{layout.rows} * layout.gram_stride * 4, kRegionAlignment);
-  const int64_t pairs_bytes = RoundUp((output_width - dim) * element_bytes, kRegionAlignment);
-  layout.forward_pairs_offset = gram_bytes;
-  layout.forward_stage_bytes = Max(chunk_bytes, gram_bytes + pairs_bytes);
-  layout.forward_bytes = kStages * layout.forward_stage_bytes;
+  layout.forward_stage_bytes = Max(chunk_bytes, gram_bytes);
+  const int64_t barrier_bytes = RoundUp(kStages * kBarrierBytes, kRegionAlignment);
+  layout.forward_barrier_offset = kStages * layout.forward_stage_bytes;
+  layout.forward_bytes = layout.forward_barrier_offset + barrier_bytes;
   const int64_t last_valid = dim - int64_t{layout.chunks - 1} * layout.chunk_columns;
   const bool padding_columns = layout.padded_dim != dim;
   layout.forward_zero_last_chunk_padding = padding_columns && kStages % layout.chunks != 0;
   const int64_t first_padding_byte = padding_columns ? last_valid * element_bytes
                                      : layout.rows != num_vectors ? num_vectors * layout.chunk_stride * element_bytes
                                                                   : chunk_bytes;
-  const int64_t overwritten = layout.forward_pairs_offset + (output_width - dim) * element_bytes;
+  const int64_t overwritten = int64_t{layout.rows} * layout.gram_stride * 4;
   if (overwritten > first_padding_byte) {
     layout.forward_rezero_from = first_padding_byte / kVectorBytes * kVectorBytes;
     layout.forward_rezero_to = RoundUp(overwritten, kVectorBytes);
@@ -178,7 +204,8 @@ constexpr TensorCoreLayout MakeTensorCoreLayout(int64_t num_vectors, int64_t dim
   layout.scratch_offset = layout.pass_through_offset + RoundUp(dim * element_bytes, kRegionAlignment);
   const bool scratch = element_bytes == 2 && num_vectors == layout.rows;
   const int64_t scratch_bytes = scratch ? RoundUp(int64_t{layout.rows} * kScratchStride * 4, kRegionAlignment) : 0;
-  layout.backward_bytes = layout.scratch_offset + scratch_bytes;
+  layout.backward_barrier_offset = layout.scratch_offset + scratch_bytes;
+  layout.backward_bytes = layout.backward_barrier_offset + barrier_bytes;
   return layout;
 }
 
