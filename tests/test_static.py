@@ -270,7 +270,7 @@ def test_the_recorded_sweep_found_the_header_defaults_fastest() -> None:
     for mode, precision in sweep.MODE_PRECISION.items():
         for direction in sweep.DIRECTIONS:
             rows = [row for row in record["candidates"] if (row["mode"], row["direction"]) == (mode, direction)]
-            assert [(row["row_bytes"], row["blocks_per_sm"], int(row["bulk_copies"])) for row in rows] == \
+            assert [(row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"]) for row in rows] == \
                 sweep.CANDIDATES[(precision, direction)]
             fastest = min(rows, key=lambda row: row["ms"])
             assert fastest["fastest"]
@@ -599,9 +599,9 @@ def test_sweep_variant_passes_numpy_in_the_cpu_emulation(tmp_path: Path) -> None
     assert variant["correctness"] == "all passed" and "-DDBI_FP16_FORWARD_ROW_BYTES=64" in variant["defines"]
     rows = {(row["mode"], row["direction"]): (row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"])
             for row in record["candidates"]}
-    assert rows == {("fp16", "forward"): (64, 10, False), ("fp16", "backward"): (64, 8, True),
-                    ("tf32", "forward"): (128, 9, True), ("tf32", "backward"): (64, 6, False),
-                    ("fp32", "forward"): (128, 9, True), ("fp32", "backward"): (64, 6, False)}
+    assert rows == {("fp16", "forward"): (64, 10, 0), ("fp16", "backward"): (64, 8, 1),
+                    ("tf32", "forward"): (128, 9, 1), ("tf32", "backward"): (64, 6, 0),
+                    ("fp32", "forward"): (128, 9, 1), ("fp32", "backward"): (64, 6, 0)}
     assert "fp16  forward          64        10 cp.async" in result.stdout
 
 

@@ -52,11 +52,15 @@ def check_case(directory: Path, case: dict, major: int) -> dict:
     def load(part: str) -> np.ndarray:
         return np.load(directory / f"{case['name']}_{part}.npy")
 
-    output, grad, bottom_grad = interaction_reference(load("input"), load("upstream"))
+    with np.errstate(invalid="ignore", over="ignore"):  # a poisoned case's sample 0
+        output, grad, bottom_grad = interaction_reference(load("input"), load("upstream"))
     if not case["fold"]:
         grad[:, 0, :] -= bottom_grad
     actual = {"output": load("output"), "grad": load("grad"), "bottom_grad": load("bottom_grad")}
     expected = {"output": output, "grad": grad, "bottom_grad": bottom_grad}
+    if case.get("poisoned"):  # the infinity's own sample is whatever it is; no other may change
+        actual = {part: values[1:] for part, values in actual.items()}
+        expected = {part: values[1:] for part, values in expected.items()}
     errors = {part: max_scaled_error(actual[part], expected[part]) for part in actual}
     tolerance = TOLERANCE[case["mode"]]
     kernel = expected_kernel(case["mode"], case["shape"], major, case["offset"])

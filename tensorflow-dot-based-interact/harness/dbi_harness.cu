@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -162,12 +163,15 @@ std::string ShapeJson(const dbi::InteractShape& shape) {
   return bandwidth::ShapeJson(shape.batch, shape.num_vectors, shape.dim);
 }
 
-// Runs one correctness case, writes its .npy files and returns its manifest entry.
+// Runs one correctness case, writes its .npy files and returns its manifest entry. `poisoned`: an
+// infinity in sample 0's last vector, which must not reach any other sample's results (the
+// kernels reuse a warp's shared memory for its next samples).
 template <typename T>
 std::string CorrectnessCase(const std::string& directory, const std::string& name, const dbi::InteractShape& shape,
-                            const Mode& mode, bool fold, int offset) {
+                            const Mode& mode, bool fold, int offset, bool poisoned) {
   DeviceCall<T> call(shape, offset);
-  const std::vector<T> input = RandomValues<T>(call.InputCount(), 1);
+  std::vector<T> input = RandomValues<T>(call.InputCount(), 1);
+  if (poisoned) input[(shape.num_vectors - 1) * shape.dim] = FromUniform<T>(std::numeric_limits<float>::infinity());
   const std::vector<T> upstream = RandomValues<T>(call.OutputCount(), 2);
   Check(cudaMemcpy(call.input, input.data(), input.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
   Check(cudaMemcpy(call.upstream, upstream.data(), upstream.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -191,19 +195,21 @@ std::string CorrectnessCase(const std::string& directory, const std::string& nam
   std::ostringstream json;
   json << "{\"name\": \"" << name << "\", \"shape\": " << ShapeJson(shape) << ", \"mode\": \"" << mode.name
        << "\", \"dtype\": \"" << (mode.half ? "float16" : "float32") << "\", \"fold\": " << (fold ? "true" : "false")
-       << ", \"offset\": " << offset << ", \"kernel_forward\": \"" << dbi_cuda::KernelName(forward.kernel)
+       << ", \"offset\": " << offset << ", \"poisoned\": " << (poisoned ? "true" : "false")
+       << ", \"kernel_forward\": \"" << dbi_cuda::KernelName(forward.kernel)
        << "\", \"kernel_backward\": \"" << dbi_cuda::KernelName(backward.kernel) << "\"}";
   return json.str();
 }
 
 std::string CorrectnessCase(const std::string& directory, const dbi::InteractShape& shape, const Mode& mode, bool fold,
-                            int offset) {
+                            int offset, bool poisoned) {
   std::string name = std::to_string(shape.batch) + "x" + std::to_string(shape.num_vectors) + "x" +
                      std::to_string(shape.dim) + "_" + mode.name;
   if (!fold) name += "_nofold";
   if (offset != 0) name += "_offset" + std::to_string(offset);
-  return mode.half ? CorrectnessCase<dbi_cuda::Half>(directory, name, shape, mode, fold, offset)
-                   : CorrectnessCase<float>(directory, name, shape, mode, fold, offset);
+  if (poisoned) name += "_poisoned";
+  return mode.half ? CorrectnessCase<dbi_cuda::Half>(directory, name, shape, mode, fold, offset, poisoned)
+                   : CorrectnessCase<float>(directory, name, shape, mode, fold, offset, poisoned);
 }
 
 // Times forward, backward and forward + backward of one large shape: three manifest entries.
@@ -259,16 +265,18 @@ const Shape3 kCorrectnessShapes[] = {
     {16, 16, 128}, {16, 17, 64},  {16, 27, 120}, {16, 27, 36}, {16, 32, 128}, {5, 27, 128},
 };
 
-// Cases beyond "every shape, every mode, pass-through folded": the unfolded gradient, and
-// buffers one element off 16-byte alignment.
+// Cases beyond "every shape, every mode, pass-through folded": the unfolded gradient, buffers
+// one element off 16-byte alignment, and an infinity in sample 0 with enough samples that warps
+// of the persistent grid run several (an H100 or H200 holds at most 2,640 of its warps).
 struct ExtraCase {
   Shape3 shape;
   bool fold;
   int offset;
+  bool poisoned;
 };
 const ExtraCase kExtraCases[] = {
-    {{2048, 27, 128}, false, 0}, {{17, 31, 37}, false, 0}, {{16, 32, 128}, false, 0},
-    {{64, 27, 128}, true, 1},    {{17, 31, 37}, true, 1},
+    {{2048, 27, 128}, false, 0, false}, {{17, 31, 37}, false, 0, false}, {{16, 32, 128}, false, 0, false},
+    {{64, 27, 128}, true, 1, false},    {{17, 31, 37}, true, 1, false},  {{6000, 27, 120}, true, 0, true},
 };
 
 void Usage(FILE* stream) {
@@ -316,13 +324,13 @@ int main(int argc, char** argv) {
   if (!timing_only) {
     for (const Shape3& s : kCorrectnessShapes) {
       const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
-      for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, true, 0));
+      for (const Mode& mode : kModes) cases.push_back(CorrectnessCase(directory, shape, mode, true, 0, false));
     }
     for (const ExtraCase& extra : kExtraCases) {
       const Shape3& s = extra.shape;
       const dbi::InteractShape shape = MakeShape(case_batch(s.batch), s.num_vectors, s.dim);
       for (const Mode& mode : kModes) {
-        cases.push_back(CorrectnessCase(directory, shape, mode, extra.fold, extra.offset));
+        cases.push_back(CorrectnessCase(directory, shape, mode, extra.fold, extra.offset, extra.poisoned));
       }
     }
   }

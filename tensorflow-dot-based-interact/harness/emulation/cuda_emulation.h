@@ -16,10 +16,12 @@
 // MbarrierTryWaitParity) are deferred the same way: they land when a lane's wait finds the
 // barrier's phase complete (its arrival made and every announced byte issued); a copy of bytes
 // not announced first, a barrier used before its init, a phase that never completes, and a block
-// that ends with copies never waited for fail. __CUDA_ARCH__ is 900 unless the build sets it
+// that ends with copies never waited for fail. Bulk copies out (BulkCopyToGlobal) land when their
+// lane waits for their group, and a lane that ends without waiting fails. __CUDA_ARCH__ is 900 unless the build sets it
 // (-D__CUDA_ARCH__=800 runs the cp.async path), and the emulated major follows it.
-// The emulated GPU has one SM with 64 KB of shared memory, so the persistent grid is a block or
-// two and each warp runs several samples even at the harness's small emulated batches.
+// The emulated GPU has one SM with 38 KB of shared memory, so the persistent grid of every
+// tensor-core kernel at Criteo's shape is one block of two warps, and the first warp runs two of
+// the harness's three emulated samples (a poisoned sample 0 must leave sample 2 alone).
 // Not emulated: timing, races between warps (the kernels share nothing between warps), exact
 // TF32 or tensor-core summation order. Test-only: never part of the op library.
 #ifndef DOT_BASED_INTERACT_CUDA_EMULATION_H_
@@ -97,6 +99,9 @@ struct Warp {
   // Per lane: committed groups of copies, oldest first, and the group being gathered.
   std::vector<std::vector<PendingCopy>> committed[kLanes];
   std::vector<PendingCopy> gathering[kLanes];
+  // Per lane: bulk copies out of shared memory, committed groups and the group being gathered.
+  std::vector<std::vector<PendingCopy>> bulk_committed[kLanes];
+  std::vector<PendingCopy> bulk_gathering[kLanes];
 };
 
 // One mbarrier in shared memory: arrivals and bytes of the current phase, and its bulk copies,
@@ -151,6 +156,9 @@ inline void LaneEntry() {
     if (!group.empty()) Fail("a lane ended with cp.async copies it never waited for");
   }
   if (!warp.gathering[warp.current].empty()) Fail("a lane ended with cp.async copies it never committed");
+  if (!warp.bulk_committed[warp.current].empty() || !warp.bulk_gathering[warp.current].empty()) {
+    Fail("a lane ended with bulk copies to global memory it never waited for");
+  }
   warp.finished[warp.current] = true;
 }
 
@@ -306,6 +314,11 @@ inline void MbarrierInit(uint64_t* barrier, uint32_t arrivals) {
   state.arrivals = state.pending_arrivals = arrivals;
 }
 
+inline void MbarrierInval(uint64_t* barrier) {
+  if (!emulation::FindMbarrier(barrier).copies.empty()) emulation::Fail("an mbarrier retired with copies pending");
+  emulation::Mbarriers().erase(barrier);
+}
+
 inline void MbarrierArriveExpectBytes(uint64_t* barrier, uint32_t bytes) {
   emulation::Mbarrier& state = emulation::FindMbarrier(barrier);
   if (state.pending_arrivals == 0) emulation::Fail("an mbarrier arrival beyond its count");
@@ -342,6 +355,33 @@ inline bool MbarrierTryWaitParity(uint64_t* barrier, uint32_t parity) {
   emulation::Yield();  // the lanes that still have to arrive or copy run
   return false;
 }
+
+// Bulk copies out of shared memory land when their lane waits for their group (read or complete:
+// the emulation does both at once), so shared memory written before that wait corrupts them.
+inline void BulkCopyToGlobal(void* target, const void* source, uint32_t bytes) {
+  if (bytes == 0 || bytes % 16 != 0) emulation::Fail("bulk copy of no or not a multiple of 16 bytes");
+  emulation::CheckAligned(target, 16, "bulk copy target misaligned");
+  emulation::CheckAligned(source, 16, "bulk copy source misaligned");
+  emulation::CheckShared(source, bytes, "bulk copy source outside the block's dynamic shared memory");
+  emulation::Warp& warp = *emulation::Current().warp;
+  warp.bulk_gathering[warp.current].push_back({target, source, bytes});
+}
+
+inline void BulkCommitGroup() {
+  emulation::Warp& warp = *emulation::Current().warp;
+  warp.bulk_committed[warp.current].push_back(std::move(warp.bulk_gathering[warp.current]));
+  warp.bulk_gathering[warp.current].clear();
+}
+
+inline void BulkWaitGroupsRead() {
+  emulation::Warp& warp = *emulation::Current().warp;
+  for (const auto& group : warp.bulk_committed[warp.current]) {
+    for (const emulation::PendingCopy& copy : group) std::memcpy(copy.target, copy.source, copy.bytes);
+  }
+  warp.bulk_committed[warp.current].clear();
+}
+
+inline void BulkWaitGroups() { BulkWaitGroupsRead(); }
 
 inline void FenceProxyAsyncShared() {}
 
@@ -505,7 +545,7 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, 
       *value = 1;
       break;
     case cudaDevAttrMaxSharedMemoryPerMultiprocessor:
-      *value = 64 * 1024;
+      *value = 38 * 1024;
       break;
     case cudaDevAttrMaxBlocksPerMultiprocessor:
       *value = 32;

@@ -294,6 +294,15 @@ __device__ __forceinline__ void MbarrierInit(uint64_t* barrier, uint32_t arrival
 #endif
 }
 
+// Ends `barrier`'s life as an mbarrier (its bytes may then be used otherwise).
+__device__ __forceinline__ void MbarrierInval(uint64_t* barrier) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(SharedAddress(barrier)) : "memory");
+#else
+  __trap();
+#endif
+}
+
 // Arrives on `barrier` and announces `bytes` of bulk copies that complete its current phase.
 __device__ __forceinline__ void MbarrierArriveExpectBytes(uint64_t* barrier, uint32_t bytes) {
 #if __CUDA_ARCH__ >= 900
@@ -334,6 +343,45 @@ __device__ __forceinline__ void BulkCopyToShared(void* target, const void* sourc
 #endif
 }
 
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from this block's shared
+// memory to global memory, in this thread's current bulk group.
+__device__ __forceinline__ void BulkCopyToGlobal(void* target, const void* source, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(target),
+               "r"(SharedAddress(source)), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Closes this thread's current bulk group.
+__device__ __forceinline__ void BulkCommitGroup() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until this thread's bulk groups have read their shared memory (it may be written again).
+__device__ __forceinline__ void BulkWaitGroupsRead() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Waits until this thread's bulk groups are complete.
+__device__ __forceinline__ void BulkWaitGroups() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
 // Orders this thread's ordinary shared-memory writes before later bulk copies into the same bytes.
 __device__ __forceinline__ void FenceProxyAsyncShared() {
 #if __CUDA_ARCH__ >= 900
@@ -361,6 +409,14 @@ __device__ __forceinline__ StageBarriers InitStageBarriers(unsigned char* region
   }
   __syncwarp();
   return stages;
+}
+
+// Lane 0 retires the stage barriers once the warp is done with its last step.
+__device__ __forceinline__ void RetireStageBarriers(const StageBarriers& stages, int lane) {
+  __syncwarp();
+  if (lane == 0) {
+    for (int stage = 0; stage < kStages; ++stage) MbarrierInval(stages.barriers + stage);
+  }
 }
 
 // The bulk copies of one step into stage `stage`, all announced by lane 0 before any is issued.
@@ -556,6 +612,16 @@ __device__ __forceinline__ void StoreVectors(const void* source, void* target, i
   }
 }
 
+// Zeroes rows [from, to) of a chunk over its `width` columns (whole 16-byte vectors).
+template <typename T>
+__device__ __forceinline__ void ZeroRows(T* chunk, int from, int to, int width, int chunk_stride, int lane) {
+  constexpr int kPerVector = kVectorBytes / sizeof(T);
+  for (LaneWalk walk(width / kPerVector, lane); walk.row < to - from; walk.Next()) {
+    *reinterpret_cast<uint4*>(chunk + (from + walk.row) * chunk_stride + walk.column * kPerVector) =
+        make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Writes the chunk's data columns of the F rows to `sample`.
 template <typename T>
 __device__ __forceinline__ void StoreChunk(const T* chunk, int num_vectors, int dim, const ChunkColumns& columns,
@@ -572,8 +638,10 @@ __device__ __forceinline__ void StoreChunk(const T* chunk, int num_vectors, int 
 // step s is computed. `issue(position)` starts a step's copies, `compute(position)` runs it once
 // they have landed; the stage computed is refilled only after the whole warp is done with it.
 // With kBulk the copies complete on the stage's mbarrier (`stages`), else they are one cp.async
-// group per step.
-template <bool kBulk, typename Issue, typename Compute>
+// group per step. kWaitThenIssue (bulk stores out of the stage just computed) issues step s + 1
+// only once step s has arrived, which gives those stores that time to read their rows out before
+// step s + 1 refills them; otherwise step s + 1 is issued first, keeping more bytes in flight.
+template <bool kBulk, bool kWaitThenIssue = false, typename Issue, typename Compute>
 __device__ __forceinline__ void RunPipeline(const WarpSteps& steps, StageBarriers stages, Issue issue,
                                             Compute compute) {
   StepPosition current = steps.Start();
@@ -582,12 +650,13 @@ __device__ __forceinline__ void RunPipeline(const WarpSteps& steps, StageBarrier
   if constexpr (!kBulk) __pipeline_commit();
   for (int64_t step = 0; step < steps.count; ++step) {
     steps.Advance(next);
-    if (step + 1 < steps.count) issue(next);
+    if (!kWaitThenIssue && step + 1 < steps.count) issue(next);
     if constexpr (kBulk) {
       const uint32_t parity = stages.parities >> current.stage & 1u;
       while (!MbarrierTryWaitParity(stages.barriers + current.stage, parity)) {
       }
       stages.parities ^= 1u << current.stage;
+      if (kWaitThenIssue && step + 1 < steps.count) issue(next);
     } else {
       __pipeline_commit();  // possibly empty: the wait below always leaves exactly the next step pending
       __pipeline_wait_prior(1);
@@ -622,7 +691,7 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm
   const auto stage = [&](const StepPosition& position) {
     return reinterpret_cast<T*>(region + position.stage * layout.forward_stage_bytes);
   };
-  constexpr bool kBulk = kBulkCopyTarget && ForwardBulkCopies(sizeof(T));
+  constexpr bool kBulk = kBulkCopyTarget && ForwardBulkCopies(sizeof(T)) >= 1;
   ZeroVectors(region, layout.forward_bytes, lane);
   __syncwarp();
   StageBarriers stages{};
@@ -700,6 +769,7 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, ForwardBlocksPerSm
                       layout.forward_rezero_to - layout.forward_rezero_from, lane);
         }
       });
+  if constexpr (kBulk) RetireStageBarriers(stages, lane);
 }
 
 // fp16 backward where F fills the padded rows (16 or 32) and the pass-through is folded: one
@@ -781,7 +851,8 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerS
   };
   // Padding (rows past F, columns past D, S's diagonal and padding) stays zero from here on,
   // but for S[0][F] and row F of X when they carry the pass-through.
-  constexpr bool kBulk = kBulkCopyTarget && BackwardBulkCopies(sizeof(T));
+  constexpr bool kBulk = kBulkCopyTarget && BackwardBulkCopies(sizeof(T)) >= 1;
+  constexpr bool kBulkStores = kBulkCopyTarget && BackwardBulkCopies(sizeof(T)) == 2;
   ZeroVectors(region, layout.backward_bytes, lane);
   const bool pass_through_row = kHalf && fold_bottom_mlp_grad && num_vectors < layout.rows;
   const bool in_place = !kHalf || !fold_bottom_mlp_grad || pass_through_row;
@@ -794,12 +865,13 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerS
   // tile columns (loading them per tile column was half of the kernel's shared-memory traffic).
   constexpr int kMaxKSteps = kTensorCoreMaxVectors / Operands::kK;
   typename Operands::template Operand<wmma::matrix_a, wmma::row_major> s_upper[kMaxKSteps], s_lower[kMaxKSteps];
-  RunPipeline<kBulk>(
+  RunPipeline<kBulk, kBulkStores>(
       steps, stages,
       [&](const StepPosition& position) {
         const ChunkColumns columns = ColumnsOfChunk(layout, dim, position.chunk);
         const T* sample = input + position.sample * num_vectors * dim;
         const T* upstream = upstream_grad + position.sample * shape.output_width;
+        if constexpr (kBulkStores) BulkWaitGroupsRead();  // this lane's row of the stage is read out
         T* chunk = reinterpret_cast<T*>(stage(position));
         if constexpr (kBulk) {
           // Lanes 0 to F - 1 copy a row each, the last lane the upstream row with the first chunk.
@@ -905,17 +977,27 @@ __global__ void __launch_bounds__(kTensorCoreThreadsPerBlock, BackwardBlocksPerS
               result[lane] += pass_through[columns.first + tile_column + lane];
             }
           }
-          // Rows past F came out as 0 * X, NaN where X holds one (row F: the pass-through's, done
-          // with for this tile): back to zero for the next sample.
-          for (int e = num_vectors * kTile + lane; e < layout.rows * kTile; e += kWarpSize) {
-            result[e / kTile * layout.chunk_stride + e % kTile] = FromFloat<T>(0.0f);
-          }
         }
         if (in_place) {
-          __syncwarp();
-          StoreChunk(chunk, num_vectors, dim, columns, layout.chunk_stride, sample_grad, lane);
+          // Rows past F came out as 0 * X, NaN where X holds one (row F: the pass-through's, done
+          // with for this chunk): back to zero for the next sample. No later tile column read them.
+          ZeroRows(chunk, num_vectors, layout.rows, columns.width, layout.chunk_stride, lane);
+          if constexpr (kBulkStores) {
+            FenceProxyAsyncShared();  // the results, written by every lane, before the bulk copies read them
+            __syncwarp();
+            if (lane < num_vectors) {
+              BulkCopyToGlobal(sample_grad + lane * dim + columns.first, chunk + lane * layout.chunk_stride,
+                               columns.valid * sizeof(T));
+            }
+            BulkCommitGroup();
+          } else {
+            __syncwarp();
+            StoreChunk(chunk, num_vectors, dim, columns, layout.chunk_stride, sample_grad, lane);
+          }
         }
       });
+  if constexpr (kBulkStores) BulkWaitGroups();  // the last rows are out before the block's shared memory goes
+  if constexpr (kBulk) RetireStageBarriers(stages, lane);
 }
 
 #else

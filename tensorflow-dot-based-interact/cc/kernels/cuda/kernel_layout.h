@@ -67,8 +67,9 @@ constexpr int kStages = 2;             // chunks a warp holds: the one it comput
 #ifndef DBI_FP32_BACKWARD_BLOCKS
 #define DBI_FP32_BACKWARD_BLOCKS 6
 #endif
-// Whether a precision's and direction's chunks arrive by bulk copies where the GPU has them
-// (compute 9.0+; 1) or by per-lane cp.async everywhere (0).
+// How a precision's and direction's chunks move where the GPU has bulk copies (compute 9.0+): 0,
+// by per-lane cp.async as on older GPUs; 1, in by bulk copies; 2 (backward), also the gradient
+// rows out by bulk copies, each lane waiting for its row to be read out before refilling it.
 #ifndef DBI_FP16_FORWARD_BULK
 #define DBI_FP16_FORWARD_BULK 1
 #endif
@@ -90,10 +91,14 @@ constexpr int ForwardChunkRowBytes(int element_bytes) {
 constexpr int BackwardChunkRowBytes(int element_bytes) {
   return element_bytes == 2 ? DBI_FP16_BACKWARD_ROW_BYTES : DBI_FP32_BACKWARD_ROW_BYTES;
 }
-constexpr bool ForwardBulkCopies(int element_bytes) {
+static_assert(DBI_FP16_FORWARD_BULK >= 0 && DBI_FP16_FORWARD_BULK <= 1 && DBI_FP32_FORWARD_BULK >= 0 &&
+                  DBI_FP32_FORWARD_BULK <= 1 && DBI_FP16_BACKWARD_BULK >= 0 && DBI_FP16_BACKWARD_BULK <= 2 &&
+                  DBI_FP32_BACKWARD_BULK >= 0 && DBI_FP32_BACKWARD_BULK <= 2,
+              "bulk copies: 0 or 1 forward, 0 to 2 backward");
+constexpr int ForwardBulkCopies(int element_bytes) {
   return element_bytes == 2 ? DBI_FP16_FORWARD_BULK : DBI_FP32_FORWARD_BULK;
 }
-constexpr bool BackwardBulkCopies(int element_bytes) {
+constexpr int BackwardBulkCopies(int element_bytes) {
   return element_bytes == 2 ? DBI_FP16_BACKWARD_BULK : DBI_FP32_BACKWARD_BULK;
 }
 constexpr int kScratchStride = kTile + 4;  // fp32 tile-column scratch of the fp16 backward
