@@ -386,6 +386,7 @@ inline void BulkWaitGroups() { BulkWaitGroupsRead(); }
 inline void FenceProxyAsyncShared() {}
 
 inline int min(int a, int b) { return a < b ? a : b; }
+inline int __ffs(int value) { return __builtin_ffs(value); }
 
 // ---- half -----------------------------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 // * tensor-core kernels (WMMA with fp32 accumulation: fp16 for half; TF32 for float when TF32
 //   is allowed, else 3xTF32) for the shapes of FitsTensorCores, on a persistent grid: each warp
 //   walks its samples chunk by chunk, and the next chunk's copies are in flight while it computes
-//   this one (two shared-memory stages per warp): on sm_90+ one bulk copy per row (cp.async.bulk,
-//   completing on the stage's mbarrier), before that 16-byte cp.async copies from every lane; the
-//   output row is assembled in shared memory and written with 16-byte stores;
+//   this one (two shared-memory stages per warp): 16-byte cp.async copies from every lane, or on
+//   sm_90, where a build chooses them (kernel_layout.h), one bulk copy per row (cp.async.bulk,
+//   completing on the stage's mbarrier); the output leaves in 16-byte stores;
 // * a general SIMT kernel (fp32 arithmetic, any F and D; one warp per sample, kSamplesPerBlock
 //   per block) for every other shape and for GPUs older than compute 8.0.
 // No kernel finds a pair from its column: pairs are enumerated row by row, (i, j) for j < i, so
@@ -268,11 +268,12 @@ __device__ __forceinline__ void ZeroVectors(void* target, int64_t bytes, int lan
   for (int v = lane; v < vectors; v += kWarpSize) static_cast<uint4*>(target)[v] = make_uint4(0, 0, 0, 0);
 }
 
-// Bulk copies (sm_90+): a stage's chunk arrives as one cp.async.bulk per row, each counted in
-// bytes on the stage's mbarrier, which completes a phase once lane 0's arrival has announced the
-// step's bytes and all of them have landed. Thin PTX wrappers (PTX ISA 8.0, so CUDA 12.0 and newer
-// build them); for the CPU emulation, harness/emulation defines the same functions. Built for
-// GPUs older than sm_90 they trap: those builds never call them (kBulkCopyTarget below).
+// Bulk copies (sm_90+, where kernel_layout.h's DBI_*_BULK choose them): a stage's chunk arrives as
+// one cp.async.bulk per row, each counted in bytes on the stage's mbarrier, which completes a phase
+// once lane 0's arrival has announced the step's bytes and all of them have landed. Thin PTX
+// wrappers (PTX ISA 8.0, so CUDA 12.0 and newer build them); for the CPU emulation,
+// harness/emulation defines the same functions. Built for GPUs older than sm_90 they trap: those
+// builds never call them (kBulkCopyTarget below).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr bool kBulkCopyTarget = true;
 #else
@@ -486,6 +487,36 @@ struct LaneWalk {
   }
 };
 
+// Calls copy(target_vector, source_vector) for the 16-byte vectors of `rows` rows of `per_row`
+// vectors each as the lanes take them (vector lane, lane + 32, ...; rows `target_stride` and
+// `source_stride` elements apart). Where per_row is a power of two up to 32 (every chunk of
+// Criteo's shapes), a lane keeps its column and steps whole passes of rows: two pointer additions
+// per vector, where LaneWalk's row and column arithmetic made a 16-byte copy cost about 20
+// instructions (sm_90 SASS); other widths walk with LaneWalk.
+template <typename Target, typename Source, typename Copy>
+__device__ __forceinline__ void ForEachRowVector(Target* target, int target_stride, Source* source, int source_stride,
+                                                 int rows, int per_row, int lane, Copy copy) {
+  constexpr int kPerVector = kVectorBytes / sizeof(Target);
+  static_assert(sizeof(Target) == sizeof(Source), "rows of one element type");
+  if (per_row > 0 && per_row <= kWarpSize && (per_row & (per_row - 1)) == 0) {
+    const int shift = __ffs(per_row) - 1;
+    const int rows_per_pass = kWarpSize >> shift;
+    int row = lane >> shift;
+    const int column = (lane & (per_row - 1)) * kPerVector;
+    target += row * target_stride + column;
+    source += row * source_stride + column;
+    const int target_step = rows_per_pass * target_stride;
+    const int source_step = rows_per_pass * source_stride;
+#pragma unroll 4
+    for (; row < rows; row += rows_per_pass, target += target_step, source += source_step) copy(target, source);
+  } else {
+    for (LaneWalk walk(per_row, lane); walk.row < rows; walk.Next()) {
+      const int column = walk.column * kPerVector;
+      copy(target + walk.row * target_stride + column, source + walk.row * source_stride + column);
+    }
+  }
+}
+
 // The pairs (i, j), j < i, in output order p = i(i-1)/2 + j from pair `first` on, every `stride`-th,
 // with no division or square root.
 struct PairWalk {
@@ -578,12 +609,9 @@ __device__ __forceinline__ ChunkColumns ColumnsOfChunk(const TensorCoreLayout& l
 template <typename T>
 __device__ __forceinline__ void IssueChunk(const T* sample, int num_vectors, int dim, const ChunkColumns& columns,
                                            T* chunk, int chunk_stride, int lane) {
-  constexpr int kPerVector = kVectorBytes / sizeof(T);
-  for (LaneWalk walk(columns.valid / kPerVector, lane); walk.row < num_vectors; walk.Next()) {
-    const int column = walk.column * kPerVector;
-    __pipeline_memcpy_async(chunk + walk.row * chunk_stride + column,
-                            sample + walk.row * dim + columns.first + column, kVectorBytes);
-  }
+  ForEachRowVector(chunk, chunk_stride, sample + columns.first, dim, num_vectors,
+                   columns.valid * static_cast<int>(sizeof(T)) / kVectorBytes, lane,
+                   [](T* target, const T* source) { __pipeline_memcpy_async(target, source, kVectorBytes); });
 }
 
 // Zeroes the chunk's padding columns (valid to width) of the F rows, which IssueChunk leaves as
@@ -626,12 +654,10 @@ __device__ __forceinline__ void ZeroRows(T* chunk, int from, int to, int width, 
 template <typename T>
 __device__ __forceinline__ void StoreChunk(const T* chunk, int num_vectors, int dim, const ChunkColumns& columns,
                                            int chunk_stride, T* sample, int lane) {
-  constexpr int kPerVector = kVectorBytes / sizeof(T);
-  for (LaneWalk walk(columns.valid / kPerVector, lane); walk.row < num_vectors; walk.Next()) {
-    const int column = walk.column * kPerVector;
-    __stcs(reinterpret_cast<uint4*>(sample + walk.row * dim + columns.first + column),
-           *reinterpret_cast<const uint4*>(chunk + walk.row * chunk_stride + column));
-  }
+  ForEachRowVector(sample + columns.first, dim, chunk, chunk_stride, num_vectors,
+                   columns.valid * static_cast<int>(sizeof(T)) / kVectorBytes, lane, [](T* target, const T* source) {
+                     __stcs(reinterpret_cast<uint4*>(target), *reinterpret_cast<const uint4*>(source));
+                   });
 }
 
 // The pipeline of a warp: a step's copies are issued one step ahead, so step s + 1 arrives while
