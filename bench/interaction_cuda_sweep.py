@@ -72,19 +72,33 @@ def variant_defines(index: int) -> List[str]:
             for flag in choice_defines(precision, direction, choice)]
 
 
-def best_defines(rows: List[dict]) -> List[str]:
-    """The -D flags of the fastest candidate of every precision and direction whose fastest is
-    not the header's default. A precision's choices serve two modes (fp32: TF32 and 3xTF32); the
-    TF32 mode's timings decide, as they do for the defaults."""
-    defines = []
+def fastest_choices(rows: List[dict]) -> Dict[Tuple[str, str], Tuple[int, int, int]]:
+    """Per precision and direction, the candidate whose variant passed every correctness case
+    with the least time summed over the modes that build with it (fp16: fp16; fp32: TF32 and
+    3xTF32, which share the fp32 choices)."""
+    chosen = {}
     for (precision, direction) in CANDIDATES:
-        mode = "fp16" if precision == "fp16" else "tf32"
-        fastest = next((row for row in rows if (row["mode"], row["direction"]) == (mode, direction) and row["fastest"]),
-                       None)
-        if fastest is not None and not fastest["default"]:
-            choice = (fastest["row_bytes"], fastest["blocks_per_sm"], fastest["bulk_copies"])
-            defines += choice_defines(precision, direction, choice)
-    return defines
+        modes = [mode for mode, of in MODE_PRECISION.items() if of == precision]
+        totals: Dict[Tuple[int, int, int], float] = {}
+        for row in rows:
+            if row["direction"] != direction or row["mode"] not in modes or not row["passed"] or row["ms"] is None:
+                continue
+            choice = (row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"])
+            totals[choice] = totals.get(choice, 0.0) + row["ms"]
+        complete = {choice: total for choice, total in totals.items()
+                    if sum(1 for row in rows if row["direction"] == direction and row["mode"] in modes
+                           and (row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"]) == choice
+                           and row["passed"] and row["ms"] is not None) == len(modes)}
+        if complete:
+            chosen[(precision, direction)] = min(complete, key=complete.get)
+    return chosen
+
+
+def best_defines(rows: List[dict]) -> List[str]:
+    """The -D flags of fastest_choices wherever they are not the header's default."""
+    return [flag for (precision, direction), choice in fastest_choices(rows).items()
+            if choice != CANDIDATES[(precision, direction)][0]
+            for flag in choice_defines(precision, direction, choice)]
 
 
 def gpu_architecture() -> Optional[str]:
