@@ -79,11 +79,35 @@ namespace emulation {
 constexpr int kLanes = 32;
 
 // The lanes of the running warp: fibers, a barrier and the shuffle exchange.
-// One cp.async copy, done when its lane waits for its group.
+// One deferred copy (cp.async, or a bulk copy out of shared memory), done when its lane waits for its group.
 struct PendingCopy {
   void* target;
   const void* source;
   size_t bytes;
+};
+
+// One lane's deferred copies: committed groups, oldest first, and the group being gathered.
+struct CopyGroups {
+  std::vector<std::vector<PendingCopy>> committed;
+  std::vector<PendingCopy> gathering;
+  void Add(void* target, const void* source, size_t bytes) { gathering.push_back({target, source, bytes}); }
+  void Commit() {
+    committed.push_back(std::move(gathering));
+    gathering.clear();
+  }
+  // Completes the committed groups but the `prior` most recent.
+  void CompleteAllBut(size_t prior) {
+    while (committed.size() > prior) {
+      for (const PendingCopy& copy : committed.front()) std::memcpy(copy.target, copy.source, copy.bytes);
+      committed.erase(committed.begin());
+    }
+  }
+  bool Pending() const {
+    for (const auto& group : committed) {
+      if (!group.empty()) return true;
+    }
+    return !gathering.empty();
+  }
 };
 
 struct Warp {
@@ -96,12 +120,8 @@ struct Warp {
   unsigned generation = 0;
   float exchange[kLanes] = {};
   std::function<void()> body;
-  // Per lane: committed groups of copies, oldest first, and the group being gathered.
-  std::vector<std::vector<PendingCopy>> committed[kLanes];
-  std::vector<PendingCopy> gathering[kLanes];
-  // Per lane: bulk copies out of shared memory, committed groups and the group being gathered.
-  std::vector<std::vector<PendingCopy>> bulk_committed[kLanes];
-  std::vector<PendingCopy> bulk_gathering[kLanes];
+  CopyGroups async_copies[kLanes];  // per lane: cp.async
+  CopyGroups bulk_out[kLanes];      // per lane: bulk copies out of shared memory
 };
 
 // One mbarrier in shared memory: arrivals and bytes of the current phase, and its bulk copies,
@@ -152,13 +172,8 @@ inline void SyncWarp() {
 inline void LaneEntry() {
   Warp& warp = *Current().warp;
   warp.body();
-  for (const auto& group : warp.committed[warp.current]) {
-    if (!group.empty()) Fail("a lane ended with cp.async copies it never waited for");
-  }
-  if (!warp.gathering[warp.current].empty()) Fail("a lane ended with cp.async copies it never committed");
-  if (!warp.bulk_committed[warp.current].empty() || !warp.bulk_gathering[warp.current].empty()) {
-    Fail("a lane ended with bulk copies to global memory it never waited for");
-  }
+  if (warp.async_copies[warp.current].Pending()) Fail("a lane ended with cp.async copies it never waited for");
+  if (warp.bulk_out[warp.current].Pending()) Fail("a lane ended with bulk copies to global memory it never waited for");
   warp.finished[warp.current] = true;
 }
 
@@ -270,23 +285,18 @@ inline void __pipeline_memcpy_async(void* target, const void* source, size_t byt
   emulation::CheckAligned(target, bytes, "cp.async target misaligned");
   emulation::CheckAligned(source, bytes, "cp.async source misaligned");
   emulation::Warp& warp = *emulation::Current().warp;
-  warp.gathering[warp.current].push_back({target, source, bytes});
+  warp.async_copies[warp.current].Add(target, source, bytes);
 }
 
 inline void __pipeline_commit() {
   emulation::Warp& warp = *emulation::Current().warp;
-  warp.committed[warp.current].push_back(std::move(warp.gathering[warp.current]));
-  warp.gathering[warp.current].clear();
+  warp.async_copies[warp.current].Commit();
 }
 
 // Completes this lane's committed groups but the `prior` most recent.
 inline void __pipeline_wait_prior(size_t prior) {
   emulation::Warp& warp = *emulation::Current().warp;
-  auto& groups = warp.committed[warp.current];
-  while (groups.size() > prior) {
-    for (const emulation::PendingCopy& copy : groups.front()) std::memcpy(copy.target, copy.source, copy.bytes);
-    groups.erase(groups.begin());
-  }
+  warp.async_copies[warp.current].CompleteAllBut(prior);
 }
 
 // ---- bulk copies and mbarriers (the kernels' sm_90 wrappers) ---------------------------------
@@ -364,21 +374,17 @@ inline void BulkCopyToGlobal(void* target, const void* source, uint32_t bytes) {
   emulation::CheckAligned(source, 16, "bulk copy source misaligned");
   emulation::CheckShared(source, bytes, "bulk copy source outside the block's dynamic shared memory");
   emulation::Warp& warp = *emulation::Current().warp;
-  warp.bulk_gathering[warp.current].push_back({target, source, bytes});
+  warp.bulk_out[warp.current].Add(target, source, bytes);
 }
 
 inline void BulkCommitGroup() {
   emulation::Warp& warp = *emulation::Current().warp;
-  warp.bulk_committed[warp.current].push_back(std::move(warp.bulk_gathering[warp.current]));
-  warp.bulk_gathering[warp.current].clear();
+  warp.bulk_out[warp.current].Commit();
 }
 
 inline void BulkWaitGroupsRead() {
   emulation::Warp& warp = *emulation::Current().warp;
-  for (const auto& group : warp.bulk_committed[warp.current]) {
-    for (const emulation::PendingCopy& copy : group) std::memcpy(copy.target, copy.source, copy.bytes);
-  }
-  warp.bulk_committed[warp.current].clear();
+  warp.bulk_out[warp.current].CompleteAllBut(0);
 }
 
 inline void BulkWaitGroups() { BulkWaitGroupsRead(); }

@@ -281,7 +281,7 @@ constexpr bool kBulkCopyTarget = false;  // older GPUs, and nvcc's host pass, wh
 #endif
 
 #if defined(__CUDACC__)
-__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
@@ -334,7 +334,7 @@ __device__ __forceinline__ bool MbarrierTryWaitParity(uint64_t* barrier, uint32_
 
 // Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to this block's
 // shared memory, counted on `barrier`.
-__device__ __forceinline__ void BulkCopyToShared(void* target, const void* source, uint32_t bytes, uint64_t* barrier) {
+[[maybe_unused]] __device__ __forceinline__ void BulkCopyToShared(void* target, const void* source, uint32_t bytes, uint64_t* barrier) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(SharedAddress(target)), "l"(source), "r"(bytes), "r"(SharedAddress(barrier))
@@ -346,7 +346,7 @@ __device__ __forceinline__ void BulkCopyToShared(void* target, const void* sourc
 
 // Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from this block's shared
 // memory to global memory, in this thread's current bulk group.
-__device__ __forceinline__ void BulkCopyToGlobal(void* target, const void* source, uint32_t bytes) {
+[[maybe_unused]] __device__ __forceinline__ void BulkCopyToGlobal(void* target, const void* source, uint32_t bytes) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(target),
                "r"(SharedAddress(source)), "r"(bytes)
@@ -627,7 +627,7 @@ __device__ __forceinline__ void ZeroPaddingColumns(int num_vectors, const ChunkC
 }
 
 // Starts copying `vectors` 16-byte vectors from `source` to `target` (cp.async).
-__device__ __forceinline__ void IssueVectors(const void* source, void* target, int vectors, int lane) {
+[[maybe_unused]] __device__ __forceinline__ void IssueVectors(const void* source, void* target, int vectors, int lane) {
   for (int v = lane; v < vectors; v += kWarpSize) {
     __pipeline_memcpy_async(static_cast<uint4*>(target) + v, static_cast<const uint4*>(source) + v, kVectorBytes);
   }
