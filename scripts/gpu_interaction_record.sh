@@ -21,7 +21,7 @@ On a machine with an NVIDIA GPU, nvcc and python3 with NumPy, from the repositor
      DIR/raw.tar.gz (small text, for bench/results/gpu_runs/<date>-<device>/).
 Each step runs under its own time limit (defaults: sweep 240 s, check 300 s), so that the
 records made so far come back from a lease even when a step overruns.
-Exit status: 0 when both steps passed; 1 when one failed or overran; 2 for bad arguments.
+Exit status: 0 when both steps passed; 1 when one failed or overran; 2 for bad arguments or no GPU.
 USAGE
 }
 
@@ -49,10 +49,13 @@ done
 [[ -n "${OUTPUT_DIR}" ]] || die "--output is required"
 [[ -n "${REFERENCE}" ]] || die "--reference is required (the record compares with the reference's kernels)"
 [[ -d "${REFERENCE}" ]] || die "--reference ${REFERENCE}: no such folder"
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  die "no GPU here (nvidia-smi lists none): the record is made on a machine with an NVIDIA GPU"
+fi
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-mkdir -p "${OUTPUT_DIR}/sweep" "${OUTPUT_DIR}/check"
+mkdir -p "${OUTPUT_DIR}/sweep" "${OUTPUT_DIR}/check" 2>/dev/null || die "--output ${OUTPUT_DIR}: cannot write there"
 OUTPUT_DIR="$(cd "${OUTPUT_DIR}" && pwd)"
 export PYTHONUNBUFFERED=1
 status=0

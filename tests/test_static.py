@@ -646,6 +646,33 @@ def test_sweep_refuses_bad_arguments_before_building(tmp_path: Path) -> None:
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]
 
 
+def test_gpu_record_script_refuses_bad_arguments_and_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    """scripts/gpu_interaction_record.sh: a missing --output or --reference, a reference folder that
+    is not there, a bad time limit, and (with good arguments) a machine whose nvidia-smi lists no
+    GPU each get one line naming what is wrong and exit 2, with nothing created."""
+    script = str(REPO / "scripts" / "gpu_interaction_record.sh")
+    out = tmp_path / "out"
+    reference = tmp_path / "dle"
+    reference.mkdir()
+    no_gpu = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "nvidia-smi"  # a machine with the driver's tool and no GPU behind it
+    fake.write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
+    fake.chmod(0o755)
+    cases = [
+        ([], "--output is required"),
+        (["--output", str(out)], "--reference is required"),
+        (["--output", str(out), "--reference", str(tmp_path / "missing")], f"--reference {tmp_path / 'missing'}: no such folder"),
+        (["--output", str(out), "--reference", str(reference), "--sweep-seconds", "soon"], "--sweep-seconds needs a positive integer"),
+        (["--output", str(out), "--reference", str(reference)], "no GPU here (nvidia-smi lists none)"),
+    ]
+    for arguments, message in cases:
+        refused = subprocess.run([script, *arguments], capture_output=True, text=True, env=no_gpu, check=False)
+        assert refused.returncode == 2, (arguments, refused.stdout, refused.stderr)
+        assert message in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, (arguments, refused.stderr)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bin", "dle"]
+
+
 # ---- linters ----------------------------------------------------------------------------------
 
 DOCKERFILES = sorted(path.name for path in REPO.glob("Dockerfile*"))
