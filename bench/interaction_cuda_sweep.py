@@ -79,16 +79,11 @@ def fastest_choices(rows: List[dict]) -> Dict[Tuple[str, str], Tuple[int, int, i
     chosen = {}
     for (precision, direction) in CANDIDATES:
         modes = [mode for mode, of in MODE_PRECISION.items() if of == precision]
-        totals: Dict[Tuple[int, int, int], float] = {}
+        times: Dict[Tuple[int, int, int], List[float]] = {}
         for row in rows:
-            if row["direction"] != direction or row["mode"] not in modes or not row["passed"] or row["ms"] is None:
-                continue
-            choice = (row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"])
-            totals[choice] = totals.get(choice, 0.0) + row["ms"]
-        complete = {choice: total for choice, total in totals.items()
-                    if sum(1 for row in rows if row["direction"] == direction and row["mode"] in modes
-                           and (row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"]) == choice
-                           and row["passed"] and row["ms"] is not None) == len(modes)}
+            if row["direction"] == direction and row["mode"] in modes and row["passed"] and row["ms"] is not None:
+                times.setdefault((row["row_bytes"], row["blocks_per_sm"], row["bulk_copies"]), []).append(row["ms"])
+        complete = {choice: sum(ms) for choice, ms in times.items() if len(ms) == len(modes)}
         if complete:
             chosen[(precision, direction)] = min(complete, key=complete.get)
     return chosen

@@ -279,24 +279,27 @@ inline void __stcs(uint4* pointer, uint4 value) {
 
 // ---- cp.async (cuda_pipeline.h) ---------------------------------------------------------------
 
+namespace emulation {
+// The running lane's deferred copies of one kind (Warp::async_copies or Warp::bulk_out).
+inline CopyGroups& LaneCopies(CopyGroups (Warp::*kind)[kLanes]) {
+  Warp& warp = *Current().warp;
+  return (warp.*kind)[warp.current];
+}
+}  // namespace emulation
+
 inline void __pipeline_memcpy_async(void* target, const void* source, size_t bytes, size_t zero_fill = 0) {
   if (bytes != 4 && bytes != 8 && bytes != 16) emulation::Fail("cp.async of other than 4, 8 or 16 bytes");
   if (zero_fill != 0) emulation::Fail("cp.async zero fill is not emulated");
   emulation::CheckAligned(target, bytes, "cp.async target misaligned");
   emulation::CheckAligned(source, bytes, "cp.async source misaligned");
-  emulation::Warp& warp = *emulation::Current().warp;
-  warp.async_copies[warp.current].Add(target, source, bytes);
+  emulation::LaneCopies(&emulation::Warp::async_copies).Add(target, source, bytes);
 }
 
-inline void __pipeline_commit() {
-  emulation::Warp& warp = *emulation::Current().warp;
-  warp.async_copies[warp.current].Commit();
-}
+inline void __pipeline_commit() { emulation::LaneCopies(&emulation::Warp::async_copies).Commit(); }
 
 // Completes this lane's committed groups but the `prior` most recent.
 inline void __pipeline_wait_prior(size_t prior) {
-  emulation::Warp& warp = *emulation::Current().warp;
-  warp.async_copies[warp.current].CompleteAllBut(prior);
+  emulation::LaneCopies(&emulation::Warp::async_copies).CompleteAllBut(prior);
 }
 
 // ---- bulk copies and mbarriers (the kernels' sm_90 wrappers) ---------------------------------
@@ -373,19 +376,12 @@ inline void BulkCopyToGlobal(void* target, const void* source, uint32_t bytes) {
   emulation::CheckAligned(target, 16, "bulk copy target misaligned");
   emulation::CheckAligned(source, 16, "bulk copy source misaligned");
   emulation::CheckShared(source, bytes, "bulk copy source outside the block's dynamic shared memory");
-  emulation::Warp& warp = *emulation::Current().warp;
-  warp.bulk_out[warp.current].Add(target, source, bytes);
+  emulation::LaneCopies(&emulation::Warp::bulk_out).Add(target, source, bytes);
 }
 
-inline void BulkCommitGroup() {
-  emulation::Warp& warp = *emulation::Current().warp;
-  warp.bulk_out[warp.current].Commit();
-}
+inline void BulkCommitGroup() { emulation::LaneCopies(&emulation::Warp::bulk_out).Commit(); }
 
-inline void BulkWaitGroupsRead() {
-  emulation::Warp& warp = *emulation::Current().warp;
-  warp.bulk_out[warp.current].CompleteAllBut(0);
-}
+inline void BulkWaitGroupsRead() { emulation::LaneCopies(&emulation::Warp::bulk_out).CompleteAllBut(0); }
 
 inline void BulkWaitGroups() { BulkWaitGroupsRead(); }
 

@@ -281,116 +281,81 @@ constexpr bool kBulkCopyTarget = false;  // older GPUs, and nvcc's host pass, wh
 #endif
 
 #if defined(__CUDACC__)
+// The statement on sm_90+; a trap elsewhere (never reached: see kBulkCopyTarget).
+#if __CUDA_ARCH__ >= 900
+#define DBI_ON_SM90(...) __VA_ARGS__
+#else
+#define DBI_ON_SM90(...) __trap()
+#endif
+
 [[maybe_unused]] __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
 // Sets up `barrier` for one arrival per phase.
 __device__ __forceinline__ void MbarrierInit(uint64_t* barrier, uint32_t arrivals) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(barrier)), "r"(arrivals) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#else
-  __trap();
-#endif
+  DBI_ON_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(barrier)), "r"(arrivals)
+                           : "memory");
+              asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
 }
 
 // Ends `barrier`'s life as an mbarrier (its bytes may then be used otherwise).
 __device__ __forceinline__ void MbarrierInval(uint64_t* barrier) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(SharedAddress(barrier)) : "memory");
-#else
-  __trap();
-#endif
+  DBI_ON_SM90(asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(SharedAddress(barrier)) : "memory"));
 }
 
 // Arrives on `barrier` and announces `bytes` of bulk copies that complete its current phase.
 __device__ __forceinline__ void MbarrierArriveExpectBytes(uint64_t* barrier, uint32_t bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(barrier)), "r"(bytes)
-               : "memory");
-#else
-  __trap();
-#endif
+  DBI_ON_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(barrier)),
+                           "r"(bytes)
+                           : "memory"));
 }
 
 // Whether the phase of `barrier` with parity `parity` has completed (the calling thread then sees
 // the bytes its bulk copies wrote); waits a while in hardware before saying no.
 __device__ __forceinline__ bool MbarrierTryWaitParity(uint64_t* barrier, uint32_t parity) {
-#if __CUDA_ARCH__ >= 900
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred complete;\n mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, complete;\n}\n"
-      : "=r"(done)
-      : "r"(SharedAddress(barrier)), "r"(parity)
-      : "memory");
+  uint32_t done = 0;
+  DBI_ON_SM90(asm volatile("{\n .reg .pred complete;\n mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                           " selp.u32 %0, 1, 0, complete;\n}\n"
+                           : "=r"(done)
+                           : "r"(SharedAddress(barrier)), "r"(parity)
+                           : "memory"));
   return done != 0;
-#else
-  __trap();
-  return false;
-#endif
 }
 
 // Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to this block's
 // shared memory, counted on `barrier`.
-[[maybe_unused]] __device__ __forceinline__ void BulkCopyToShared(void* target, const void* source, uint32_t bytes, uint64_t* barrier) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(SharedAddress(target)), "l"(source), "r"(bytes), "r"(SharedAddress(barrier))
-               : "memory");
-#else
-  __trap();
-#endif
+[[maybe_unused]] __device__ __forceinline__ void BulkCopyToShared(void* target, const void* source, uint32_t bytes,
+                                                                  uint64_t* barrier) {
+  DBI_ON_SM90(asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                           ::"r"(SharedAddress(target)), "l"(source), "r"(bytes), "r"(SharedAddress(barrier))
+                           : "memory"));
 }
 
 // Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from this block's shared
 // memory to global memory, in this thread's current bulk group.
 [[maybe_unused]] __device__ __forceinline__ void BulkCopyToGlobal(void* target, const void* source, uint32_t bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(target),
-               "r"(SharedAddress(source)), "r"(bytes)
-               : "memory");
-#else
-  __trap();
-#endif
+  DBI_ON_SM90(asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(target),
+                           "r"(SharedAddress(source)), "r"(bytes)
+                           : "memory"));
 }
 
 // Closes this thread's current bulk group.
-__device__ __forceinline__ void BulkCommitGroup() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-#else
-  __trap();
-#endif
-}
+__device__ __forceinline__ void BulkCommitGroup() { DBI_ON_SM90(asm volatile("cp.async.bulk.commit_group;" ::: "memory")); }
 
 // Waits until this thread's bulk groups have read their shared memory (it may be written again).
 __device__ __forceinline__ void BulkWaitGroupsRead() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#else
-  __trap();
-#endif
+  DBI_ON_SM90(asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"));
 }
 
 // Waits until this thread's bulk groups are complete.
-__device__ __forceinline__ void BulkWaitGroups() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-#else
-  __trap();
-#endif
-}
+__device__ __forceinline__ void BulkWaitGroups() { DBI_ON_SM90(asm volatile("cp.async.bulk.wait_group 0;" ::: "memory")); }
 
 // Orders this thread's ordinary shared-memory writes before later bulk copies into the same bytes.
 __device__ __forceinline__ void FenceProxyAsyncShared() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#else
-  __trap();
-#endif
+  DBI_ON_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
 }
+#undef DBI_ON_SM90
 #endif  // __CUDACC__
 
 // A warp's kStages mbarriers, one per stage, and the parity of each one's next phase.
