@@ -241,6 +241,13 @@ def main() -> int:
         if shutil.which("nvcc") is None:
             print("interaction_cuda_sweep: nvcc not found", file=sys.stderr)
             return 2
+    if args.best_defines is not None:
+        try:
+            tempfile.TemporaryFile(dir=args.best_defines.parent).close()
+        except OSError as error:
+            print(f"interaction_cuda_sweep: --best-defines {args.best_defines}: cannot write there ({error.strerror})",
+                  file=sys.stderr)
+            return 2
     try:  # refused before anything is built, not after minutes of it
         args.output.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=args.output).close()

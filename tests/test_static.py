@@ -643,6 +643,8 @@ def test_sweep_refuses_bad_arguments_before_building(tmp_path: Path) -> None:
     blocker.write_text("")
     refused = run([*sweep, "--emulated", "--output", str(blocker / "out")])
     assert refused.returncode == 2 and f"--output {blocker / 'out'}: cannot write there" in refused.stderr
+    refused = run([*sweep, "--emulated", "--output", str(tmp_path / "out"), "--best-defines", str(blocker / "best")])
+    assert refused.returncode == 2 and f"--best-defines {blocker / 'best'}: cannot write there" in refused.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]
 
 
