@@ -583,7 +583,7 @@ def test_line_validation_rules(spark_utils, tmp_path):
     parsed = u.parse_lines(u.read_day_files(spark_utils.spark, [str(tmp_path / "day_0")]))
     got = parsed.orderBy(u.BLOCK_START, u.POSITION).collect()
     assert [r[u.REASON] and u.REJECTION_REASONS[r[u.REASON] - 1] for r in got] == reasons
-    assert got[0]["_c14"] == bytes.fromhex("00000000abcdef12") and got[0]["_c15"] == b"\xff" * 8
+    assert got[0]["_c14"] == 0xABCDEF12 and got[0]["_c15"] == -1  # 64-bit two's complement
     assert got[0]["_c1"] == np.float32(np.log(3.0))
     assert got[1]["_c1"] == 0.0 and got[1]["_c14"] is None
     first = u.first_rejected_line(parsed)
