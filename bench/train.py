@@ -134,14 +134,16 @@ LOW_MEMORY_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "MALLOC_MMAP_THRESHOLD_
 def cpu_description() -> dict:
     """The CPU the rows ran on: its model name and what bf16 units it has (the targets are relative to
     the same run, but the speed-ups depend on the machine: AMX makes bf16 far faster than AVX512-BF16)."""
-    from recsys.runtime.precision import CPUINFO_PATH, host_cpu_bf16_support
+    from recsys.runtime.cpu_settings import CPUINFO_PATH, cpu_kind, host_cpu_flags
+    from recsys.runtime.precision import host_cpu_bf16_support
 
     try:
         with open(CPUINFO_PATH) as f:
             names = [line.partition(":")[2].strip() for line in f if line.startswith("model name")]
     except OSError:
         names = []
-    return {"model": names[0] if names else "unknown", "bf16": host_cpu_bf16_support().evidence}
+    return {"model": names[0] if names else "unknown", "kind": cpu_kind(host_cpu_flags()),
+            "bf16": host_cpu_bf16_support().evidence}
 
 
 def rss_bytes() -> int:
@@ -416,8 +418,8 @@ def run_tensorboard_rows(print_freq: int, steps: int) -> list:
 def run_onednn_rows(steps: int) -> None:
     """fp32 training at batch 4096 with oneDNN off and on (TF_ENABLE_ONEDNN_OPTS; TensorFlow 2.15 turns
     it on by itself only on CPUs with AVX-512), interleaved, the faster of REPEATS each; recorded in
-    the results under this CPU's model, with the choice main.py makes (it sets the variable to 1
-    unless the user set it)."""
+    the results under this CPU's kind (recsys/runtime/cpu_settings.py, whose ONEDNN_MEASURED holds
+    the choice the run shell makes from it)."""
     rows = {}
     for _ in range(REPEATS):
         for onednn in ("0", "1"):
@@ -430,11 +432,12 @@ def run_onednn_rows(steps: int) -> None:
     entry["on_vs_off"] = entry["on_samples_per_s"] / entry["off_samples_per_s"]
     with open(RESULTS) as f:
         results = json.load(f)
-    results.setdefault("onednn", {})[cpu["model"]] = entry
+    results.setdefault("onednn", {})[cpu["kind"]] = entry
     with open(RESULTS, "w") as f:
         json.dump(results, f, indent=1)
-    print(f"{cpu['model']}: fp32 batch 4096, oneDNN off {entry['off_samples_per_s']:,.0f} samples/s, on "
-          f"{entry['on_samples_per_s']:,.0f} ({entry['on_vs_off']:.3f}x); main.py runs with oneDNN on")
+    print(f"{cpu['model']} ({cpu['kind']}): fp32 batch 4096, oneDNN off {entry['off_samples_per_s']:,.0f} samples/s, "
+          f"on {entry['on_samples_per_s']:,.0f} ({entry['on_vs_off']:.3f}x); set ONEDNN_MEASURED in "
+          f"recsys/runtime/cpu_settings.py from it")
 
 
 def parse_args():
@@ -442,7 +445,7 @@ def parse_args():
     parser.add_argument("--quick", action="store_true", help="5 timed steps per configuration instead of 20")
     parser.add_argument("--only", choices=["multihot_dcnv2", "onednn", "breakdown"],
                         help="run only these rows and replace them in an existing results file (onednn: fp32 at "
-                             "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's model; "
+                             "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's kind; "
                              "breakdown: the serialized steps' parts beside the real steps)")
     parser.add_argument("--dlrm_repo", default=os.environ.get("DLRM_PYTORCH_REPO"),
                         help="a clone of facebookresearch/dlrm: run the PyTorch reference beside (default: "

@@ -1,6 +1,7 @@
 """--amp on a CPU with bf16 units (bfloat16 compute, float32 weights): training learns as float32
 does, and eval, inference and the SavedModel export run in bfloat16 with predictions close to
 float32's. Needs such a CPU (elsewhere --amp runs float32 and there is nothing to compare)."""
+import re
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,8 @@ def fp32_run(tmp_path_factory) -> Path:
     result = main_py(LEARNABLE + ["--save_checkpoint_path", str(folder / "ckpt"), "--saved_model_output_path",
                                   str(folder / "saved_model"), "--log_path", str(folder / "log.json")])
     assert "precision: float32 (no --amp)" in result.stdout
+    assert re.search(r"^cpu: .+ \((amx|avx512_bf16|avx512|avx2|other)\); oneDNN (on|off) \(.+\)$", result.stdout,
+                     re.MULTILINE), result.stdout[:2000]  # the run shell's start-up line, once, from rank 0
     return folder
 
 

@@ -1,7 +1,11 @@
 """precision.py: bf16 detection from /proc/cpuinfo text, and the precision each flag set runs in."""
+import json
+import os
+
 import pytest
 import tensorflow as tf
 
+from recsys.runtime import cpu_settings
 from recsys.runtime.precision import CpuBf16, choose_precision, cpu_bf16_support
 
 # Abridged /proc/cpuinfo of two x86-64 processors; FLAGS is filled in per case.
@@ -64,3 +68,44 @@ WITHOUT_BF16 = CpuBf16(False, "the CPU's flags have none of avx512_bf16, amx_bf1
 def test_choose_precision_says_which_and_why(amp: bool, fp16: bool, on_gpu: bool, cpu_bf16: CpuBf16,
                                              dtype: tf.DType, message: str) -> None:
     assert choose_precision(amp, fp16, on_gpu, 1024, cpu_bf16) == (dtype, message)
+
+
+@pytest.mark.parametrize("flags, kind", [
+    ("avx2 avx512f avx512_bf16 amx_tile amx_bf16", "amx"),
+    ("avx2 avx512f avx512_bf16", "avx512_bf16"),
+    ("avx2 avx512f avx512_vnni", "avx512"),
+    ("avx2 fma", "avx2"),
+    ("sse2", "other"),
+])
+def test_cpu_kind_comes_from_the_flags(flags: str, kind: str) -> None:
+    cpuinfo = "".join(f"processor\t: {n}\nflags\t\t: fpu {flags}\n\n" for n in range(2))
+    assert cpu_settings.cpu_kind(cpu_settings.common_cpuinfo_values(cpuinfo, "flags")) == kind
+
+
+def test_onednn_choice_follows_the_user_then_the_measurement(monkeypatch) -> None:
+    """The user's TF_ENABLE_ONEDNN_OPTS wins; else the kind's measurement (off where off was faster);
+    else on. The choice is set in the environment given and stated in the start-up line."""
+    environ = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+    line = cpu_settings.apply_onednn_choice(environ, ["avx512f", "avx512_bf16"])
+    assert environ["TF_ENABLE_ONEDNN_OPTS"] == "0" and "oneDNN off (TF_ENABLE_ONEDNN_OPTS=0 as set)" in line
+    environ = {}
+    line = cpu_settings.apply_onednn_choice(environ, ["avx512f", "avx512_bf16"])
+    assert environ["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    assert line.startswith("cpu: x86-64 with AVX-512 and AVX512-BF16 (avx512_bf16); oneDNN on (measured 1.13x")
+    monkeypatch.setitem(cpu_settings.ONEDNN_MEASURED, "avx2", cpu_settings.OneDnnMeasurement(0.9, "a Zen 3"))
+    environ = {}
+    assert "oneDNN off (measured 0.90x the step rate of off on a Zen 3" in cpu_settings.apply_onednn_choice(environ, ["avx2"])
+    assert environ["TF_ENABLE_ONEDNN_OPTS"] == "0"
+    environ = {}
+    assert "oneDNN on (not measured on this kind" in cpu_settings.apply_onednn_choice(environ, ["sse2"])
+
+
+def test_onednn_measurements_are_the_benchmarks() -> None:
+    """cpu_settings.ONEDNN_MEASURED holds bench/results/train.json's "onednn" entries, per CPU kind."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
+                           "train.json")) as f:
+        recorded = json.load(f)["onednn"]
+    assert set(recorded) == set(cpu_settings.ONEDNN_MEASURED)
+    for kind, entry in recorded.items():
+        assert entry["cpu"]["kind"] == kind
+        assert cpu_settings.ONEDNN_MEASURED[kind].on_over_off == pytest.approx(entry["on_vs_off"], abs=5e-4)

@@ -12,11 +12,12 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from recsys.runtime.cpu_settings import CPUINFO_PATH, common_cpuinfo_values
+
 X86_MACHINES = ("x86_64", "amd64")
 ARM_MACHINES = ("aarch64", "arm64")
 X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either gives TensorFlow's oneDNN fast bf16 kernels
 ARM_BF16_FLAGS = ("bf16",)
-CPUINFO_PATH = "/proc/cpuinfo"
 
 
 class CpuBf16(NamedTuple):
@@ -44,11 +45,9 @@ def cpu_bf16_support(cpuinfo: str, machine: str) -> CpuBf16:
         key, wanted = "features", ARM_BF16_FLAGS
     else:
         return CpuBf16(False, f"bf16 support is not known for CPU architecture {machine or 'unknown'!r}")
-    per_processor = [set(value.split()) for name, _, value in (line.partition(":") for line in cpuinfo.splitlines())
-                     if name.strip().lower() == key]
-    if not per_processor:
+    common = common_cpuinfo_values(cpuinfo, key)
+    if common is None:
         return CpuBf16(False, f"{CPUINFO_PATH} has no '{key}' line to show bf16 support")
-    common = set.intersection(*per_processor)
     found = [flag for flag in wanted if flag in common]
     if found:
         return CpuBf16(True, f"the CPU has {' and '.join(found)}")

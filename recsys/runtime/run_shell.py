@@ -2,8 +2,8 @@
 dcnv2.py, wide_and_deep/main.py), written once so the entry points cannot drift apart.
 
 Around the entry point's job it
-  - sets TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow's first import (oneDNN on every CPU, not only on
-    AVX-512 ones as TensorFlow 2.15 decides by itself; a value the user set wins),
+  - sets TF_ENABLE_ONEDNN_OPTS before TensorFlow's first import, as measured for this CPU's kind
+    (cpu_settings.py; a value the user set wins), and rank 0 prints the choice,
   - installs the stop-signal handlers for the run and ignores further signals after it; a StopNow
     (a signal outside graceful training) is its one line and exit code 128+N,
   - starts Horovod (distributed.init) and the dllogger (rank 0 writes), closed at the end,
@@ -101,7 +101,8 @@ def run(config: ShellConfig, job: Callable[[Session], int]) -> int:
 
 
 def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # before the first TensorFlow import (just below)
+    from recsys.runtime.cpu_settings import apply_onednn_choice
+    cpu_line = apply_onednn_choice()  # before the first TensorFlow import (just below)
     from recsys.runtime import distributed as dist
     from recsys.runtime import peer_watch
     from recsys.runtime.cli import bad_input, failure
@@ -110,9 +111,10 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
         peer_timeout_s = peer_watch.timeout_from_environment()
     except ValueError as error:
         return bad_input(error)
-    from recsys.runtime.logger import DllLogger
+    from recsys.runtime.logger import DllLogger, print_rank0
 
     dist.init()
+    print_rank0(cpu_line, rank=dist.rank())
     session = Session(dist.rank(), dist.size(), dist.local_rank(), dist.local_size(),
                       DllLogger(config.log_path, enabled=dist.rank() == 0))  # the file opens at its first record
     watch, crashed, stopped_together = None, False, False
