@@ -249,8 +249,9 @@ def line_counts(counts: DataFrame) -> Dict[Tuple[int, str], int]:
 
 def assign_ids(spark: SparkSession, counts: DataFrame, limits: Sequence[int], partitions: int) -> DataFrame:
     """(column, data, id, model_count): per column the values (data: categorical_value) counted at
-    least its limit times, ids 1, 2, ... by descending count, ties by ascending value. A range-partitioned sort and per-partition
-    offsets computed on the driver number them, so no single task sees a whole column."""
+    least its limit times, ids 1, 2, ... by descending count, ties by ascending value. A
+    range-partitioned sort and per-partition offsets computed on the driver number them, so no
+    single task sees a whole column."""
     limit = F.element_at(F.array(*[F.lit(n) for n in limits]), F.col("column") + 1)
     order = [F.col("column"), F.col("model_count").desc(), F.col("value")]
     kept = (counts.where((F.col("column") >= 0) & (F.col("model_count") >= limit))

@@ -31,7 +31,7 @@ class OneDnnMeasurement:
     cpu: str
 
 
-# bench/results/train.json "onednn" (tests/test_train_bench.py checks these against it).
+# bench/results/train.json "onednn" (tests/test_precision.py checks these against it).
 ONEDNN_MEASURED: Dict[str, OneDnnMeasurement] = {
     "avx512_bf16": OneDnnMeasurement(on_over_off=1.131, cpu="AMD EPYC (Zen 4)"),
 }
@@ -61,7 +61,8 @@ def cpu_kind(flags: Sequence[str]) -> str:
 
 
 def describe_kind(kind: str) -> str:
-    return next((words for name, _, words in CPU_KINDS if name == kind), "a CPU of no measured kind")
+    """A CPU kind in words, for the start-up line."""
+    return next((words for name, _, words in CPU_KINDS if name == kind), "a CPU of none of these kinds")
 
 
 def onednn_choice(kind: str, environ: Mapping[str, str]) -> Tuple[str, str]:
