@@ -201,6 +201,10 @@ class SlurmCluster:
             ("SelectTypeParameters", "CR_CPU"),
             ("MpiDefault", "none"),
             ("ReturnToService", 2),
+            # The hosts' daemons share the test machine's cores with the suite's other worker: under
+            # that load a slurmd answered a job launch after more than the default 10 s, and the
+            # requeued run's MPI start-up on the nodes failed (a CI rehearsal of 2026-11-28).
+            ("MessageTimeout", 60),
             *(("NodeName", f"{node.name} NodeAddr={node.address} CPUs={self.cpus} State=UNKNOWN")
               for node in self.nodes),
             ("PartitionName", f"{self.partition} Nodes={','.join(node.name for node in self.nodes)} Default=YES "
