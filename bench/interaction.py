@@ -4,6 +4,8 @@ Times forward+backward (and forward alone) of each implementation in a tf.functi
 Criteo shape, in float32, float16 and bfloat16 (the --amp dtype on a CPU), after warm-up, and writes bench/results/interaction.json with `speedup_vs_tf`
 = median TF-ops wall-clock time / median custom-op time for fp32 forward+backward. The same
 ratio of process CPU time is recorded too: on a shared machine it varies less with other load.
+Beside the fp32 forward pass it times a plain copy of the input (read and write, on TensorFlow's
+threads) and records what share of that bandwidth the op reaches for the bytes it must move.
 """
 from __future__ import annotations
 
@@ -26,16 +28,42 @@ RESULTS = REPO_ROOT / "bench" / "results" / "interaction.json"
 
 
 def make_step(fn: interaction.Interaction, backward: bool) -> tf.types.experimental.GenericFunction:
-    """A tf.function running `fn`, plus its gradient w.r.t. the input when `backward`."""
+    """A tf.function running `fn`, plus its gradient w.r.t. the input when `backward`. The step
+    returns the loss beside the gradient: a function returning only the gradient of a sum would
+    have its forward pass pruned (the sum's gradient needs no forward value), timing the backward
+    pass alone."""
     @tf.function
-    def step(inputs: tf.Tensor) -> tf.Tensor:
+    def step(inputs: tf.Tensor) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
         if not backward:
             return fn(inputs)
         with tf.GradientTape() as tape:
             tape.watch(inputs)
             loss = tf.reduce_sum(fn(inputs))
-        return tape.gradient(loss, inputs)
+        return loss, tape.gradient(loss, inputs)
     return step
+
+
+def make_copy() -> tf.types.experimental.GenericFunction:
+    """A tf.function that reads its input and writes a new tensor of the same size (a multiply by a
+    variable, which the graph optimizer cannot fold away) on TensorFlow's threads: the machine's
+    copy bandwidth as a TensorFlow op reaches it, through the same call overhead as the steps."""
+    scale = tf.Variable(1.0)
+
+    @tf.function
+    def copy(inputs: tf.Tensor) -> tf.Tensor:
+        return inputs * tf.cast(scale, inputs.dtype)
+    return copy
+
+
+def bytes_moved(shape: list[int], itemsize: int, mode: str) -> int:
+    """Bytes the interaction must read and write at least: the forward pass reads the input and
+    writes the output; the backward pass reads the input and the output's gradient and writes the
+    input's gradient."""
+    batch, vectors, dim = shape
+    input_bytes = batch * vectors * dim * itemsize
+    output_bytes = batch * interaction.interaction_output_width(vectors, dim) * itemsize
+    forward = input_bytes + output_bytes
+    return forward if mode == "forward" else forward + 2 * input_bytes + output_bytes
 
 
 def time_alternating(steps: dict[str, tf.types.experimental.GenericFunction], inputs: tf.Tensor, warmup: int,
@@ -71,12 +99,20 @@ def main() -> None:
     implementations = {"tensorflow": interaction.make_interaction("tensorflow"),
                        "custom_cpu": interaction.make_interaction("custom_cpu")}
     rows = []
+    copy_bandwidth = {}
     for dtype in (tf.float32, tf.float16, tf.bfloat16):
         inputs = tf.cast(tf.random.uniform(args.shape, -1.0, 1.0, seed=0), dtype)
         for mode in ("forward+backward", "forward"):
             steps = {name: make_step(fn, mode != "forward") for name, fn in implementations.items()}
+            if dtype == tf.float32 and mode == "forward":
+                steps["copy"] = make_copy()
             for name, times in time_alternating(steps, inputs, args.warmup, args.repeats, args.budget).items():
                 wall, cpu = zip(*times)
+                if name == "copy":  # timed beside the fp32 forward pass, in the same rounds
+                    copy_bandwidth = {"bytes": 2 * inputs.shape.num_elements() * 4,
+                                      "median_ms": 1e3 * statistics.median(wall)}
+                    copy_bandwidth["gb_per_s"] = copy_bandwidth["bytes"] / copy_bandwidth["median_ms"] / 1e6
+                    continue
                 rows.append({"implementation": name, "dtype": dtype.name, "mode": mode, "repeats": len(times),
                              "median_ms": 1e3 * statistics.median(wall), "min_ms": 1e3 * min(wall),
                              "median_cpu_ms": 1e3 * statistics.median(cpu)})
@@ -88,6 +124,9 @@ def main() -> None:
         row["speedup_vs_tf"] = median("tensorflow", row["dtype"], row["mode"]) / row["median_ms"]
         row["cpu_time_speedup_vs_tf"] = (median("tensorflow", row["dtype"], row["mode"], "median_cpu_ms")
                                          / row["median_cpu_ms"])
+        if row["dtype"] == "float32":
+            row["bytes_moved"] = bytes_moved(args.shape, 4, row["mode"])
+            row["share_of_copy_bandwidth"] = row["bytes_moved"] / row["median_ms"] / 1e6 / copy_bandwidth["gb_per_s"]
     result = {
         "benchmark": "dot interaction, CPU",
         "shape": args.shape,
@@ -99,7 +138,13 @@ def main() -> None:
         / median("custom_cpu", "float32", "forward+backward"),
         "cpu_time_speedup_vs_tf": median("tensorflow", "float32", "forward+backward", "median_cpu_ms")
         / median("custom_cpu", "float32", "forward+backward", "median_cpu_ms"),
-        "speedup_target": 2.0,
+        "speedup_target": 4.0,
+        "copy_bandwidth": copy_bandwidth,
+        "share_of_copy_bandwidth": {mode: next(r["share_of_copy_bandwidth"] for r in rows
+                                               if (r["implementation"], r["dtype"], r["mode"])
+                                               == ("custom_cpu", "float32", mode))
+                                    for mode in ("forward+backward", "forward")},
+        "share_of_copy_bandwidth_target": 0.8,
         "runs": rows,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +160,9 @@ def main() -> None:
     print(f"speedup_vs_tf (fp32 forward+backward, wall-clock medians): {result['speedup_vs_tf']:.2f}x, "
           f"CPU time: {result['cpu_time_speedup_vs_tf']:.2f}x (load average {result['load_average_1min']:.1f}) "
           f"-> {args.output}")
+    print(f"copy bandwidth (a multiply by a variable, read + write): {copy_bandwidth['gb_per_s']:.1f} GB/s; "
+          "the fp32 op moves its least bytes at "
+          + ", ".join(f"{share:.0%} of it ({mode})" for mode, share in result["share_of_copy_bandwidth"].items()))
 
 
 if __name__ == "__main__":
