@@ -507,13 +507,11 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """Precision, device placement and threads."""
+    """Precision and device placement (the run shell sets the thread counts)."""
     cpu: bool
     amp: bool
     fp16: bool
     loss_scale: int  # the static loss scale of --amp on a GPU
-    inter_op_parallelism: Optional[int]
-    intra_op_parallelism: Optional[int]
     embedding_budget_bytes: Optional[int]  # per rank; None: measured from the GPU (memory_budget)
 
 
@@ -603,7 +601,6 @@ def config_from_flags(opts: Any) -> JobConfig:
             saved_model_input_path=opts.saved_model_input_path),
         devices=DeviceConfig(
             cpu=opts.cpu, amp=opts.amp, fp16=opts.fp16, loss_scale=opts.loss_scale,
-            inter_op_parallelism=opts.inter_op_parallelism, intra_op_parallelism=opts.intra_op_parallelism,
             embedding_budget_bytes=embedding_budget_bytes(opts.tf_gpu_memory_limit_gb,
                                                           opts.cpu_offloading_threshold_gb)),
         sharding=ShardingConfig(
@@ -690,8 +687,8 @@ def run_precision(devices: DeviceConfig) -> Precision:
 
 
 def configure_tensorflow(config: JobConfig, local_rank: int) -> Precision:
-    """Devices, threads, precision policy, eager mode and determinism, before any op runs; returns
-    the run's precision (decided here, once the devices are chosen)."""
+    """Devices, precision policy, eager mode and determinism, before any op runs (the run shell has set
+    the thread counts); returns the run's precision (decided here, once the devices are chosen)."""
     import tensorflow as tf
 
     devices, the_run = config.devices, config.run
@@ -702,10 +699,6 @@ def configure_tensorflow(config: JobConfig, local_rank: int) -> Precision:
         if gpus:
             tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
             tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
-    if devices.inter_op_parallelism:
-        tf.config.threading.set_inter_op_parallelism_threads(devices.inter_op_parallelism)
-    if devices.intra_op_parallelism:
-        tf.config.threading.set_intra_op_parallelism_threads(devices.intra_op_parallelism)
     precision = run_precision(devices)
     dtype = precision.compute_dtype
     if dtype != tf.float32:
@@ -1182,7 +1175,9 @@ def run(argv) -> int:
     if FLAGS.xla:  # before the first TensorFlow import (in the shell)
         os.environ["TF_XLA_FLAGS"] = ("--tf_xla_auto_jit=fusible" + (" --tf_xla_cpu_global_jit" if FLAGS.cpu else "")
                                       + " " + os.environ.get("TF_XLA_FLAGS", "")).strip()
-    return run_shell.run(run_shell.ShellConfig(log_path=FLAGS.log_path, user_errors=user_error_types), run_job)
+    return run_shell.run(run_shell.ShellConfig(log_path=FLAGS.log_path, user_errors=user_error_types,
+                                               inter_op_threads=FLAGS.inter_op_parallelism,
+                                               intra_op_threads=FLAGS.intra_op_parallelism, cpu=FLAGS.cpu), run_job)
 
 
 def run_job(session) -> int:

@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Dict, Iterator, List, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence
 
 if TYPE_CHECKING:
     from recsys.sparse.sharding import ShardingPlan
@@ -156,7 +156,10 @@ def recording_collectives() -> Iterator[Dict[str, List[int]]]:
 
 
 def build(options: dict, data_parallel_input: bool) -> tuple:
-    """Plan, what this rank reads, and the SGD trainer for this process's rank and world size."""
+    """Plan, what this rank reads, and the SGD trainer for this process's rank and world size (in
+    `options["precision"]`: fp32, the default, or bf16 as --amp on the CPU)."""
+    import tensorflow as tf
+
     from recsys.runtime import distributed as dist
     from factory import ModelOptions, build_trainer
     from recsys.training.model_config import DlrmSettings, TrainingSettings
@@ -167,12 +170,21 @@ def build(options: dict, data_parallel_input: bool) -> tuple:
                          "memory_balanced",
                          row_slice_threshold=options.get("row_slice_threshold"), hotness=options.get("hotness"))
     reads = plan.reads(dist.rank(), data_parallel_input)
+    if options.get("precision") == "bf16":
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
     trainer = build_trainer(plan, dist.rank(), reads, ModelOptions(
-        num_numerical_features=NUM_NUMERICAL,
+        num_numerical_features=NUM_NUMERICAL, compute_dtype=compute_dtype(options),
         model=DlrmSettings(bottom_mlp_dims=options["bottom"], top_mlp_dims=options["top"],
                            interaction=resolve_interaction_name("auto")),
         training=TrainingSettings(learning_rate=0.01, warmup_steps=0, decay_start_step=10**9, decay_steps=1)), name="hybrid_dp" if data_parallel_input else "hybrid_mp")
     return plan, reads, trainer
+
+
+def compute_dtype(options: dict):
+    """The compute dtype of `options["precision"]` (fp32 unless bf16)."""
+    import tensorflow as tf
+
+    return tf.bfloat16 if options.get("precision") == "bf16" else tf.float32
 
 
 def rank_batches(options: dict, reads, count: int) -> list:
@@ -195,7 +207,7 @@ def rank_batches(options: dict, reads, count: int) -> list:
                        for c, h in zip(options["cardinalities"], hotness)]
         labels = (rng.random((batch, 1)) < 0.3).astype(np.float32)
         ids = tuple(tf.constant(categorical[t][id_start:id_end]) for t in reads.tables)
-        batches.append(({NUMERICAL_KEY: tf.constant(numerical[start:end]), CATEGORICAL_KEY: ids},
+        batches.append(({NUMERICAL_KEY: tf.constant(numerical[start:end], compute_dtype(options)), CATEGORICAL_KEY: ids},
                         tf.constant(labels[start:end])))
     return batches
 
@@ -268,6 +280,12 @@ def worker(job: str, options: dict) -> dict:
     if job == "mid" and size > 1:
         result["model_parallel_sent"] = eager_step_bytes(trainer, batches[0])
     result["step_times_s"] = timed_steps(trainer, batches, options["steps"])
+    if options.get("profile_steps"):  # every rank profiles the same steps (their collectives pair up)
+        from bench.step_profile import profile_breakdown
+
+        profiled = iter(batches * options["profile_steps"])
+        result["parts_ms"] = profile_breakdown(lambda: trainer.train_step(*next(profiled))[0].numpy(),
+                                               options["profile_steps"])
     if job == "mid" and size > 1:
         result["exchange_times_s"] = exchange_times(plan, options["batch"], options["exchange_runs"])
         _, dp_reads, dp_trainer = build(options, data_parallel_input=True)
@@ -319,10 +337,11 @@ def wait_for_memory(needed: int, patience_s: float = 120.0) -> None:
         time.sleep(5)
 
 
-def run_job(job: str, options: dict, ranks: int) -> dict:
-    """Run a job on 1 process or on `ranks` horovodrun ranks; return every rank's result (as gathered)."""
+def run_job(job: str, options: dict, ranks: int, extra_env: Optional[Dict[str, str]] = None) -> dict:
+    """Run a job on 1 process or on `ranks` horovodrun ranks (with `extra_env` on top of this
+    process's environment); return every rank's result (as gathered)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])), **(extra_env or {}))
     command = [sys.executable, "-m", "bench.hybrid", "--worker", job, json.dumps(options)]
     if ranks > 1:
         launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")

@@ -47,8 +47,15 @@ overlap gains.
 Writes bench/results/train.json and prints the tables; `--only multihot_dcnv2` runs that row alone
 and replaces it in an existing bench/results/train.json.
 `--only onednn` measures fp32 at batch 4096 with oneDNN off and on and records it under the CPU's
-model (the project's default, oneDNN on, is decided from these rows).
-Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn|breakdown]
+model (the project's default, oneDNN on, is decided from these rows). `--only threads` measures fp32
+at global batch 4096 on 1 process and on 2 ranks of this host with TensorFlow's inter- and intra-op
+thread counts at their defaults, at 1 inter-op thread, and (2 ranks) at the cores shared out among
+the ranks, and records it under the CPU's kind (main.py's thread choice is decided from these rows).
+The 2-rank rows (`--only ranks` alone) train the cpu-bench model at global batch 4096 in fp32 and bf16
+on 2 horovodrun ranks of this host (bench.hybrid's worker: the tables split between the ranks) with
+the thread counts the run shell would choose, and profile the serialized step on every rank: the
+same parts as the breakdown, the collectives apart.
+Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn|threads|ranks|breakdown]
 """
 from __future__ import annotations
 
@@ -440,12 +447,131 @@ def run_onednn_rows(steps: int) -> None:
           f"recsys/runtime/cpu_settings.py from it")
 
 
+def hybrid_options(batch_size: int, precision: str, steps: int) -> dict:
+    """The cpu-bench model as bench.hybrid's worker takes it (global batch `batch_size`)."""
+    return {"cardinalities": CARDINALITIES, "dim": DIM, "batch": batch_size, "bottom": BOTTOM, "top": TOP,
+            "steps": steps, "exchange_runs": 0, "precision": precision}
+
+
+def slowest_median_s(per_rank: list) -> float:
+    """The largest of the ranks' median step times (s): the step of a synchronous job."""
+    return max(sorted(r["step_times_s"])[len(r["step_times_s"]) // 2] for r in per_rank)
+
+
+RANK_CONFIGS = ((4096, "fp32"), (4096, "bf16"))  # global batch, precision of the 2-rank rows
+
+
+def run_two_rank_rows(steps: int) -> list:
+    """The cpu-bench step on 2 horovodrun ranks of this host (bench.hybrid's worker: the hybrid-parallel
+    step, tables split between the ranks), per RANK_CONFIGS, REPEATS times in turn: the real step with
+    the thread counts the run shell chooses for 2 ranks on this host, timed, and the serialized step
+    (one inter-op thread) profiled on every rank (bench.step_profile, collectives included); the
+    faster of each, the slowest rank's."""
+    from bench import hybrid
+    from recsys.runtime.cpu_settings import host_thread_choice
+
+    choice = host_thread_choice(2)
+    real_env = {"TF_NUM_INTEROP_THREADS": str(choice.inter), "TF_NUM_INTRAOP_THREADS": str(choice.intra)}
+    rows = []
+    for batch, precision in RANK_CONFIGS:
+        options = hybrid_options(batch, precision, steps)
+        real_s, serial = [], []
+        for _ in range(REPEATS):
+            real_s.append(slowest_median_s(hybrid.run_job("cpu_bench", options, 2, real_env)["ranks"]))
+            per_rank = hybrid.run_job("cpu_bench", options | {"profile_steps": BREAKDOWN_STEPS}, 2,
+                                      dict(real_env, TF_NUM_INTEROP_THREADS="1"))["ranks"]
+            serial.append(max(per_rank, key=lambda r: sum(r["parts_ms"].values())))
+        fastest = min(serial, key=lambda r: sum(r["parts_ms"].values()))
+        step_s = min(real_s)
+        rows.append({"ranks": 2, "batch_size": batch, "precision": precision, "threads": choice.line,
+                     "step_time_ms": step_s * 1000, "samples_per_s": batch / step_s,
+                     "achieved_flops_per_s": flops_per_sample() * batch / step_s,
+                     "serialized_step_time_ms": sum(fastest["parts_ms"].values()), "parts_ms": fastest["parts_ms"]})
+    return rows
+
+
+def add_mfu(rows: list, peaks: dict) -> list:
+    """`rows` with the machine's matmul peak of their precision and their model-FLOP utilisation of it."""
+    for r in rows:
+        r["machine_matmul_flops_per_s"] = peaks[r["precision"]]
+        r["mfu"] = r["achieved_flops_per_s"] / peaks[r["precision"]]
+    return rows
+
+
+def print_two_rank_rows(rows: list) -> None:
+    """The 2-rank rows: step, samples/s, MFU and the serialized step's parts, collectives apart."""
+    columns = dict(BREAKDOWN_COLUMNS, rest=("input", "loss", "other"), collectives=("collectives",))
+    print("\n2 ranks on this host (global batch; ms per step; parts of the serialized step as above)")
+    print(f"{'batch':>6} {'prec':>5} {'real ms':>8} {'samples/s':>10} {'MFU':>5} {'serial ms':>9} "
+          + " ".join(f"{name:>11}" for name in columns))
+    for r in rows:
+        parts = [sum(r["parts_ms"][category] for category in categories) for categories in columns.values()]
+        print(f"{r['batch_size']:>6} {r['precision']:>5} {r['step_time_ms']:>8.1f} {r['samples_per_s']:>10,.0f} "
+              f"{r.get('mfu', float('nan')):>5.2f} {r['serialized_step_time_ms']:>9.1f} "
+              + " ".join(f"{part:>11.1f}" for part in parts))
+
+
+# (ranks on this host, TF_NUM_INTEROP_THREADS, TF_NUM_INTRAOP_THREADS), 0 for TensorFlow's default (as
+# many as the process may use cores); "share" is this machine's cores divided among the ranks.
+THREAD_VARIANTS = [(1, 0, 0), (1, 1, 0), (2, 0, 0), (2, 1, 0), (2, 0, "share"), (2, 1, "share")]
+THREADS_NOISE = 1.02  # a setting must beat the defaults by more than this to be chosen over them
+
+
+def run_thread_rows(steps: int) -> None:
+    """fp32 cpu-bench training at global batch 4096 on 1 process and on 2 horovodrun ranks of this
+    host (the hybrid-parallel step, bench.hybrid's worker), with each THREAD_VARIANTS thread setting,
+    interleaved, the faster of REPEATS each (the slowest rank's median step); recorded in the results
+    under this CPU's kind (recsys/runtime/cpu_settings.py, whose THREADS_MEASURED holds the choice
+    the run shell makes from it)."""
+    from bench import hybrid
+
+    cores = len(os.sched_getaffinity(0))
+    options = hybrid_options(4096, "fp32", steps)
+    rows = {}
+    for _ in range(REPEATS):
+        for ranks, inter, intra in THREAD_VARIANTS:
+            intra = max(1, cores // ranks) if intra == "share" else intra
+            env = {"TF_NUM_INTEROP_THREADS": str(inter), "TF_NUM_INTRAOP_THREADS": str(intra)}
+            step_s = slowest_median_s(hybrid.run_job("cpu_bench", options, ranks, env)["ranks"])
+            key = (ranks, inter, intra)
+            if key not in rows or step_s < rows[key]["step_time_ms"] / 1e3:
+                rows[key] = {"ranks": ranks, "inter_op_threads": inter, "intra_op_threads": intra,
+                             "step_time_ms": step_s * 1e3, "samples_per_s": options["batch"] / step_s}
+    cpu = cpu_description()
+    entry = {"cpu": cpu, "cores": cores, "load_average": os.getloadavg(), "command": "python -m bench.train --only threads",
+             "global_batch": options["batch"], "rows": list(rows.values())}
+    for ranks in sorted({r["ranks"] for r in entry["rows"]}):
+        candidates = [r for r in entry["rows"] if r["ranks"] == ranks]
+        default = next(r for r in candidates if (r["inter_op_threads"], r["intra_op_threads"]) == (0, 0))
+        best = max(candidates, key=lambda r: r["samples_per_s"])
+        if best["samples_per_s"] < THREADS_NOISE * default["samples_per_s"]:
+            best = default  # within the machine's run-to-run noise: keep TensorFlow's defaults
+        entry[f"best_{ranks}_ranks"] = {"inter_op_threads": best["inter_op_threads"],
+                                        "intra_op_threads": best["intra_op_threads"],
+                                        "over_default": best["samples_per_s"] / default["samples_per_s"]}
+    with open(RESULTS) as f:
+        results = json.load(f)
+    results.setdefault("thread_counts", {})[cpu["kind"]] = entry
+    with open(RESULTS, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"{cpu['model']} ({cpu['kind']}), {cores} cores: fp32 cpu-bench, global batch 4096 "
+          "(threads 0: TensorFlow's default)")
+    print("| ranks | inter-op | intra-op | step ms | samples/s |\n|---|---|---|---|---|")
+    for row in entry["rows"]:
+        print(f"| {row['ranks']} | {row['inter_op_threads']} | {row['intra_op_threads']} | {row['step_time_ms']:.1f} | "
+              f"{row['samples_per_s']:,.0f} |")
+    print("set THREADS_MEASURED in recsys/runtime/cpu_settings.py from the best_*_ranks entries")
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="5 timed steps per configuration instead of 20")
-    parser.add_argument("--only", choices=["multihot_dcnv2", "onednn", "breakdown"],
+    parser.add_argument("--only", choices=["multihot_dcnv2", "onednn", "threads", "ranks", "breakdown"],
                         help="run only these rows and replace them in an existing results file (onednn: fp32 at "
                              "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's kind; "
+                             "threads: fp32 at global batch 4096 on 1 process and 2 ranks with each inter-/intra-op "
+                             "thread setting, recorded under this CPU's kind; ranks: the 2-rank rows, their MFU "
+                             "against the last full run's matmul peaks; "
                              "breakdown: the serialized steps' parts beside the real steps)")
     parser.add_argument("--dlrm_repo", default=os.environ.get("DLRM_PYTORCH_REPO"),
                         help="a clone of facebookresearch/dlrm: run the PyTorch reference beside (default: "
@@ -454,6 +580,7 @@ def parse_args():
 
 
 REPEATS = 2  # runs of every configuration, ours and the reference's alike
+PER_KIND_KEYS = ("onednn", "thread_counts")  # kept when a full run rewrites the results
 MEMORY_KEYS = ("runtime_rss_bytes", "built_rss_bytes", "peak_rss_bytes", "model_state_bytes", "rss_ratio")
 
 
@@ -503,6 +630,19 @@ def main() -> None:
     if args.only == "onednn":
         run_onednn_rows(steps)
         return
+    if args.only == "threads":
+        run_thread_rows(steps)
+        return
+    if args.only == "ranks":
+        with open(RESULTS) as f:
+            results = json.load(f)
+        peaks = {r["precision"]: r["machine_matmul_flops_per_s"] for r in results["runs"]}  # the last full run's
+        results["two_ranks"] = add_mfu(run_two_rank_rows(steps), peaks)
+        results["two_ranks_load_average"] = os.getloadavg()
+        with open(RESULTS, "w") as f:
+            json.dump(results, f, indent=1)
+        print_two_rank_rows(results["two_ranks"])
+        return
     if args.only == "breakdown":
         with open(RESULTS) as f:
             results = json.load(f)
@@ -525,6 +665,7 @@ def main() -> None:
     multihot = run_multihot_row(steps)
     runs = [repeated_row(lambda variant=variant: run_worker(*variant, steps)) for variant in VARIANTS]
     breakdown = run_breakdown_rows(steps)
+    two_ranks = run_two_rank_rows(steps)
     reference = reference_runs(args.dlrm_repo, steps)
     print_freq, loop_steps = (5, 20) if quick else (10, 100)
     tensorboard_rows = run_tensorboard_rows(print_freq, loop_steps)
@@ -534,21 +675,24 @@ def main() -> None:
     # inflate its MFU.
     peaks = {precision: max(r["matmul_flops_per_s"] for r in runs if r["precision"] == precision)
              for precision in {r["precision"] for r in runs}}
+    add_mfu(runs + two_ranks, peaks)
     for r in runs:
-        r["machine_matmul_flops_per_s"] = peaks[r["precision"]]
-        r["mfu"] = r["achieved_flops_per_s"] / peaks[r["precision"]]
         if r["batch_size"] in reference:
             r["pytorch_reference_samples_per_s"] = reference[r["batch_size"]]["samples_per_s"]
             r["speedup_vs_pytorch_fp32"] = r["samples_per_s"] / r["pytorch_reference_samples_per_s"]
     cpu = cpu_description()
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    kept = {}  # the per-CPU-kind measurements (--only onednn, --only threads) of this and other machines
+    if os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            kept = {key: value for key, value in json.load(f).items() if key in PER_KIND_KEYS}
     with open(RESULTS, "w") as f:
         json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "cpu": cpu, "load_average": os.getloadavg(),
                    "command": "python -m bench.train" + (" --quick" if quick else "")
                               + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
-                   "runs": runs, "breakdown": breakdown, "multihot_dcnv2": multihot,
+                   "runs": runs, "breakdown": breakdown, "two_ranks": two_ranks, "multihot_dcnv2": multihot,
                    "pytorch_reference": list(reference.values()),
-                   "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}}, f, indent=1)
+                   "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}} | kept, f, indent=1)
     gib = float(1 << 30)
     print(f"CPU: {cpu['model']}, {os.cpu_count()} threads; bf16: {cpu['bf16']}")
     print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'alloc':>7} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} "
@@ -564,6 +708,7 @@ def main() -> None:
               f"{r['inference_samples_per_s']:>13.0f} {r['runtime_rss_bytes'] / gib:>7.2f}G "
               f"{r['built_rss_bytes'] / gib:>5.2f}G {r['peak_rss_bytes'] / gib:>5.2f}G {r['rss_ratio']:>9.2f}")
     print_breakdown(breakdown)
+    print_two_rank_rows(two_ranks)
     for result in reference.values():
         print(f"PyTorch reference DLRM (torch {result['torch']}, fp32, {result['threads']} threads): batch "
               f"{result['batch_size']}: {result['samples_per_s']:.0f} samples/s, {result['step_time_ms']:.1f} ms/step")

@@ -53,6 +53,7 @@ def fp32_run(tmp_path_factory) -> Path:
     assert "precision: float32 (no --amp)" in result.stdout
     assert re.search(r"^cpu: .+ \((amx|avx512_bf16|avx512|avx2|other)\); oneDNN (on|off) \(.+\)$", result.stdout,
                      re.MULTILINE), result.stdout[:2000]  # the run shell's start-up line, once, from rank 0
+    assert re.search(r"^threads: inter-op .+, intra-op .+ \(1 rank on this host; .+\)$", result.stdout, re.MULTILINE)
     return folder
 
 

@@ -1,5 +1,6 @@
 """Hybrid-parallel embeddings: the sharding planner, and 2 real ranks equal to 1 process."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -282,6 +283,9 @@ def test_print_sharding_plan(tmp_path):
                           "--log_path", str(tmp_path / "log.json")], np=2, transport="gloo")
     assert_ok(result)
     assert "sharding plan: strategy basic, 2 rank(s), 4 tables of dim 8" in result.stdout
+    # the thread counts for two ranks sharing this host, said once (rank 0; horovodrun prefixes its lines)
+    assert len(re.findall(r"^\[0\]<stdout>:threads: inter-op .+, intra-op .+ \(2 ranks on this host; .+\)$", result.stdout,
+                          re.MULTILINE)) == 1
     assert "replicated on every rank: tables [2]" in result.stdout
     assert "table 0[cols 0:4] (500 rows)" in result.stdout and "table 0[cols 4:8] (500 rows)" in result.stdout
     # each rank holds 12 columns (half of table 0, and table 1 or 3): 32 samples x 12 floats to the other;

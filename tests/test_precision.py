@@ -109,3 +109,48 @@ def test_onednn_measurements_are_the_benchmarks() -> None:
     for kind, entry in recorded.items():
         assert entry["cpu"]["kind"] == kind
         assert cpu_settings.ONEDNN_MEASURED[kind].on_over_off == pytest.approx(entry["on_vs_off"], abs=5e-4)
+
+
+def test_thread_choice_follows_the_flags_then_the_measurement(monkeypatch) -> None:
+    """The measured setting of the CPU kind for one rank or several on the host (SHARE divides the
+    machine's cores among them, or keeps a launcher's narrower binding); a given flag wins on its
+    own; an unmeasured kind keeps TensorFlow's defaults for one rank and shares the cores for several."""
+    setting = cpu_settings.ThreadSetting
+    monkeypatch.setitem(cpu_settings.THREADS_MEASURED, "avx2", cpu_settings.ThreadMeasurement(
+        setting(1, 0), 1.02, setting(1, cpu_settings.SHARE), 1.31, "a Zen 3"))
+    one = cpu_settings.thread_choice("avx2", 1, 16, 16)
+    assert (one.inter, one.intra) == (1, 0)
+    assert one.line == ("threads: inter-op 1, intra-op TensorFlow's default (1 rank on this host; measured 1.02x "
+                        "TensorFlow's defaults on a Zen 3, bench/results/train.json)")
+    several = cpu_settings.thread_choice("avx2", 4, 16, 16)
+    assert (several.inter, several.intra) == (1, 4) and "(4 ranks on this host; measured 1.31x" in several.line
+    assert cpu_settings.thread_choice("avx2", 4, 3, 16).intra == 3  # bound by the launcher to 3 cores
+    assert cpu_settings.thread_choice("avx2", 32, 16, 16).intra == 1
+    given = cpu_settings.thread_choice("avx2", 4, 16, 16, given_intra=8)
+    assert (given.inter, given.intra) == (1, 8)
+    assert "--intra_op_parallelism as given; the rest measured 1.31x" in given.line
+    both = cpu_settings.thread_choice("avx2", 1, 16, 16, given_inter=2, given_intra=8)
+    assert (both.inter, both.intra) == (2, 8) and both.line.endswith(
+        "(1 rank on this host; --inter_op_parallelism and --intra_op_parallelism as given)")
+    unmeasured = [cpu_settings.thread_choice("other", ranks, 16, 16) for ranks in (1, 2)]
+    assert [(c.inter, c.intra) for c in unmeasured] == [(0, 0), (0, 8)]
+    assert "not measured on this kind" in unmeasured[0].line
+
+
+def test_thread_measurements_are_the_benchmarks() -> None:
+    """cpu_settings.THREADS_MEASURED holds bench/results/train.json's "thread_counts" entries, per CPU
+    kind: the fastest setting with one rank and with two on the host, and its rate over the defaults."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
+                           "train.json")) as f:
+        recorded = json.load(f)["thread_counts"]
+    assert set(recorded) == set(cpu_settings.THREADS_MEASURED)
+    for kind, entry in recorded.items():
+        measured = cpu_settings.THREADS_MEASURED[kind]
+        assert entry["cpu"]["kind"] == kind
+        for setting, gain, best in ((measured.one_rank, measured.one_rank_over_default, entry["best_1_ranks"]),
+                                    (measured.several_ranks, measured.several_ranks_over_default,
+                                     entry["best_2_ranks"])):
+            share = max(1, entry["cores"] // 2) if best is entry["best_2_ranks"] else None
+            intra = share if setting.intra == cpu_settings.SHARE else setting.intra
+            assert (setting.inter, intra) == (best["inter_op_threads"], best["intra_op_threads"])
+            assert gain == pytest.approx(best["over_default"], abs=5e-3)

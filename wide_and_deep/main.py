@@ -514,7 +514,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from recsys.runtime import run_shell
 
     args = parse_options(argv)
-    shell = run_shell.ShellConfig(log_path=os.path.join(args.results_dir, args.log_filename), user_errors=user_errors)
+    shell = run_shell.ShellConfig(log_path=os.path.join(args.results_dir, args.log_filename), user_errors=user_errors,
+                                  cpu=args.cpu)
     return run_shell.run(shell, lambda session: run_job(args, session))
 
 

@@ -1,15 +1,22 @@
-"""oneDNN on or off, chosen per CPU kind from measurement, and the start-up line that says so.
+"""oneDNN on or off and TensorFlow's thread counts, chosen per CPU kind from measurement, and the
+start-up lines that say so.
 
 TensorFlow 2.15 turns its oneDNN kernels on by itself only on CPUs with AVX-512. The run shell
 decides instead, before TensorFlow's first import: the user's TF_ENABLE_ONEDNN_OPTS wins; else the
 measured choice for this CPU kind (`python bench/train.py --only onednn`, recorded in
-bench/results/train.json); else on, as on the measured kinds. No TensorFlow import here.
+bench/results/train.json); else on, as on the measured kinds.
+
+TensorFlow sizes its inter- and intra-op thread pools to every core the process may use, so ranks
+sharing a host oversubscribe it. main.py asks `thread_choice` once it knows how many ranks share
+the host: the user's --inter_op_parallelism / --intra_op_parallelism win; else the fastest setting
+measured for this CPU kind (`python bench/train.py --only threads`); else TensorFlow's defaults for
+one rank per host and the cores shared out among several. No TensorFlow import here.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
+from typing import Dict, Mapping, MutableMapping, Optional, Sequence, Set, Tuple, Union
 
 CPUINFO_PATH = "/proc/cpuinfo"
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
@@ -88,3 +95,88 @@ def apply_onednn_choice(environ: Optional[MutableMapping[str, str]] = None,
     environ[ONEDNN_VARIABLE] = value
     state = "off" if value.strip().lower() in ("0", "false", "off") else "on"
     return f"cpu: {describe_kind(kind)} ({kind}); oneDNN {state} ({why})"
+
+
+SHARE = "share"  # an intra-op thread count: the host's cores divided among the ranks on it
+
+
+@dataclass(frozen=True)
+class ThreadSetting:
+    """Inter- and intra-op thread counts: 0 leaves TensorFlow's default; intra SHARE divides the cores."""
+    inter: int
+    intra: Union[int, str]  # a count, or SHARE
+
+
+@dataclass(frozen=True)
+class ThreadMeasurement:
+    """fp32 cpu-bench training at global batch 4096 on `cpu`: the fastest setting with one rank on the
+    host and with two, each with its step rate over TensorFlow's defaults."""
+    one_rank: ThreadSetting
+    one_rank_over_default: float
+    several_ranks: ThreadSetting
+    several_ranks_over_default: float
+    cpu: str
+
+
+# bench/results/train.json "threads" (tests/test_precision.py checks these against it).
+THREADS_MEASURED: Dict[str, ThreadMeasurement] = {
+    "avx512_bf16": ThreadMeasurement(one_rank=ThreadSetting(0, 0), one_rank_over_default=1.0,
+                                     several_ranks=ThreadSetting(0, SHARE), several_ranks_over_default=1.070,
+                                     cpu="AMD EPYC (Zen 4)"),
+}
+UNMEASURED_THREADS = (ThreadSetting(0, 0), ThreadSetting(0, SHARE))  # one rank, several ranks
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """Thread counts to set (0: leave TensorFlow's default) and the start-up line that says why."""
+    inter: int
+    intra: int
+    line: str
+
+
+def share_of_cores(usable: int, machine: int, ranks_on_host: int) -> int:
+    """A rank's intra-op threads when the host's cores are shared out: the cores it may use when a
+    launcher has bound it to fewer than the machine's, else the machine's cores over the ranks."""
+    if usable < machine:
+        return max(1, usable)
+    return max(1, machine // max(1, ranks_on_host))
+
+
+def thread_choice(kind: str, ranks_on_host: int, usable_cores: int, machine_cores: int,
+                  given_inter: Optional[int] = None, given_intra: Optional[int] = None) -> ThreadChoice:
+    """The inter- and intra-op thread counts for a rank of a CPU run on a host of `kind` shared by
+    `ranks_on_host` ranks: given counts (> 0) win, each on its own; else the measured setting."""
+    measured = THREADS_MEASURED.get(kind)
+    several = ranks_on_host > 1
+    if measured is None:
+        setting = UNMEASURED_THREADS[several]
+        why = "not measured on this kind"
+    else:
+        setting = measured.several_ranks if several else measured.one_rank
+        gain = measured.several_ranks_over_default if several else measured.one_rank_over_default
+        why = f"measured {gain:.2f}x TensorFlow's defaults on {measured.cpu}, bench/results/train.json"
+    intra = share_of_cores(usable_cores, machine_cores, ranks_on_host) if setting.intra == SHARE else setting.intra
+    inter = setting.inter
+    given = []
+    if given_inter:
+        inter = given_inter
+        given.append("--inter_op_parallelism")
+    if given_intra:
+        intra = given_intra
+        given.append("--intra_op_parallelism")
+    if given:
+        why = f"{' and '.join(given)} as given" + ("" if len(given) == 2 else f"; the rest {why}")
+
+    def count(value: int) -> str:
+        return str(value) if value else "TensorFlow's default"
+
+    return ThreadChoice(inter, intra, f"threads: inter-op {count(inter)}, intra-op {count(intra)} "
+                                      f"({ranks_on_host} rank{'s' if several else ''} on this host; {why})")
+
+
+def host_thread_choice(ranks_on_host: int, given_inter: Optional[int] = None,
+                       given_intra: Optional[int] = None) -> ThreadChoice:
+    """thread_choice for this machine: its CPU kind, the cores this process may use and the machine's."""
+    return thread_choice(cpu_kind(host_cpu_flags()), ranks_on_host, len(os.sched_getaffinity(0)), os.cpu_count() or 1,
+                         given_inter, given_intra)

@@ -4,6 +4,10 @@ dcnv2.py, wide_and_deep/main.py), written once so the entry points cannot drift 
 Around the entry point's job it
   - sets TF_ENABLE_ONEDNN_OPTS before TensorFlow's first import, as measured for this CPU's kind
     (cpu_settings.py; a value the user set wins), and rank 0 prints the choice,
+  - sets TensorFlow's inter- and intra-op thread counts once Horovod says how many ranks share the
+    host and before any op runs (a peer watch's first collective starts TensorFlow's runtime): the
+    entry point's counts where given; on a CPU run the rest as measured for this CPU's kind
+    (cpu_settings.thread_choice), which rank 0 prints,
   - installs the stop-signal handlers for the run and ignores further signals after it; a StopNow
     (a signal outside graceful training) is its one line and exit code 128+N,
   - starts Horovod (distributed.init) and the dllogger (rank 0 writes), closed at the end,
@@ -42,9 +46,14 @@ class ShellConfig:
     `log_path`: the dllogger file (rank 0 writes it; empty or None: stdout only).
     `user_errors`: returns the exception types caused by bad input (reported as one line, exit 2);
     a function, because importing them imports TensorFlow, which must wait for the environment.
+    `inter_op_threads`, `intra_op_threads`: the user's thread counts (None or 0: not given; the
+    entry point checks their values); `cpu`: the run computes on the CPU even where a GPU is seen.
     """
     log_path: Optional[str]
     user_errors: Callable[[], Tuple[Type[BaseException], ...]] = lambda: ()
+    inter_op_threads: Optional[int] = None
+    intra_op_threads: Optional[int] = None
+    cpu: bool = False
 
 
 @dataclass
@@ -100,6 +109,28 @@ def run(config: ShellConfig, job: Callable[[Session], int]) -> int:
         STOP.ignore_further()
 
 
+def set_thread_counts(config: ShellConfig, ranks_on_host: int) -> Optional[str]:
+    """TensorFlow's inter- and intra-op thread counts, before its runtime starts: the given ones (a
+    count below 1 is left for the entry point's flag check to name); on a CPU run the rest as
+    cpu_settings.thread_choice measured them, with the start-up line that says so (None on a GPU
+    run, which keeps TensorFlow's defaults for what is not given)."""
+    import tensorflow as tf
+
+    from recsys.runtime.cpu_settings import host_thread_choice
+
+    inter, intra = ((count if count and count > 0 else None) for count in (config.inter_op_threads,
+                                                                          config.intra_op_threads))
+    line = None
+    if config.cpu or not tf.config.list_physical_devices("GPU"):
+        choice = host_thread_choice(ranks_on_host, inter, intra)
+        inter, intra, line = choice.inter, choice.intra, choice.line
+    if inter:
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+    return line
+
+
 def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
     from recsys.runtime.cpu_settings import apply_onednn_choice
     cpu_line = apply_onednn_choice()  # before the first TensorFlow import (just below)
@@ -114,7 +145,10 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
     from recsys.runtime.logger import DllLogger, print_rank0
 
     dist.init()
+    thread_line = set_thread_counts(config, dist.local_size())
     print_rank0(cpu_line, rank=dist.rank())
+    if thread_line:
+        print_rank0(thread_line, rank=dist.rank())
     session = Session(dist.rank(), dist.size(), dist.local_rank(), dist.local_size(),
                       DllLogger(config.log_path, enabled=dist.rank() == 0))  # the file opens at its first record
     watch, crashed, stopped_together = None, False, False
