@@ -54,7 +54,8 @@ the ranks, and records it under the CPU's kind (main.py's thread choice is decid
 The 2-rank rows (`--only ranks` alone) train the cpu-bench model at global batch 4096 in fp32 and bf16
 on 2 horovodrun ranks of this host (bench.hybrid's worker: the tables split between the ranks) with
 the thread counts the run shell would choose, and profile the serialized step on every rank: the
-same parts as the breakdown, the collectives apart.
+same parts as the breakdown (Horovod runs the collectives outside TensorFlow's ops: the step's wait for
+them is idle time there).
 Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn|threads|ranks|breakdown]
 """
 from __future__ import annotations
@@ -465,7 +466,7 @@ def run_two_rank_rows(steps: int) -> list:
     """The cpu-bench step on 2 horovodrun ranks of this host (bench.hybrid's worker: the hybrid-parallel
     step, tables split between the ranks), per RANK_CONFIGS, REPEATS times in turn: the real step with
     the thread counts the run shell chooses for 2 ranks on this host, timed, and the serialized step
-    (one inter-op thread) profiled on every rank (bench.step_profile, collectives included); the
+    (one inter-op thread) profiled on every rank (bench.step_profile; waits for collectives are idle); the
     faster of each, the slowest rank's."""
     from bench import hybrid
     from recsys.runtime.cpu_settings import host_thread_choice
@@ -499,9 +500,10 @@ def add_mfu(rows: list, peaks: dict) -> list:
 
 
 def print_two_rank_rows(rows: list) -> None:
-    """The 2-rank rows: step, samples/s, MFU and the serialized step's parts, collectives apart."""
-    columns = dict(BREAKDOWN_COLUMNS, rest=("input", "loss", "other"), collectives=("collectives",))
-    print("\n2 ranks on this host (global batch; ms per step; parts of the serialized step as above)")
+    """The 2-rank rows: step, samples/s, MFU and the serialized step's parts."""
+    columns = BREAKDOWN_COLUMNS
+    print("\n2 ranks on this host (global batch; ms per step; parts of the serialized step as above; Horovod's "
+          "collectives run outside TensorFlow's ops, so the step's wait for them shows as idle)")
     print(f"{'batch':>6} {'prec':>5} {'real ms':>8} {'samples/s':>10} {'MFU':>5} {'serial ms':>9} "
           + " ".join(f"{name:>11}" for name in columns))
     for r in rows:

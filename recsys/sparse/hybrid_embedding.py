@@ -376,12 +376,15 @@ class HybridEmbedding(tf.keras.layers.Layer):
             exchanged, received_splits = dist.alltoall(send, splits=batches * width_mine, name=f"embeddings{tag}")
             received = [tf.reshape(block, [-1, self.plan.width_on(source)]) for source, block in
                         enumerate(tf.split(exchanged, received_splits, num=self.world_size))]
+        # One split per source, not a slice per piece: a slice's gradient is a zero tensor of the whole
+        # block with its part written in, one per piece, then summed (26 tables of dim 128 on 2 ranks:
+        # 60 ms of a 450 ms step); the split's gradient is one concatenation.
         by_piece = {}
         for source in range(self.world_size):
-            offset = 0
-            for piece in self.plan.pieces_on(source):
-                by_piece[(source, piece.table, piece.col_start)] = received[source][:, offset:offset + piece.width]
-                offset += piece.width
+            pieces = self.plan.pieces_on(source)
+            columns = tf.split(received[source], [piece.width for piece in pieces], axis=1) if pieces else []
+            for piece, block in zip(pieces, columns):
+                by_piece[(source, piece.table, piece.col_start)] = block
         return by_piece
 
     # ----------------------------------------------------------- state access
