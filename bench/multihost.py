@@ -252,14 +252,19 @@ def rows_of(ranks: List[dict], link_mbit: Optional[float], hosts: str, options: 
     return rows
 
 
-def save(rows: List[dict]) -> List[dict]:
-    """The results file's rows with `rows` in place of those of the same hosts, link rate and mode."""
+def save(rows: List[dict], sweep: bool) -> List[dict]:
+    """The results file's rows with `rows` in place of those of the same hosts, link rate and mode;
+    a `sweep` (the cluster's rates, chosen anew each run) replaces every earlier row of its hosts."""
     old = []
     if os.path.exists(RESULTS):
         with open(RESULTS) as f:
             old = json.load(f)["rows"]
-    keys = {(r["hosts"], r["link_mbit"], r["pipelined"]) for r in rows}
-    merged = [r for r in old if (r["hosts"], r["link_mbit"], r["pipelined"]) not in keys] + rows
+    if sweep:
+        replaced = {r["hosts"] for r in rows}
+        merged = [r for r in old if r["hosts"] not in replaced] + rows
+    else:
+        keys = {(r["hosts"], r["link_mbit"], r["pipelined"]) for r in rows}
+        merged = [r for r in old if (r["hosts"], r["link_mbit"], r["pipelined"]) not in keys] + rows
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"rows": merged}, f, indent=1)
@@ -369,7 +374,7 @@ def main() -> None:
         rows = on_cluster(args.cluster, args.rates, args.transport, options)
     else:
         rows = rows_of(run_job(args.hosts, np, args.transport, options), args.link_mbit, args.hosts, options)
-    save(rows)
+    save(rows, sweep=bool(args.cluster))
     print(f"{'hosts':<24} {'link Mbit/s':>11} {'pipelined':>9} {'step ms':>9} {'compute ms':>10} "
           f"{'exchange ms':>11} {'exch. CPU':>9} {'step/max':>8} {'step/sum':>8} {'pred. exch':>10} {'pred. step':>10} "
           f"{'<=25%':>5}")

@@ -7,8 +7,8 @@ measured choice for this CPU kind (`python bench/train.py --only onednn`, record
 bench/results/train.json); else on, as on the measured kinds.
 
 TensorFlow sizes its inter- and intra-op thread pools to every core the process may use, so ranks
-sharing a host oversubscribe it. main.py asks `thread_choice` once it knows how many ranks share
-the host: the user's --inter_op_parallelism / --intra_op_parallelism win; else the fastest setting
+sharing a host oversubscribe it. The run shell asks `thread_choice` once Horovod says how many ranks
+share the host: the user's --inter_op_parallelism / --intra_op_parallelism win; else the fastest setting
 measured for this CPU kind (`python bench/train.py --only threads`); else TensorFlow's defaults for
 one rank per host and the cores shared out among several. No TensorFlow import here.
 """
@@ -118,7 +118,7 @@ class ThreadMeasurement:
     cpu: str
 
 
-# bench/results/train.json "threads" (tests/test_precision.py checks these against it).
+# bench/results/train.json "thread_counts" (tests/test_precision.py checks these against it).
 THREADS_MEASURED: Dict[str, ThreadMeasurement] = {
     "avx512_bf16": ThreadMeasurement(one_rank=ThreadSetting(0, 0), one_rank_over_default=1.0,
                                      several_ranks=ThreadSetting(0, SHARE), several_ranks_over_default=1.070,
