@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "multihost.json")

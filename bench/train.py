@@ -56,7 +56,9 @@ on 2 horovodrun ranks of this host (bench.hybrid's worker: the tables split betw
 the thread counts the run shell would choose, and profile the serialized step on every rank: the
 same parts as the breakdown (Horovod runs the collectives outside TensorFlow's ops: the step's wait for
 them is idle time there).
-Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn|threads|ranks|breakdown]
+`--only mfu` reruns the batch-4096 fp32 and bf16 rows (and their matmul peaks) and replaces them,
+keeping the PyTorch reference the last full run measured.
+Usage: python -m bench.train [--quick] [--dlrm_repo PATH] [--only multihot_dcnv2|onednn|threads|ranks|mfu|breakdown]
 """
 from __future__ import annotations
 
@@ -388,6 +390,7 @@ def loop_worker(tensorboard: bool, print_freq: int, steps: int) -> dict:
 VARIANTS = [(2048, False, False, "fp32"), (2048, True, False, "fp32"), (4096, False, False, "fp32"),
             (4096, True, False, "fp32"), (2048, False, False, "bf16"), (4096, False, False, "bf16"),
             (2048, False, True, "fp32"), (4096, False, True, "fp32")]
+MFU_VARIANTS = [(4096, False, False, "fp32"), (4096, False, False, "bf16")]  # --only mfu: batch 4096, no XLA
 
 
 def run_worker(batch_size: int, xla: bool, low_memory: bool, precision: str, steps: int,
@@ -423,6 +426,18 @@ def run_tensorboard_rows(print_freq: int, steps: int) -> list:
     return [rows[False], rows[True]]
 
 
+def load_results() -> dict:
+    """bench/results/train.json as the last run left it (the `--only` runs replace parts of it)."""
+    with open(RESULTS) as f:
+        return json.load(f)
+
+
+def save_results(results: dict) -> None:
+    """Write bench/results/train.json."""
+    with open(RESULTS, "w") as f:
+        json.dump(results, f, indent=1)
+
+
 def run_onednn_rows(steps: int) -> None:
     """fp32 training at batch 4096 with oneDNN off and on (TF_ENABLE_ONEDNN_OPTS; TensorFlow 2.15 turns
     it on by itself only on CPUs with AVX-512), interleaved, the faster of REPEATS each; recorded in
@@ -438,11 +453,9 @@ def run_onednn_rows(steps: int) -> None:
     entry = {"cpu": cpu, "load_average": os.getloadavg(), "command": "python -m bench.train --only onednn",
              "off_samples_per_s": rows["0"]["samples_per_s"], "on_samples_per_s": rows["1"]["samples_per_s"]}
     entry["on_vs_off"] = entry["on_samples_per_s"] / entry["off_samples_per_s"]
-    with open(RESULTS) as f:
-        results = json.load(f)
+    results = load_results()
     results.setdefault("onednn", {})[cpu["kind"]] = entry
-    with open(RESULTS, "w") as f:
-        json.dump(results, f, indent=1)
+    save_results(results)
     print(f"{cpu['model']} ({cpu['kind']}): fp32 batch 4096, oneDNN off {entry['off_samples_per_s']:,.0f} samples/s, "
           f"on {entry['on_samples_per_s']:,.0f} ({entry['on_vs_off']:.3f}x); set ONEDNN_MEASURED in "
           f"recsys/runtime/cpu_settings.py from it")
@@ -551,11 +564,9 @@ def run_thread_rows(steps: int) -> None:
         entry[f"best_{ranks}_ranks"] = {"inter_op_threads": best["inter_op_threads"],
                                         "intra_op_threads": best["intra_op_threads"],
                                         "over_default": best["samples_per_s"] / default["samples_per_s"]}
-    with open(RESULTS) as f:
-        results = json.load(f)
+    results = load_results()
     results.setdefault("thread_counts", {})[cpu["kind"]] = entry
-    with open(RESULTS, "w") as f:
-        json.dump(results, f, indent=1)
+    save_results(results)
     print(f"{cpu['model']} ({cpu['kind']}), {cores} cores: fp32 cpu-bench, global batch 4096 "
           "(threads 0: TensorFlow's default)")
     print("| ranks | inter-op | intra-op | step ms | samples/s |\n|---|---|---|---|---|")
@@ -568,12 +579,13 @@ def run_thread_rows(steps: int) -> None:
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="5 timed steps per configuration instead of 20")
-    parser.add_argument("--only", choices=["multihot_dcnv2", "onednn", "threads", "ranks", "breakdown"],
+    parser.add_argument("--only", choices=["multihot_dcnv2", "onednn", "threads", "ranks", "mfu", "breakdown"],
                         help="run only these rows and replace them in an existing results file (onednn: fp32 at "
                              "batch 4096 with TF_ENABLE_ONEDNN_OPTS=0 and =1, recorded under this CPU's kind; "
                              "threads: fp32 at global batch 4096 on 1 process and 2 ranks with each inter-/intra-op "
                              "thread setting, recorded under this CPU's kind; ranks: the 2-rank rows, their MFU "
-                             "against the last full run's matmul peaks; "
+                             "against the last full run's matmul peaks; mfu: the batch-4096 fp32 and bf16 rows "
+                             "again, with their matmul peaks; "
                              "breakdown: the serialized steps' parts beside the real steps)")
     parser.add_argument("--dlrm_repo", default=os.environ.get("DLRM_PYTORCH_REPO"),
                         help="a clone of facebookresearch/dlrm: run the PyTorch reference beside (default: "
@@ -635,33 +647,47 @@ def main() -> None:
     if args.only == "threads":
         run_thread_rows(steps)
         return
+    if args.only == "mfu":
+        results = load_results()
+        fresh = [repeated_row(lambda variant=variant: run_worker(*variant, steps)) for variant in MFU_VARIANTS]
+        peaks = {precision: max(r["matmul_flops_per_s"] for r in fresh if r["precision"] == precision)
+                 for precision in {r["precision"] for r in fresh}}
+        for row in add_mfu(fresh, peaks):
+            key = (row["batch_size"], row["xla"], row["low_memory_allocator"], row["precision"])
+            old = next(r for r in results["runs"] if (r["batch_size"], r["xla"], r["low_memory_allocator"],
+                                                      r["precision"]) == key)
+            if "pytorch_reference_samples_per_s" in old:  # the reference as the last full run measured it
+                row["pytorch_reference_samples_per_s"] = old["pytorch_reference_samples_per_s"]
+                row["speedup_vs_pytorch_fp32"] = row["samples_per_s"] / row["pytorch_reference_samples_per_s"]
+            row["load_average"] = os.getloadavg()
+            results["runs"][results["runs"].index(old)] = row
+        save_results(results)
+        for row in fresh:
+            print(f"batch {row['batch_size']} {row['precision']}: {row['samples_per_s']:,.0f} samples/s, "
+                  f"{row['step_time_ms']:.1f} ms, peak {row['machine_matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+                  f"MFU {row['mfu']:.3f}")
+        return
     if args.only == "ranks":
-        with open(RESULTS) as f:
-            results = json.load(f)
+        results = load_results()
         peaks = {r["precision"]: r["machine_matmul_flops_per_s"] for r in results["runs"]}  # the last full run's
         results["two_ranks"] = add_mfu(run_two_rank_rows(steps), peaks)
         results["two_ranks_load_average"] = os.getloadavg()
-        with open(RESULTS, "w") as f:
-            json.dump(results, f, indent=1)
+        save_results(results)
         print_two_rank_rows(results["two_ranks"])
         return
     if args.only == "breakdown":
-        with open(RESULTS) as f:
-            results = json.load(f)
+        results = load_results()
         results["breakdown"] = run_breakdown_rows(steps)
         results["breakdown_load_average"] = os.getloadavg()
-        with open(RESULTS, "w") as f:
-            json.dump(results, f, indent=1)
+        save_results(results)
         print_breakdown(results["breakdown"])
         return
     if args.only:
-        with open(RESULTS) as f:
-            results = json.load(f)
+        results = load_results()
         results["multihot_dcnv2"] = run_multihot_row(steps) | {"load_average": os.getloadavg(),
                                                                "command": " ".join(["python -m bench.train",
                                                                                     *sys.argv[1:]])}
-        with open(RESULTS, "w") as f:
-            json.dump(results, f, indent=1)
+        save_results(results)
         print_multihot_row(results["multihot_dcnv2"])
         return
     multihot = run_multihot_row(steps)
@@ -684,17 +710,15 @@ def main() -> None:
             r["speedup_vs_pytorch_fp32"] = r["samples_per_s"] / r["pytorch_reference_samples_per_s"]
     cpu = cpu_description()
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    kept = {}  # the per-CPU-kind measurements (--only onednn, --only threads) of this and other machines
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            kept = {key: value for key, value in json.load(f).items() if key in PER_KIND_KEYS}
-    with open(RESULTS, "w") as f:
-        json.dump({"config": "cpu-bench", "threads": os.cpu_count(), "cpu": cpu, "load_average": os.getloadavg(),
-                   "command": "python -m bench.train" + (" --quick" if quick else "")
-                              + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
-                   "runs": runs, "breakdown": breakdown, "two_ranks": two_ranks, "multihot_dcnv2": multihot,
-                   "pytorch_reference": list(reference.values()),
-                   "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}} | kept, f, indent=1)
+    # the per-CPU-kind measurements (--only onednn, --only threads) of this and other machines stay
+    kept = {key: value for key, value in load_results().items() if key in PER_KIND_KEYS} \
+        if os.path.exists(RESULTS) else {}
+    save_results({"config": "cpu-bench", "threads": os.cpu_count(), "cpu": cpu, "load_average": os.getloadavg(),
+                  "command": "python -m bench.train" + (" --quick" if quick else "")
+                             + (" --dlrm_repo <facebookresearch/dlrm clone>" if reference else ""),
+                  "runs": runs, "breakdown": breakdown, "two_ranks": two_ranks, "multihot_dcnv2": multihot,
+                  "pytorch_reference": list(reference.values()),
+                  "tensorboard": {"runs": tensorboard_rows, "step_time_overhead": overhead}} | kept)
     gib = float(1 << 30)
     print(f"CPU: {cpu['model']}, {os.cpu_count()} threads; bf16: {cpu['bf16']}")
     print(f"{'batch':>6} {'prec':>5} {'xla':>5} {'alloc':>7} {'samples/s':>10} {'step ms':>8} {'GFLOP/s':>8} "
