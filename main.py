@@ -111,8 +111,10 @@ flags.DEFINE_integer("decay_start_step", TRAINING.decay_start_step, "Step at whi
 flags.DEFINE_integer("decay_steps", TRAINING.decay_steps, "Polynomial decay length (the rate is 0 afterwards)")
 flags.DEFINE_integer("profiler_start_step", None, "Start the TF profiler at this step, for 100 steps")
 flags.DEFINE_integer("profiled_rank", 1, "Rank that runs the profiler")
-flags.DEFINE_integer("inter_op_parallelism", None, "TF inter-op thread count")
-flags.DEFINE_integer("intra_op_parallelism", None, "TF intra-op thread count")
+flags.DEFINE_integer("inter_op_parallelism", None, "TF inter-op thread count (default: on a CPU run, as measured for "
+                     "this CPU kind and the ranks on the host; the `threads:` start-up line says which)")
+flags.DEFINE_integer("intra_op_parallelism", None, "TF intra-op thread count (default: on a CPU run, as measured for "
+                     "this CPU kind and the ranks on the host; the `threads:` start-up line says which)")
 flags.DEFINE_integer("tf_gpu_memory_limit_gb", None,
                      "Memory budget (GiB) per rank for device-resident embedding state (tables, optimizer "
                      "slots, update transients); what does not fit is kept in host memory. Default: the "
