@@ -427,7 +427,11 @@ def run_tensorboard_rows(print_freq: int, steps: int) -> list:
 
 
 def load_results() -> dict:
-    """bench/results/train.json as the last run left it (the `--only` runs replace parts of it)."""
+    """bench/results/train.json as the last run left it (the `--only` runs replace parts of it); one
+    line and exit 1 where there is none."""
+    if not os.path.exists(RESULTS):
+        sys.exit(f"error: {RESULTS} does not exist: run `python -m bench.train` once (the --only runs replace "
+                 "parts of its results)")
     with open(RESULTS) as f:
         return json.load(f)
 
