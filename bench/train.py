@@ -50,7 +50,7 @@ and replaces it in an existing bench/results/train.json.
 model (the project's default, oneDNN on, is decided from these rows). `--only threads` measures fp32
 at global batch 4096 on 1 process and on 2 ranks of this host with TensorFlow's inter- and intra-op
 thread counts at their defaults, at 1 inter-op thread, and (2 ranks) at the cores shared out among
-the ranks, and records it under the CPU's kind (main.py's thread choice is decided from these rows).
+the ranks, and records it under the CPU's kind (the run shell's thread choice is decided from these rows).
 The 2-rank rows (`--only ranks` alone) train the cpu-bench model at global batch 4096 in fp32 and bf16
 on 2 horovodrun ranks of this host (bench.hybrid's worker: the tables split between the ranks) with
 the thread counts the run shell would choose, and profile the serialized step on every rank: the
@@ -293,6 +293,11 @@ def multihot_worker(steps: int) -> dict:
             "mfu": cross_flops_per_sample() * samples_per_s / peak}
 
 
+def part_totals(parts_ms: dict) -> list:
+    """A profiled step's ms per BREAKDOWN_COLUMNS column (each a sum of bench.step_profile categories)."""
+    return [sum(parts_ms[category] for category in categories) for categories in BREAKDOWN_COLUMNS.values()]
+
+
 def print_breakdown(rows: list) -> None:
     """Per breakdown row, the serialized step's time by part (bench.step_profile), beside the real
     step's time (`step_time_ms`, several inter-op threads)."""
@@ -300,9 +305,8 @@ def print_breakdown(rows: list) -> None:
           "beside the real step")
     print(f"{'batch':>6} {'prec':>5} {'real ms':>8} {'serial ms':>9} " + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS))
     for r in rows:
-        parts = [sum(r["parts_ms"][category] for category in categories) for categories in BREAKDOWN_COLUMNS.values()]
         print(f"{r['batch_size']:>6} {r['precision']:>5} {r['step_time_ms']:>8.1f} "
-              f"{r['serialized_step_time_ms']:>9.1f} " + " ".join(f"{part:>11.1f}" for part in parts))
+              f"{r['serialized_step_time_ms']:>9.1f} " + " ".join(f"{part:>11.1f}" for part in part_totals(r["parts_ms"])))
 
 
 def breakdown_worker(batch_size: int, precision: str, steps: int, profile: bool) -> dict:
@@ -508,6 +512,35 @@ def run_two_rank_rows(steps: int) -> list:
     return rows
 
 
+def matmul_peaks(runs: list) -> dict:
+    """The machine's peak per precision: the best 2048^3 matmul rate of that precision any worker of
+    the run measured (one worker's measurement can be disturbed, which would inflate its MFU)."""
+    return {precision: max(r["matmul_flops_per_s"] for r in runs if r["precision"] == precision)
+            for precision in {r["precision"] for r in runs}}
+
+
+def run_mfu_rows(steps: int) -> None:
+    """The MFU_VARIANTS rows again (REPEATS each, with their own matmul peaks), in place of the last
+    full run's, which keep its PyTorch reference."""
+    results = load_results()
+    fresh = [repeated_row(lambda variant=variant: run_worker(*variant, steps)) for variant in MFU_VARIANTS]
+    add_mfu(fresh, matmul_peaks(fresh))
+    for row in fresh:
+        key = (row["batch_size"], row["xla"], row["low_memory_allocator"], row["precision"])
+        old = next(r for r in results["runs"]
+                   if (r["batch_size"], r["xla"], r["low_memory_allocator"], r["precision"]) == key)
+        if "pytorch_reference_samples_per_s" in old:  # the reference as the last full run measured it
+            row["pytorch_reference_samples_per_s"] = old["pytorch_reference_samples_per_s"]
+            row["speedup_vs_pytorch_fp32"] = row["samples_per_s"] / row["pytorch_reference_samples_per_s"]
+        row["load_average"] = os.getloadavg()
+        results["runs"][results["runs"].index(old)] = row
+    save_results(results)
+    for row in fresh:
+        print(f"batch {row['batch_size']} {row['precision']}: {row['samples_per_s']:,.0f} samples/s, "
+              f"{row['step_time_ms']:.1f} ms, peak {row['machine_matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+              f"MFU {row['mfu']:.3f}")
+
+
 def add_mfu(rows: list, peaks: dict) -> list:
     """`rows` with the machine's matmul peak of their precision and their model-FLOP utilisation of it."""
     for r in rows:
@@ -518,20 +551,18 @@ def add_mfu(rows: list, peaks: dict) -> list:
 
 def print_two_rank_rows(rows: list) -> None:
     """The 2-rank rows: step, samples/s, MFU and the serialized step's parts."""
-    columns = BREAKDOWN_COLUMNS
     print("\n2 ranks on this host (global batch; ms per step; parts of the serialized step as above; Horovod's "
           "collectives run outside TensorFlow's ops, so the step's wait for them shows as idle)")
     print(f"{'batch':>6} {'prec':>5} {'real ms':>8} {'samples/s':>10} {'MFU':>5} {'serial ms':>9} "
-          + " ".join(f"{name:>11}" for name in columns))
+          + " ".join(f"{name:>11}" for name in BREAKDOWN_COLUMNS))
     for r in rows:
-        parts = [sum(r["parts_ms"][category] for category in categories) for categories in columns.values()]
         print(f"{r['batch_size']:>6} {r['precision']:>5} {r['step_time_ms']:>8.1f} {r['samples_per_s']:>10,.0f} "
               f"{r.get('mfu', float('nan')):>5.2f} {r['serialized_step_time_ms']:>9.1f} "
-              + " ".join(f"{part:>11.1f}" for part in parts))
+              + " ".join(f"{part:>11.1f}" for part in part_totals(r["parts_ms"])))
 
 
 # (ranks on this host, TF_NUM_INTEROP_THREADS, TF_NUM_INTRAOP_THREADS), 0 for TensorFlow's default (as
-# many as the process may use cores); "share" is this machine's cores divided among the ranks.
+# many as the process may use cores); "share" (cpu_settings.SHARE) divides the cores among the ranks.
 THREAD_VARIANTS = [(1, 0, 0), (1, 1, 0), (2, 0, 0), (2, 1, 0), (2, 0, "share"), (2, 1, "share")]
 THREADS_NOISE = 1.02  # a setting must beat the defaults by more than this to be chosen over them
 
@@ -543,13 +574,14 @@ def run_thread_rows(steps: int) -> None:
     under this CPU's kind (recsys/runtime/cpu_settings.py, whose THREADS_MEASURED holds the choice
     the run shell makes from it)."""
     from bench import hybrid
+    from recsys.runtime.cpu_settings import SHARE, share_of_cores
 
     cores = len(os.sched_getaffinity(0))
     options = hybrid_options(4096, "fp32", steps)
     rows = {}
     for _ in range(REPEATS):
         for ranks, inter, intra in THREAD_VARIANTS:
-            intra = max(1, cores // ranks) if intra == "share" else intra
+            intra = share_of_cores(cores, os.cpu_count() or cores, ranks) if intra == SHARE else intra
             env = {"TF_NUM_INTEROP_THREADS": str(inter), "TF_NUM_INTRAOP_THREADS": str(intra)}
             step_s = slowest_median_s(hybrid.run_job("cpu_bench", options, ranks, env)["ranks"])
             key = (ranks, inter, intra)
@@ -652,24 +684,7 @@ def main() -> None:
         run_thread_rows(steps)
         return
     if args.only == "mfu":
-        results = load_results()
-        fresh = [repeated_row(lambda variant=variant: run_worker(*variant, steps)) for variant in MFU_VARIANTS]
-        peaks = {precision: max(r["matmul_flops_per_s"] for r in fresh if r["precision"] == precision)
-                 for precision in {r["precision"] for r in fresh}}
-        for row in add_mfu(fresh, peaks):
-            key = (row["batch_size"], row["xla"], row["low_memory_allocator"], row["precision"])
-            old = next(r for r in results["runs"] if (r["batch_size"], r["xla"], r["low_memory_allocator"],
-                                                      r["precision"]) == key)
-            if "pytorch_reference_samples_per_s" in old:  # the reference as the last full run measured it
-                row["pytorch_reference_samples_per_s"] = old["pytorch_reference_samples_per_s"]
-                row["speedup_vs_pytorch_fp32"] = row["samples_per_s"] / row["pytorch_reference_samples_per_s"]
-            row["load_average"] = os.getloadavg()
-            results["runs"][results["runs"].index(old)] = row
-        save_results(results)
-        for row in fresh:
-            print(f"batch {row['batch_size']} {row['precision']}: {row['samples_per_s']:,.0f} samples/s, "
-                  f"{row['step_time_ms']:.1f} ms, peak {row['machine_matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, "
-                  f"MFU {row['mfu']:.3f}")
+        run_mfu_rows(steps)
         return
     if args.only == "ranks":
         results = load_results()
@@ -702,12 +717,7 @@ def main() -> None:
     print_freq, loop_steps = (5, 20) if quick else (10, 100)
     tensorboard_rows = run_tensorboard_rows(print_freq, loop_steps)
     overhead = tensorboard_rows[1]["step_time_ms"] / tensorboard_rows[0]["step_time_ms"] - 1
-    # The machine's peak per precision is the best 2048^3 matmul rate of that precision any
-    # worker of this run measured: one worker's measurement can be disturbed, which would
-    # inflate its MFU.
-    peaks = {precision: max(r["matmul_flops_per_s"] for r in runs if r["precision"] == precision)
-             for precision in {r["precision"] for r in runs}}
-    add_mfu(runs + two_ranks, peaks)
+    add_mfu(runs + two_ranks, matmul_peaks(runs))
     for r in runs:
         if r["batch_size"] in reference:
             r["pytorch_reference_samples_per_s"] = reference[r["batch_size"]]["samples_per_s"]
