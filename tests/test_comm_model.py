@@ -76,6 +76,10 @@ def test_time_of_collectives_on_hosts_and_the_step():
     assert prediction.pipelined_step_ms(4) == pytest.approx(in_step / 4 + after + 5.0)  # compute-bound here
     wire_bound = predict_step(plan, layout, Network(link_gbps=0.01), compute_ms=5.0)
     assert wire_bound.pipelined_step_ms(4) == pytest.approx(wire_bound.exchange_ms)
+    # collectives that take 1.5x as long beside the compute (hosts sharing cores) stretch the hidden part
+    hidden = wire_bound.exchange_ms - (wire_bound.in_step_ms / 4 + wire_bound.after_ms)
+    assert wire_bound.pipelined_step_ms(4, beside_compute=1.5) == pytest.approx(wire_bound.exchange_ms + 0.5 * hidden)
+    assert prediction.pipelined_step_ms(4, beside_compute=1.5) == pytest.approx(in_step / 4 + after + 5.0)
     # embeddings forward: each rank sends 3 x 1024 samples x 8 floats = 96 KiB at 1 Gb/s
     assert dict(prediction.collective_ms)["embeddings"] == pytest.approx(3 * 1024 * 8 * 4 * 8 / 1e9 * 1e3)
     exchange, step = predict_exchange(plan, 4096, exchange_bytes=4, table_bytes=4, dense_weights=100_000,

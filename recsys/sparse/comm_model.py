@@ -209,15 +209,17 @@ class StepPrediction:
     def overlapped_step_ms(self) -> float:
         return max(self.compute_ms, self.exchange_ms)
 
-    def pipelined_step_ms(self, micro_batches: int) -> float:
+    def pipelined_step_ms(self, micro_batches: int, beside_compute: float = 1.0) -> float:
         """The step with the next batch's ids exchanged during this one and `micro_batches` M
         micro-batches. What no compute of the step can hide is exposed: the first micro-batch's
         forward exchange and the last one's backward exchange (1/M of the in-step exchanges) and
         the collectives after the backward pass (the next step's dense forward needs the weights
-        they update). The rest runs beside the compute: step = exposed + max(compute, exchange -
-        exposed), at least the fully overlapped step."""
+        they update). The rest runs beside the compute, taking `beside_compute` times as long as
+        alone: 1 where moving bytes costs the hosts no core (a NIC's DMA); measured where hosts
+        share cores with the copying (bench.multihost). step = exposed + max(compute, that rest),
+        at least the fully overlapped step."""
         exposed = self.in_step_ms / micro_batches + self.after_ms
-        return exposed + max(self.compute_ms, self.exchange_ms - exposed)
+        return exposed + max(self.compute_ms, (self.exchange_ms - exposed) * beside_compute)
 
 
 def predict_step(plan: ShardingPlan, layout: StepLayout, network: Network, compute_ms: float = 0.0) -> StepPrediction:
