@@ -34,7 +34,8 @@ collective's ring crosses each host boundary once, so every host link carries wh
 `predict_step` adds a measured compute time: unpipelined, step = compute + exchange; fully
 overlapped, step = max(compute, exchange); pipelined with M micro-batches, what the step's own compute
 cannot hide (1/M of the in-step exchanges and the collectives after the backward pass) comes on top
-of the overlapped rest (`StepPrediction.pipelined_step_ms`).
+of the overlapped rest (`StepPrediction.pipelined_step_ms`), which may take longer beside the compute
+than alone where the hosts' cores also move the bytes (measured by bench.multihost; 1 with NICs).
 """
 from __future__ import annotations
 
