@@ -100,11 +100,9 @@ def test_row_slicing_cuts_large_tables_into_one_block_of_rows_per_rank():
         plan_sharding([1000], (4,), 2, row_slice_threshold=0)
 
 
+# Column slices with model-parallel input (memory_balanced, SGD) and replicas with data-parallel
+# input (basic, Adam, MPI) run inside the row-slicing cases below, so they have no case of their own.
 CASES = [
-    ("gloo", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "sgd",
-              "column_slice_threshold": 200}),
-    ("mpi", {"strategy": "basic", "data_parallel_input": True, "optimizer": "adam",
-             "data_parallel_threshold": 60}),
     ("gloo", {"strategy": "memory_optimized", "data_parallel_input": True, "optimizer": "sgd",
               "column_slice_threshold": 300, "data_parallel_threshold": 30}),
     ("mpi", {"strategy": "memory_balanced", "data_parallel_input": False, "optimizer": "adam",
