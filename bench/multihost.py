@@ -263,16 +263,16 @@ def run_job(hosts: str, np: int, transport: str, options: dict, interface: Optio
 
 def rows_of(ranks: List[dict], link_mbit: Optional[float], hosts: str, options: dict) -> List[dict]:
     """Two rows, unpipelined and pipelined, each with the slowest rank's medians."""
-    compute = max(r["compute_ms"] for r in ranks)
-    exchange = max(r["exchange_ms"] for r in ranks)
-    exchange_cpu = max(r["exchange_cpu_ms"] for r in ranks)
-    beside = max(r["exchange_beside_compute_ms"] for r in ranks)
+    def slowest(key: str) -> float:
+        return max(r[key] for r in ranks)
+
+    compute, exchange = slowest("compute_ms"), slowest("exchange_ms")
     rows = []
     for pipelined in (False, True):
-        step = max(r["pipelined_ms" if pipelined else "unpipelined_ms"] for r in ranks)
+        step = slowest("pipelined_ms" if pipelined else "unpipelined_ms")
         rows.append({"link_mbit": link_mbit, "pipelined": pipelined, "step_ms": step, "compute_ms": compute,
-                     "exchange_ms": exchange, "exchange_cpu_ms": exchange_cpu,
-                     "exchange_beside_compute_ms": beside,
+                     "exchange_ms": exchange, "exchange_cpu_ms": slowest("exchange_cpu_ms"),
+                     "exchange_beside_compute_ms": slowest("exchange_beside_compute_ms"),
                      "step_over_max": step / max(compute, exchange),
                      "step_over_sum": step / (compute + exchange), "hosts": hosts, "np": len(ranks),
                      "micro_batches": options["micro_batches"] if pipelined else 1,
@@ -322,9 +322,11 @@ def add_predictions(rows: List[dict], base_exchange_ms: float, np: int, ranks_pe
         wire = wire_prediction(row["config"], row["dense_weights"], np, ranks_per_host, row["link_mbit"])
         exchange = base_exchange_ms + wire.exchange_ms
         measured = replace(wire, exchange_ms=exchange, compute_ms=row["compute_ms"])
-        beside_compute = max(1.0, row["exchange_beside_compute_ms"] / row["exchange_ms"])
-        step = (measured.pipelined_step_ms(row["micro_batches"], beside_compute) if row["pipelined"]
-                else measured.step_ms)
+        if row["pipelined"]:
+            beside_compute = max(1.0, row["exchange_beside_compute_ms"] / row["exchange_ms"])
+            step = measured.pipelined_step_ms(row["micro_batches"], beside_compute)
+        else:
+            step = measured.step_ms
         row.update(predicted_exchange_ms=exchange, predicted_step_ms=step,
                    within_25pct=abs(exchange - row["exchange_ms"]) <= 0.25 * row["exchange_ms"]
                    and abs(step - row["step_ms"]) <= 0.25 * row["step_ms"])
