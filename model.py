@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import interaction
 from recsys.data.batch import CATEGORICAL_KEY, NUMERICAL_KEY
+from recsys.runtime.custom_ops import op_package
 from recsys.sparse.tables import EmbeddingLayer, TableView, VariableSelector, micro_batch_rows
 from recsys.training.model_config import DlrmConfig
 
@@ -26,23 +27,52 @@ def _round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
+@tf.custom_gradient
+def _relu_dense(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor):
+    """relu(x @ kernel + bias), whose gradient takes the ReLU mask and the bias gradient from the
+    output in one pass of the compiled kernel (op_package.bias_relu_grad)."""
+    y = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, kernel), bias))
+    scope = tf.get_current_name_scope()
+
+    def gradient(dy: tf.Tensor):
+        # named as TensorFlow names a gradient of the tape (bench.step_profile reads the scopes)
+        with tf.name_scope(f"gradient_tape/{scope}/" if scope else "gradient_tape/"):
+            dz, dbias = op_package.bias_relu_grad(dy, y)
+            return tf.matmul(dz, kernel, transpose_b=True), tf.matmul(x, dz, transpose_a=True), dbias
+
+    return y, gradient
+
+
+class ReluDense(tf.keras.layers.Dense):
+    """Keras's Dense with ReLU (the same weights, names and forward pass: MatMul, BiasAdd and Relu,
+    which oneDNN runs as one op) whose backward pass is one pass of the compiled CPU kernel over the
+    output gradient and the output, giving the pre-activation gradient and the bias gradient
+    together, where TensorFlow runs ReluGrad and then BiasAddGrad (whose column sum runs far below
+    memory speed in bfloat16). For 2-D inputs, as the MLPs have."""
+
+    def call(self, inputs: tf.Tensor) -> tf.Tensor:
+        dtype = self.compute_dtype
+        return _relu_dense(tf.cast(inputs, dtype), tf.cast(self.kernel, dtype), tf.cast(self.bias, dtype))
+
+
 class Mlp(tf.keras.layers.Layer):
     """Dense stack with the reference's initialisers; ReLU on every layer unless the last is linear.
 
     Each kernel and bias is drawn from its own seed derived from (`seed`, `seed_offset`, layer), so
     the initial weights do not depend on what else was initialised before (e.g. how many tables
-    this rank holds).
+    this rank holds). `fused_backward`: the ReLU layers are `ReluDense` (DlrmConfig.mlp_backward).
     """
 
     def __init__(self, widths: Sequence[int], linear_last: bool, name: str, seed: int = 0,
-                 seed_offset: int = 0) -> None:
+                 seed_offset: int = 0, fused_backward: bool = False) -> None:
         super().__init__(name=name)
         self.dense_layers = []
         for i, width in enumerate(widths):
-            last = i == len(widths) - 1
+            linear = i == len(widths) - 1 and linear_last
             layer_seed = (seed * 1_000_003 + seed_offset + i) * 2
-            self.dense_layers.append(tf.keras.layers.Dense(
-                width, activation=None if (last and linear_last) else "relu",
+            layer_class = ReluDense if fused_backward and not linear else tf.keras.layers.Dense
+            self.dense_layers.append(layer_class(
+                width, activation=None if linear else "relu",
                 kernel_initializer=tf.keras.initializers.GlorotNormal(seed=layer_seed),
                 bias_initializer=tf.keras.initializers.RandomNormal(stddev=math.sqrt(1.0 / width),
                                                                     seed=layer_seed + 1),
@@ -95,7 +125,9 @@ class Dlrm(tf.keras.Model):
             raise TypeError(f"{type(embedding_layer).__name__} is not an EmbeddingLayer (recsys.sparse.tables)")
         self.config = config
         self.padded_numerical = _round_up(config.num_numerical_features, 8)
-        self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp", seed=config.seed)
+        fused_backward = config.mlp_backward == "custom_cpu"
+        self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp", seed=config.seed,
+                              fused_backward=fused_backward)
         self.embedding = embedding_layer
         self.cross_network = (interaction.CrossNetwork(config.num_cross_layers, config.cross_layer_projection_dim,
                                                        seed=config.seed, seed_offset=len(config.bottom_mlp_dims)
@@ -107,7 +139,7 @@ class Dlrm(tf.keras.Model):
                          interaction.make_block_interaction(config.interaction, config.bottom_mlp_dims[-1],
                                                            regather_for_gradient=True))
         self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp", seed=config.seed,
-                           seed_offset=len(config.bottom_mlp_dims))
+                           seed_offset=len(config.bottom_mlp_dims), fused_backward=fused_backward)
 
     def call(self, inputs: Dict[str, Any], training: bool = False, ids_exchanged: bool = False,
              tag: str = "") -> tf.Tensor:

@@ -235,7 +235,7 @@ def export(model: Dlrm, output_path: str, fp16: bool = False, features: Optional
     portable = model.config.interaction if model.config.cross else "tensorflow"  # runs on any device
     config = dataclasses.replace(model.config, interaction=portable,
                                  table_dtype="float16" if fp16 else model.config.table_dtype,
-                                 host_tables=[])
+                                 host_tables=[], mlp_backward="tensorflow")
     serving_model = single_process_model(config)
     serving_model.build_weights()
     for source, target in zip(model.table_views(), serving_model.table_views()):

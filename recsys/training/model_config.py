@@ -23,6 +23,7 @@ CROSS = "cross"
 SHAPE = "shape"  # metadata key: the field fixes the weights' shapes
 CROSS_SHAPE = "cross"  # ... only when the model uses the cross network
 FLAG = "flag"  # metadata key: main.py's flag for the field, when it is not the field's name
+MLP_BACKWARDS = ("tensorflow", "custom_cpu")  # DlrmConfig.mlp_backward
 
 
 @dataclass(kw_only=True)
@@ -97,6 +98,9 @@ class DlrmConfig(DlrmSettings):
     host_tables: List[int] = field(default_factory=list)  # offloaded to host memory (the plan decides)
     hotness: List[int] = field(default_factory=list)  # ids per sample of every feature (empty: all one-hot)
     poolings: List[str] = field(default_factory=list)  # 'sum' or 'mean' per feature (empty: all 'sum')
+    # The MLPs' ReLU + bias backward pass: TensorFlow's ops, or "custom_cpu" (one pass of the compiled
+    # kernel, model.ReluDense); where it can run, factory.model_config picks it. Same weights' shapes.
+    mlp_backward: str = "tensorflow"
 
     @property
     def dims(self) -> List[int]:
@@ -126,6 +130,8 @@ class DlrmConfig(DlrmSettings):
             raise ValueError("the model needs at least one categorical feature")
         if not self.bottom_mlp_dims:
             raise ValueError("--bottom_mlp_dims needs at least one layer")
+        if self.mlp_backward not in MLP_BACKWARDS:
+            raise ValueError(f"unknown MLP backward {self.mlp_backward!r}; one of {', '.join(MLP_BACKWARDS)}")
         table_widths(self.embedding_dim, len(self.cardinalities), cross=self.cross,
                      bottom_mlp_width=self.bottom_mlp_dims[-1])
         if not self.top_mlp_dims or self.top_mlp_dims[-1] != 1:
