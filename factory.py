@@ -71,8 +71,8 @@ def embedding_layer(config: DlrmConfig, plan: Optional[ShardingPlan] = None, ran
     """The one choice of embedding layer for `config`'s tables: the plain tables (DualEmbeddingGroup,
     also the SavedModel's) without a plan or on one process, the hybrid-parallel layer (`name`) on
     several, each honouring the config's trainability, initialisation and table dtype. Vectors leave
-    the layer in `compute_dtype` (default: the Keras policy's), except bfloat16 on several ranks,
-    which Horovod's collectives do not all take: those move in float32 and the model casts them.
+    the layer in `compute_dtype` (default: the Keras policy's), the dtype the all-to-alls send
+    (bfloat16 as its 16 bits: `distributed.alltoall`).
     The one-process layer also takes the config's tier layouts (`embedding_type`, `cpu_embedding_type`,
     `host_tables`); the hybrid layer's pieces are one variable per table slice by construction."""
     compute_dtype = compute_dtype or tf.as_dtype(tf.keras.mixed_precision.global_policy().compute_dtype)
@@ -83,8 +83,7 @@ def embedding_layer(config: DlrmConfig, plan: Optional[ShardingPlan] = None, ran
                                   cpu_embedding_type=config.cpu_embedding_type, host_tables=config.host_tables,
                                   table_dtype=tf.as_dtype(config.table_dtype), output_dtype=compute_dtype,
                                   trainable=config.embedding_trainable, poolings=config.feature_poolings, seed=seed)
-    exchange_dtype = tf.float32 if compute_dtype == tf.bfloat16 else compute_dtype
-    return HybridEmbedding(plan, rank, reads, table_dtype=tf.as_dtype(config.table_dtype), output_dtype=exchange_dtype,
+    return HybridEmbedding(plan, rank, reads, table_dtype=tf.as_dtype(config.table_dtype), output_dtype=compute_dtype,
                            trainable=config.embedding_trainable, seed=seed, name=name)
 
 

@@ -8,11 +8,11 @@ from recsys.runtime import distributed as dist
 
 
 @tf.function
-def exchange_with_gradient(x: tf.Tensor, splits: tf.Tensor, weights: tf.Tensor):
+def exchange_with_gradient(x: tf.Tensor, splits: tf.Tensor, weights: tf.Tensor, name=None):
     """alltoall inside tf.function, and the gradient of sum(received * weights) w.r.t. x."""
     with tf.GradientTape() as tape:
         tape.watch(x)
-        received, received_splits = dist.alltoall(x, splits=splits)
+        received, received_splits = dist.alltoall(x, splits=splits, name=name)
         loss = tf.reduce_sum(received * weights)
     return received, received_splits, tape.gradient(loss, x)
 
@@ -45,6 +45,11 @@ def main(output_prefix: str) -> None:
     received, received_splits, grad = exchange_with_gradient(x, splits, weights)
     results.update(alltoall=received.numpy(), alltoall_splits=received_splits.numpy(),
                    alltoall_grad=grad.numpy())
+    # bfloat16 (Horovod takes none: it travels as its bits) and named: the values and weights are
+    # small integers, exact in bfloat16, so both must equal the float32 exchange's.
+    received, _, grad = exchange_with_gradient(tf.cast(x, tf.bfloat16), splits, tf.cast(weights, tf.bfloat16),
+                                               "bf16_rows")
+    results.update(alltoall_bf16=tf.cast(received, tf.float32).numpy(), alltoall_bf16_grad=tf.cast(grad, tf.float32).numpy())
     dist.barrier()
     np.savez(f"{output_prefix}.rank{rank}.npz", **results)
 

@@ -17,6 +17,13 @@ def _weights(rank: int) -> np.ndarray:
     return np.arange(rows * 2, dtype=np.float32).reshape(rows, 2) + 1000.0 * rank
 
 
+def _bfloat16(values: np.ndarray) -> np.ndarray:
+    """`values` rounded to bfloat16 (nearest even), as float32."""
+    bits = values.astype(np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
 def _expected_gradient(rank: int) -> np.ndarray:
     """d(sum(received*w))/dx: each sent row gets the weight row at the place it landed."""
     grad = np.zeros((4, 2), np.float32)
@@ -47,6 +54,9 @@ def test_collectives_two_processes(tmp_path, transport):
         np.testing.assert_array_equal(got["alltoall"], expected_rows)
         np.testing.assert_array_equal(got["alltoall_splits"], RECEIVED_SPLITS[rank])
         np.testing.assert_array_equal(got["alltoall_grad"], _expected_gradient(rank))
+        # bfloat16 travels as its bits: the same rows, and each gradient row is one weight row, rounded
+        np.testing.assert_array_equal(got["alltoall_bf16"], expected_rows)
+        np.testing.assert_array_equal(got["alltoall_bf16_grad"], _bfloat16(_expected_gradient(rank)))
 
 
 def test_gradient_buckets_hold_about_equal_elements_the_last_tensors_first():

@@ -248,25 +248,31 @@ def alltoall(tensor: TensorLike, splits: Optional[TensorLike] = None,
     exchange is named `<name>_grad`, and both names are used as given, without the graph's name
     scope: Horovod would otherwise name the reverse exchange after the gradient tensor and its
     scope, which differ between ranks whose graphs differ (ranks holding different tables), and
-    ranks waiting on differently named collectives hang.
+    ranks waiting on differently named collectives hang. bfloat16, which Horovod's ops do not
+    take, travels as its 16 bits (bitcast to float16 and back: an all-to-all only moves bytes).
     """
     hvd = _horovod()
     if hvd is None:
         rows = tf.shape(tensor, out_type=tf.int32)[:1]
         return tf.identity(tensor), (tf.cast(splits, tf.int32) if splits is not None else rows)
     tensor = tf.convert_to_tensor(tensor)
-    if name is None or not tensor.dtype.is_floating:
-        return _timed([tensor, splits], lambda: hvd.alltoall(tensor, splits=splits, name=name,
-                                                             ignore_name_scope=name is not None))
+
+    def send(values: tf.Tensor, counts: Optional[TensorLike], collective: Optional[str]) -> Tuple[tf.Tensor, tf.Tensor]:
+        bits = values.dtype == tf.bfloat16
+        received, received_counts = _timed([values, counts], lambda: hvd.alltoall(
+            tf.bitcast(values, tf.float16) if bits else values, splits=counts, name=collective,
+            ignore_name_scope=collective is not None))
+        return (tf.bitcast(received, tf.bfloat16) if bits else received), received_counts
+
+    if not tensor.dtype.is_floating:
+        return send(tensor, splits, name)
 
     @tf.custom_gradient
     def exchange(values: tf.Tensor):
-        received, received_splits = _timed([values, splits], lambda: hvd.alltoall(
-            values, splits=splits, name=name, ignore_name_scope=True))
+        received, received_splits = send(values, splits, name)
 
         def reverse(upstream: tf.Tensor, _splits_gradient=None) -> tf.Tensor:
-            return _timed(upstream, lambda: hvd.alltoall(upstream, splits=received_splits, name=f"{name}_grad",
-                                                         ignore_name_scope=True)[0])
+            return send(upstream, received_splits, None if name is None else f"{name}_grad")[0]
 
         return (received, received_splits), reverse
 
