@@ -276,11 +276,15 @@ def atomic_directory(final: str, replace: bool = False) -> Iterator[str]:
     """Yield an empty temporary sibling folder; once the block succeeds, it becomes `final`
     (see StagedDirectory). If the block raises, the temporary folder is removed and `final` is
     untouched."""
-    staged = StagedDirectory(final, replace)
+    staged = None
     try:
+        staged = StagedDirectory(final, replace)
         yield staged.path
     except BaseException:
-        staged.discard()
+        if staged is not None:
+            staged.discard()
+        else:  # a stop signal between the constructor's mkdir and its return: the name is this process's
+            shutil.rmtree(temporary_sibling(os.path.abspath(final)), ignore_errors=True)
         raise
     staged.publish()
 
