@@ -48,17 +48,18 @@ def bias_relu_dropout(x: tf.Tensor, bias: tf.Tensor, key: tf.Tensor, row_ids: tf
     return _in_tensorflow_ops(x, bias, key, row_ids, float(rate))
 
 
-def bias_relu_grad(dy: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """The backward pass of y = relu(x + bias) from its output alone, in one pass of the compiled
-    kernel (no dropout): (dx, dbias), dx = dy where y > 0 else 0, dbias its column sums (float32
-    inside). TensorFlow's ReluGrad and BiasAddGrad make two passes, the second a column sum that
-    runs far below memory speed in bfloat16. Needs the compiled library (`relu_dropout_kernel_available`)."""
-    return tuple(load_op_library().bias_relu_dropout_grad(dy=dy, y=y, rate=0.0))
+def bias_relu_grad(dy: tf.Tensor, y: tf.Tensor, rate: float = 0.0) -> tuple[tf.Tensor, tf.Tensor]:
+    """The backward pass of y = relu(x + bias) with dropout at `rate` from its output alone, in one
+    pass of the compiled kernel: (dx, dbias), dx = dy / (1 - rate) where y > 0 else 0, dbias its
+    column sums (float32 inside). TensorFlow's ReluGrad and BiasAddGrad make two passes, the second
+    a column sum that runs far below memory speed in bfloat16. Needs the compiled library
+    (`relu_dropout_kernel_available`)."""
+    return tuple(load_op_library().bias_relu_dropout_grad(dy=dy, y=y, rate=rate))
 
 
 @tf.RegisterGradient("BiasReluDropout")
 def _bias_relu_dropout_grad(op: tf.Operation, dy: tf.Tensor):
-    dx, dbias = load_op_library().bias_relu_dropout_grad(dy=dy, y=op.outputs[0], rate=op.get_attr("rate"))
+    dx, dbias = bias_relu_grad(dy, op.outputs[0], op.get_attr("rate"))
     return [dx, dbias, None, None]
 
 
