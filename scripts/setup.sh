@@ -17,7 +17,9 @@ Installs only what is missing:
   * Horovod 0.28.1 with TensorFlow + Gloo + MPI, and NCCL on a GPU host, built from the PyPI
     sdist once per host kind and cached under $DLRM_CACHE_DIR (default ~/.cache/dlrm-tf2);
     a fresh install is checked with `horovodrun --check-build` (NCCL must be listed on GPUs);
-  * the custom dot-interaction op: `make cpu`, or `make gpu` (CUDA kernels) on a GPU host;
+  * the custom dot-interaction op: `make cpu`, or `make gpu` (CUDA kernels) on a GPU host; a fresh
+    clone copies the library an earlier setup built from the same sources and tools (cached under
+    $DLRM_CACHE_DIR/op);
   * the project's packages (recsys/, wide_and_deep/) linked into the venv's site-packages, so that
     `cd wide_and_deep && python main.py` imports them; the repository root stays off the import path;
   * the serving virtualenv .venv-serving from requirements-serving.txt (Triton via nvidia-pytriton,
@@ -257,12 +259,39 @@ install_horovod() {
 
 OP_TARGET="cpu"
 if [[ "${KIND}" == gpu ]]; then OP_TARGET="gpu"; fi
+OP_DIR="${REPO_DIR}/tensorflow-dot-based-interact"
+OP_LIBRARY="tensorflow_dot_based_interact/_dot_based_interact_ops.so"
+OP_RECORD="${OP_LIBRARY%.so}.json"
+
+# What the built library depends on: its sources and Makefile, the compilers, TensorFlow and the target.
+op_build_key() {
+  {
+    echo "${OP_TARGET} tf${TF_VERSION}"
+    (cd "${OP_DIR}" && find cc Makefile -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    "${CXX:-g++}" --version | head -n 1
+    if [[ "${OP_TARGET}" == gpu ]]; then { nvcc --version 2>/dev/null || echo "no nvcc"; } | tail -n 1; fi
+  } | sha256sum | cut -d' ' -f1
+}
+
+# A fresh clone reuses the library an earlier setup built from the same sources with the same tools
+# (cached under $DLRM_CACHE_DIR/op/KEY); otherwise it is built and then cached.
 build_interaction_op() {
-  local op_dir="${REPO_DIR}/tensorflow-dot-based-interact"
-  if [[ -f "${op_dir}/Makefile" ]]; then
-    log "building the dot-interaction op (make ${OP_TARGET})"
-    make -s -C "${op_dir}" "${OP_TARGET}" PYTHON="${VENV}/bin/python"
+  [[ -f "${OP_DIR}/Makefile" ]] || return 0
+  local cached
+  cached="${CACHE_DIR}/op/$(op_build_key)"
+  if [[ -f "${cached}/library.so" && -f "${cached}/record.json" ]]; then
+    if cmp -s "${cached}/library.so" "${OP_DIR}/${OP_LIBRARY}"; then log "dot-interaction op up to date"; return; fi
+    cp "${cached}/library.so" "${OP_DIR}/${OP_LIBRARY}"
+    cp "${cached}/record.json" "${OP_DIR}/${OP_RECORD}"
+    log "using the dot-interaction op built earlier from these sources (${cached})"
+    return
   fi
+  log "building the dot-interaction op (make ${OP_TARGET})"
+  make -s -C "${OP_DIR}" "${OP_TARGET}" PYTHON="${VENV}/bin/python"
+  mkdir -p "${cached}"
+  cp "${OP_DIR}/${OP_LIBRARY}" "${cached}/library.so.tmp-$$"
+  cp "${OP_DIR}/${OP_RECORD}" "${cached}/record.json"
+  mv "${cached}/library.so.tmp-$$" "${cached}/library.so"
 }
 
 print_plan() {
@@ -278,7 +307,7 @@ print_plan() {
   printf '  %s\n' "${HOROVOD_ENV[@]}"
   if [[ "${HOROVOD_FLAVOUR}" == nccl ]]; then echo "  (${NCCL_LINK_DIR}/libnccl.so -> ${NCCL_DIR}/lib/libnccl.so.2)"; fi
   echo "horovod check: horovodrun --check-build lists ${HOROVOD_CHECKS[*]}"
-  echo "dot-interaction op: make -C tensorflow-dot-based-interact ${OP_TARGET}"
+  echo "dot-interaction op: make -C tensorflow-dot-based-interact ${OP_TARGET} (or the copy in ${CACHE_DIR}/op/$(op_build_key))"
   echo "import path: ${INSTALLED_PACKAGES[*]} linked into $(venv_site_packages) from ${REPO_DIR} (no .pth)"
   echo "serving venv ${SERVING_VENV} (${SERVING_PYTHON}) from requirements-serving.txt:"
   grep -E '^[A-Za-z0-9]' "${SERVING_REQUIREMENTS}" | sed 's/^/  /'
