@@ -363,8 +363,9 @@ data_formats.register_format("tfrecords", training=True, model="wide_and_deep",
 @functools.lru_cache(maxsize=None)
 def _parser(buckets: Tuple[Tuple[str, int], ...]):
     """_parse for these buckets as one function, traced once: each epoch's and evaluation's dataset reuses it
-    (tracing it anew took about a second a dataset)."""
+    (tracing it anew took about a second a dataset); traced as written (no AutoGraph rewrite: its loops
+    are over Python values)."""
     return tf.function(lambda *read: _parse(*read, dict(buckets)),
                        input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.string),
                                         tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string),
-                                        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64)])
+                                        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64)], autograph=False)
