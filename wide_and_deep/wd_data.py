@@ -56,6 +56,7 @@ from recsys.data import data_formats
 from recsys.data.data_errors import DataError, check_numericals, damaged_record_error
 from recsys.data.feature_spec import DEFAULT_SPEC_NAME
 from recsys.data.pipeline_errors import file_pipeline_error, pipeline_error_check, surface_data_errors
+from recsys.runtime.tracing import traced
 from wide_and_deep import features as F
 from wide_and_deep.preprocessing.tfrecord import masked_crc32c
 
@@ -363,9 +364,8 @@ data_formats.register_format("tfrecords", training=True, model="wide_and_deep",
 @functools.lru_cache(maxsize=None)
 def _parser(buckets: Tuple[Tuple[str, int], ...]):
     """_parse for these buckets as one function, traced once: each epoch's and evaluation's dataset reuses it
-    (tracing it anew took about a second a dataset); traced as written (no AutoGraph rewrite: its loops
-    are over Python values)."""
-    return tf.function(lambda *read: _parse(*read, dict(buckets)),
-                       input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.string),
-                                        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string),
-                                        tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64)], autograph=False)
+    (tracing it anew took about a second a dataset)."""
+    return traced(lambda *read: _parse(*read, dict(buckets)),
+                  input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.string),
+                                   tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string),
+                                   tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64)])

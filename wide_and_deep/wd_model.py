@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from recsys.runtime import distributed as dist
 from recsys.runtime.custom_ops import op_package
+from recsys.runtime.tracing import traced
 from wide_and_deep import features as F
 
 WIDE_INIT_LIMIT = 0.05  # Keras Embedding's default uniform initialiser
@@ -330,10 +331,9 @@ class TrainStep:
                  "numeric": tf.TensorSpec([None, len(F.NUMERIC_FEATURES)], tf.float32),
                  "label": tf.TensorSpec([None], tf.float32), "display_id": tf.TensorSpec([None], tf.int64),
                  "row": tf.TensorSpec([None], tf.int64)}
-        # Traced as written (autograph=False), as DLRM's steps are (recsys.training.trainer).
-        self.gradients = tf.function(self._gradients, jit_compile=jit_compile, reduce_retracing=True, autograph=False)
-        self.step = tf.function(self._step, input_signature=[batch, tf.TensorSpec([], tf.int64),
-                                                             tf.TensorSpec([None], tf.float32)], autograph=False)
+        self.gradients = traced(self._gradients, jit_compile=jit_compile, reduce_retracing=True)
+        self.step = traced(self._step, input_signature=[batch, tf.TensorSpec([], tf.int64),
+                                                        tf.TensorSpec([None], tf.float32)])
 
     def _scaled(self, optimizer, loss):
         if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
@@ -375,7 +375,7 @@ def predict_fn(model: WideAndDeep, jit_compile: bool = False):
     signature = [tf.TensorSpec([None, len(F.CATEGORICAL_NAMES)], tf.int64),
                  tf.TensorSpec([None, len(F.NUMERIC_FEATURES)], tf.float32)]
 
-    @tf.function(input_signature=signature, jit_compile=jit_compile, autograph=False)
+    @traced(input_signature=signature, jit_compile=jit_compile)
     def predict(categorical: tf.Tensor, numeric: tf.Tensor) -> tf.Tensor:
         return tf.sigmoid(model(categorical, numeric)[:, 0])
     return predict

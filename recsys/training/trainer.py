@@ -25,6 +25,7 @@ from recsys.training.optimizers import Optimizer
 from recsys.data.pipeline_errors import surface_data_errors
 from recsys.runtime.stop_signals import STOP_SIGNALS, StopRequest
 from recsys.runtime.logger import StepTimer, print_rank0
+from recsys.runtime.tracing import traced
 
 
 class TrainableModel(Protocol):
@@ -155,14 +156,11 @@ class Trainer:
             self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="loss_sum")
         # decided once: whether steps time their collectives (several ranks, op determinism off)
         self.times_communication = dist.size() > 1 and dist.collectives_can_be_timed()
-        # The steps are traced as written (autograph=False): their Python control flow is on Python values
-        # only, and AutoGraph's rewrite of the ~80 functions a step calls took more time than the trace
-        # itself (a 2-rank job of the tests' size: 17 s to 10.5 s from launch to exit).
-        self.train_step = tf.function(self._train_step, autograph=False)
-        self.train_next = tf.function(self._train_next, autograph=False)
-        self.exchange_next = tf.function(self._exchange_next, autograph=False)
+        self.train_step = traced(self._train_step)
+        self.train_next = traced(self._train_next)
+        self.exchange_next = traced(self._exchange_next)
         # The carried batch's ragged ids change length from step to step: one trace for all of them.
-        self.train_pipelined = tf.function(self._train_pipelined, reduce_retracing=True, autograph=False)
+        self.train_pipelined = traced(self._train_pipelined, reduce_retracing=True)
 
     def check_finite(self) -> None:
         """Raise NonFiniteLossError if any step so far had a NaN/Inf loss.
@@ -309,7 +307,7 @@ class Evaluator:
 
     @classmethod
     def for_model(cls, model: TrainableModel, auc_thresholds: Optional[int] = None) -> "Evaluator":
-        return cls(tf.function(lambda features: model(features, training=False), autograph=False), auc_thresholds)
+        return cls(traced(lambda features: model(features, training=False)), auc_thresholds)
 
     @surface_data_errors()
     def _gather_predictions(self, dataset: tf.data.Dataset, max_batches: Optional[int] = None,
