@@ -1104,18 +1104,26 @@ def stopped_early(result, loop_config, job: Job) -> int:
 
 def run_eval(job: Job) -> None:
     """--mode eval: one pass over the test data; `test_loss` is the log loss beside which the
-    normalized entropy and the calibration stand (recsys.runtime.metrics.quality_metrics)."""
-    result = job.evaluator.evaluate(job.pipelines.test)
+    normalized entropy and the calibration stand (recsys.runtime.metrics.quality_metrics). A stop
+    signal ends it at the next batch (StopNow: one line, exit 128+N), never inside a TensorFlow op."""
+    from recsys.runtime.stop_signals import STOP
+
+    with STOP.deferred() as stop_if_signalled:
+        result = job.evaluator.evaluate(job.pipelines.test, between_batches=stop_if_signalled)
     utils.log_final(job.logger, {"auc": result.auc, "test_loss": result.loss,
                                  "normalized_entropy": result.normalized_entropy, "calibration": result.calibration})
 
 
 def run_inference(job: Job) -> None:
-    """--mode inference: per-batch latencies over the batches `inference_batches` allows."""
+    """--mode inference: per-batch latencies over the batches `inference_batches` allows; a stop
+    signal ends it at the next batch, as in run_eval."""
+    from recsys.runtime.stop_signals import STOP
     from recsys.training.trainer import percentiles
 
-    latencies, result = job.evaluator.benchmark_inference(job.pipelines.test, job.inference_batches,
-                                                          warmup_batches=INFERENCE_WARMUP_BATCHES)
+    with STOP.deferred() as stop_if_signalled:
+        latencies, result = job.evaluator.benchmark_inference(job.pipelines.test, job.inference_batches,
+                                                              warmup_batches=INFERENCE_WARMUP_BATCHES,
+                                                              between_batches=stop_if_signalled)
     stats = percentiles(latencies)
     utils.log_final(job.logger, {"mean_inference_throughput": job.config.data.valid_batch_size / stats["mean"],
                            "mean_inference_latency": stats["mean"], "p50_inference_latency": stats["p50"],

@@ -353,14 +353,16 @@ def comm_waits(output):
 
 
 def test_a_slow_link_shows_in_comm_wait(cluster, tmp_path):
-    """With dlrm-node2's link at 2 Mbit/s the steps wait for their exchanges far longer than on an
-    unlimited link: the progress lines' comm_wait share is higher and, times the step time, the wait
-    several times longer (the share alone saturates on a loaded machine, where ranks also wait for
-    each other); the run completes. (TF op determinism off: comm_wait needs its timestamps.)"""
+    """With dlrm-node2's link at 1 Mbit/s the steps wait for their exchanges far longer than on an
+    unlimited link: the progress lines' comm_wait share times the step time (the milliseconds a step
+    waits) is several times longer; the run completes. The share alone is no measure here: on a loaded
+    machine, where the hosts' ranks also wait for each other's CPU, it saturates near 90% on either link
+    (CI saw 92% slow against 94% unlimited at 2 Mbit/s). (TF op determinism off: comm_wait needs its
+    timestamps.)"""
     run = [word for word in FAULT_RUN if word != "--deterministic"] + ["--max_steps", "60"]
     env = {"TF_DETERMINISTIC_OPS": "0"}
     shares = {}
-    for mbit in (2, 0):
+    for mbit in (1, 0):
         cluster.slow("dlrm-node2", mbit)
         started = time.time()
         job = cluster.run_horovod(["main.py", *run, "--log_path", str(tmp_path / f"{mbit}.json")], env=env)
@@ -368,10 +370,9 @@ def test_a_slow_link_shows_in_comm_wait(cluster, tmp_path):
         shares[mbit] = comm_waits(job.stdout)
         print(f"slow: {mbit or 'unlimited'} Mbit/s, (comm_wait %, step ms) {shares[mbit]}, {time.time() - started:.0f} s")
         assert len(shares[mbit]) >= 4, job.stdout[-3000:]
-    (slow_share, slow_wait), (fast_share, fast_wait) = [
-        (np.median([share for share, _ in shares[mbit]]), np.median([share * ms / 100 for share, ms in shares[mbit]]))
-        for mbit in (2, 0)]
-    assert slow_share > fast_share and slow_wait > 2 * fast_wait, shares  # a loaded machine: 2.8x seen, 3x+ quiet
+    slow_wait, fast_wait = [np.median([share * ms / 100 for share, ms in shares[mbit]]) for mbit in (1, 0)]
+    # 2 Mbit/s gave 1.9x on CI's loaded machine (2.8x-3x+ elsewhere); 1 Mbit/s doubles the link's part
+    assert slow_wait > 2 * fast_wait, shares
 
 
 # ---- Slurm and Spark across the hosts (one slurmd per host; a Spark standalone cluster) ----

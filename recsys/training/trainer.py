@@ -311,10 +311,12 @@ class Evaluator:
 
     @surface_data_errors()
     def _gather_predictions(self, dataset: tf.data.Dataset, max_batches: Optional[int] = None,
-                            latencies: Optional[List[float]] = None,
-                            progress: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+                            latencies: Optional[List[float]] = None, progress: bool = False,
+                            between_batches: Optional[Callable[[], None]] = None) -> Tuple[np.ndarray, np.ndarray]:
         """Logits and labels of every rank, concatenated; optionally per-batch fetch+forward latency,
-        or (`progress`) a progress line on rank 0 every `progress_interval_s` seconds."""
+        or (`progress`) a progress line on rank 0 every `progress_interval_s` seconds. `between_batches`
+        runs before each batch: the one point where a caller may raise (a deferred stop signal), outside
+        TensorFlow's ops."""
         logits, labels = [], []
         iterator = iter(dataset)
         batch = 0
@@ -322,6 +324,8 @@ class Evaluator:
         started = last_report = time.perf_counter()
         report = progress and dist.rank() == 0
         while max_batches is None or batch < max_batches:
+            if between_batches is not None:
+                between_batches()
             start = time.perf_counter()
             try:
                 features, batch_labels = next(iterator)
@@ -353,20 +357,21 @@ class Evaluator:
         result = self._score(logits, labels) if dist.rank() == 0 else None
         return dist.broadcast_object(result, root_rank=0) if dist.size() > 1 else result
 
-    def evaluate(self, dataset: tf.data.Dataset) -> EvalResult:
-        """AUC and log loss over every sample of every rank."""
-        logits, labels = self._gather_predictions(dataset, progress=True)
+    def evaluate(self, dataset: tf.data.Dataset,
+                 between_batches: Optional[Callable[[], None]] = None) -> EvalResult:
+        """AUC and log loss over every sample of every rank (`between_batches`: see _gather_predictions)."""
+        logits, labels = self._gather_predictions(dataset, progress=True, between_batches=between_batches)
         return self._score_once(logits, labels)
 
-    def benchmark_inference(self, dataset: tf.data.Dataset, max_batches: int,
-                            warmup_batches: int = 10) -> Tuple[List[float], EvalResult]:
+    def benchmark_inference(self, dataset: tf.data.Dataset, max_batches: int, warmup_batches: int = 10,
+                            between_batches: Optional[Callable[[], None]] = None) -> Tuple[List[float], EvalResult]:
         """Per-batch latencies (fetch + forward) after warm-up, and the metrics of the batches run.
 
         The latencies list is empty when the dataset ends within the warm-up; callers check the
         length first (main.inference_batches) so that no NaN statistics are reported.
         """
         latencies: List[float] = []
-        logits, labels = self._gather_predictions(dataset, max_batches, latencies)
+        logits, labels = self._gather_predictions(dataset, max_batches, latencies, between_batches=between_batches)
         return latencies[warmup_batches:], self._score_once(logits, labels)
 
 
