@@ -56,13 +56,17 @@ def model_config(plan: ShardingPlan, rank: int, options: ModelOptions) -> DlrmCo
 
 
 def mlp_backward_here(compute_dtype: tf.DType) -> str:
-    """The MLPs' backward pass for this process (DlrmConfig.mlp_backward): in bfloat16 the compiled
-    one-pass kernel where it can run (the library is built, no GPU visible), else TensorFlow's ops.
-    Measured on the cpu-bench step (batch 4096, Zen 4, one op at a time): in bfloat16 TensorFlow's
-    ReluGrad and BiasAddGrad take 9-12 ms a step, the kernel 4; in float32 both take about 6.7 ms."""
+    """The MLPs' backward pass for this process (DlrmConfig.mlp_backward). On a GPU, TensorFlow's.
+    On the CPU, `model.ReluDense`'s (the input gradient by Einsum: the cpu-bench fp32 step 10 ms
+    shorter, 332 against 342 ms, Zen 4), and in bfloat16 with the compiled one-pass ReLU + bias
+    kernel where it is built. Measured on the cpu-bench step (batch 4096, Zen 4, one op at a time):
+    in bfloat16 TensorFlow's ReluGrad and BiasAddGrad take 9-12 ms a step, the kernel 4; in float32
+    both take about 6.7 ms, so float32 keeps TensorFlow's ops."""
+    if tf.config.list_logical_devices("GPU"):
+        return "tensorflow"
     if compute_dtype == tf.bfloat16 and op_package.relu_dropout_kernel_available():
         return "custom_cpu"
-    return "tensorflow"
+    return "cpu"
 
 
 def embedding_layer(config: DlrmConfig, plan: Optional[ShardingPlan] = None, rank: int = 0,

@@ -27,32 +27,57 @@ def _round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
-@tf.custom_gradient
-def _relu_dense(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor):
-    """relu(x @ kernel + bias), whose gradient takes the ReLU mask and the bias gradient from the
-    output in one pass of the compiled kernel (op_package.bias_relu_grad)."""
-    y = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, kernel), bias))
-    scope = tf.get_current_name_scope()
+def _input_gradient(dz: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
+    """dz @ kernel^T, the gradient of a dense layer's input, as TensorFlow's Einsum, which lays the
+    kernel out for a plain product. TensorFlow's MatMul gradient multiplies by the kernel through
+    oneDNN's transposed-operand path, which in float32 runs 1.2-1.35x slower where a layer narrows
+    1024 or more outputs to 512 or fewer inputs, as the top MLP's first layer does (480 x 1024 at
+    batch 4096: 26.0 against 20.1 ms, Zen 4) and no faster elsewhere. A Transpose op before the
+    MatMul would not do: Grappler folds it back into the MatMul's transpose flag."""
+    return tf.einsum("bo,io->bi", dz, kernel)
 
-    def gradient(dy: tf.Tensor):
-        # named as TensorFlow names a gradient of the tape (bench.step_profile reads the scopes)
-        with tf.name_scope(f"gradient_tape/{scope}/" if scope else "gradient_tape/"):
-            dz, dbias = op_package.bias_relu_grad(dy, y)
-            return tf.matmul(dz, kernel, transpose_b=True), tf.matmul(x, dz, transpose_a=True), dbias
 
-    return y, gradient
+def _relu_dense(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, compiled_relu_grad: bool) -> tf.Tensor:
+    """relu(x @ kernel + bias) with its own gradient: the pre-activation and bias gradients from the
+    output by the compiled kernel in one pass (op_package.bias_relu_grad) or by TensorFlow's ReluGrad
+    and BiasAddGrad, and the input gradient by `_input_gradient`."""
+
+    @tf.custom_gradient
+    def forward(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor):
+        y = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, kernel), bias))
+        scope = tf.get_current_name_scope()
+
+        def gradient(dy: tf.Tensor):
+            # named as TensorFlow names a gradient of the tape (bench.step_profile reads the scopes)
+            with tf.name_scope(f"gradient_tape/{scope}/" if scope else "gradient_tape/"):
+                if compiled_relu_grad:
+                    dz, dbias = op_package.bias_relu_grad(dy, y)
+                else:
+                    dz = tf.raw_ops.ReluGrad(gradients=dy, features=y)
+                    dbias = tf.raw_ops.BiasAddGrad(out_backprop=dz)
+                return _input_gradient(dz, kernel), tf.matmul(x, dz, transpose_a=True), dbias
+
+        return y, gradient
+
+    return forward(x, kernel, bias)
 
 
 class ReluDense(tf.keras.layers.Dense):
     """Keras's Dense with ReLU (the same weights, names and forward pass: MatMul, BiasAdd and Relu,
-    which oneDNN runs as one op) whose backward pass is one pass of the compiled CPU kernel over the
-    output gradient and the output, giving the pre-activation gradient and the bias gradient
-    together, where TensorFlow runs ReluGrad and then BiasAddGrad (whose column sum runs far below
-    memory speed in bfloat16). For 2-D inputs, as the MLPs have."""
+    which oneDNN runs as one op) with the CPU's backward pass (DlrmConfig.mlp_backward): the input
+    gradient by `_input_gradient`, and with `compiled_relu_grad` the pre-activation gradient and the
+    bias gradient in one pass of the compiled CPU kernel over the output gradient and the output,
+    where TensorFlow runs ReluGrad and then BiasAddGrad (whose column sum runs far below memory speed
+    in bfloat16). For 2-D inputs, as the MLPs have."""
+
+    def __init__(self, *args: Any, compiled_relu_grad: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.compiled_relu_grad = compiled_relu_grad
 
     def call(self, inputs: tf.Tensor) -> tf.Tensor:
         dtype = self.compute_dtype
-        return _relu_dense(tf.cast(inputs, dtype), tf.cast(self.kernel, dtype), tf.cast(self.bias, dtype))
+        return _relu_dense(tf.cast(inputs, dtype), tf.cast(self.kernel, dtype), tf.cast(self.bias, dtype),
+                           self.compiled_relu_grad)
 
 
 class Mlp(tf.keras.layers.Layer):
@@ -60,23 +85,29 @@ class Mlp(tf.keras.layers.Layer):
 
     Each kernel and bias is drawn from its own seed derived from (`seed`, `seed_offset`, layer), so
     the initial weights do not depend on what else was initialised before (e.g. how many tables
-    this rank holds). `fused_backward`: the ReLU layers are `ReluDense` (DlrmConfig.mlp_backward).
+    this rank holds). `backward` (DlrmConfig.mlp_backward): "tensorflow" keeps Keras's Dense and
+    TensorFlow's gradients; "cpu" and "custom_cpu" make the ReLU layers `ReluDense`, "custom_cpu"
+    with the compiled ReLU + bias gradient.
     """
 
     def __init__(self, widths: Sequence[int], linear_last: bool, name: str, seed: int = 0,
-                 seed_offset: int = 0, fused_backward: bool = False) -> None:
+                 seed_offset: int = 0, backward: str = "tensorflow") -> None:
         super().__init__(name=name)
         self.dense_layers = []
         for i, width in enumerate(widths):
             linear = i == len(widths) - 1 and linear_last
             layer_seed = (seed * 1_000_003 + seed_offset + i) * 2
-            layer_class = ReluDense if fused_backward and not linear else tf.keras.layers.Dense
-            self.dense_layers.append(layer_class(
-                width, activation=None if linear else "relu",
+            initializers = dict(
                 kernel_initializer=tf.keras.initializers.GlorotNormal(seed=layer_seed),
                 bias_initializer=tf.keras.initializers.RandomNormal(stddev=math.sqrt(1.0 / width),
                                                                     seed=layer_seed + 1),
-                name=f"dense_{i}"))
+                name=f"dense_{i}")
+            if linear or backward == "tensorflow":
+                layer = tf.keras.layers.Dense(width, activation=None if linear else "relu", **initializers)
+            else:
+                layer = ReluDense(width, activation="relu", compiled_relu_grad=backward == "custom_cpu",
+                                  **initializers)
+            self.dense_layers.append(layer)
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
         for layer in self.dense_layers:
@@ -125,9 +156,8 @@ class Dlrm(tf.keras.Model):
             raise TypeError(f"{type(embedding_layer).__name__} is not an EmbeddingLayer (recsys.sparse.tables)")
         self.config = config
         self.padded_numerical = _round_up(config.num_numerical_features, 8)
-        fused_backward = config.mlp_backward == "custom_cpu"
         self.bottom_mlp = Mlp(config.bottom_mlp_dims, linear_last=False, name="bottom_mlp", seed=config.seed,
-                              fused_backward=fused_backward)
+                              backward=config.mlp_backward)
         self.embedding = embedding_layer
         self.cross_network = (interaction.CrossNetwork(config.num_cross_layers, config.cross_layer_projection_dim,
                                                        seed=config.seed, seed_offset=len(config.bottom_mlp_dims)
@@ -139,7 +169,7 @@ class Dlrm(tf.keras.Model):
                          interaction.make_block_interaction(config.interaction, config.bottom_mlp_dims[-1],
                                                            regather_for_gradient=True))
         self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp", seed=config.seed,
-                           seed_offset=len(config.bottom_mlp_dims), fused_backward=fused_backward)
+                           seed_offset=len(config.bottom_mlp_dims), backward=config.mlp_backward)
 
     def call(self, inputs: Dict[str, Any], training: bool = False, ids_exchanged: bool = False,
              tag: str = "") -> tf.Tensor:

@@ -220,23 +220,24 @@ def test_reading_rows_of_a_sparsely_updated_table_copies_only_those_rows():
     assert growth < 4 * 1024 * dim * 4, f"reading 1024 rows allocated {growth} bytes (the table is {rows * dim * 4})"
 
 
-def test_relu_dense_backward_matches_keras_and_is_chosen_for_bfloat16():
-    """The MLPs' one-pass ReLU + bias backward (model.ReluDense, the compiled kernel) gives Keras
-    Dense's forward values and gradients: the same in float32 (to rounding), and in bfloat16 no
-    farther from the float32 gradients than TensorFlow's own ops (its bias sums run in float32)."""
+def test_relu_dense_backward_matches_keras_and_is_chosen_on_the_cpu():
+    """The MLPs' CPU backward (model.ReluDense: the input gradient by Einsum, the ReLU + bias gradient
+    by TensorFlow's ops or in one pass of the compiled kernel) gives Keras Dense's forward values and
+    gradients: the same in float32 (to rounding), and in bfloat16 no farther from the float32
+    gradients than TensorFlow's own ops (the kernel's bias sums run in float32)."""
     from factory import mlp_backward_here
     from model import Mlp
     from recsys.runtime.custom_ops import op_package
 
     if not op_package.relu_dropout_kernel_available():
         pytest.skip(f"the compiled op library is not built: {op_package.BUILD_HINT}")
-    assert (mlp_backward_here(tf.bfloat16), mlp_backward_here(tf.float32)) == ("custom_cpu", "tensorflow")
+    assert (mlp_backward_here(tf.bfloat16), mlp_backward_here(tf.float32)) == ("custom_cpu", "cpu")
     x = tf.random.stateless_normal([256, 16], [1, 2])
 
-    def values_and_gradients(policy, fused):
+    def values_and_gradients(policy, backward):
         tf.keras.mixed_precision.set_global_policy(policy)
         try:
-            mlp = Mlp([64, 32, 1], linear_last=True, name="mlp", seed=3, fused_backward=fused)
+            mlp = Mlp([64, 32, 1], linear_last=True, name="mlp", seed=3, backward=backward)
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 y = tf.cast(mlp(x), tf.float32)
@@ -245,13 +246,15 @@ def test_relu_dense_backward_matches_keras_and_is_chosen_for_bfloat16():
         finally:
             tf.keras.mixed_precision.set_global_policy("float32")
 
-    truth_y, truth = values_and_gradients("float32", False)
-    fused_y, fused = values_and_gradients("float32", True)
-    np.testing.assert_allclose(fused_y, truth_y, rtol=1e-6)
-    for got, want in zip(fused, truth):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(tf.reduce_max(tf.abs(want))))
-    (_, keras_bf16), (_, fused_bf16) = values_and_gradients("mixed_bfloat16", False), \
-        values_and_gradients("mixed_bfloat16", True)
+    truth_y, truth = values_and_gradients("float32", "tensorflow")
+    for backward in ("cpu", "custom_cpu"):
+        cpu_y, cpu = values_and_gradients("float32", backward)
+        np.testing.assert_allclose(cpu_y, truth_y, rtol=1e-6)
+        for got, want in zip(cpu, truth):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(tf.reduce_max(tf.abs(want))),
+                                       err_msg=backward)
+    (_, keras_bf16), (_, fused_bf16) = values_and_gradients("mixed_bfloat16", "tensorflow"), \
+        values_and_gradients("mixed_bfloat16", "custom_cpu")
     for keras_grad, fused_grad, want in zip(keras_bf16, fused_bf16, truth):
         scale = float(tf.reduce_max(tf.abs(want)))
         assert float(tf.reduce_max(tf.abs(fused_grad - want))) <= float(tf.reduce_max(tf.abs(keras_grad - want))) + 1e-3 * scale

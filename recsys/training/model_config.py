@@ -23,7 +23,7 @@ CROSS = "cross"
 SHAPE = "shape"  # metadata key: the field fixes the weights' shapes
 CROSS_SHAPE = "cross"  # ... only when the model uses the cross network
 FLAG = "flag"  # metadata key: main.py's flag for the field, when it is not the field's name
-MLP_BACKWARDS = ("tensorflow", "custom_cpu")  # DlrmConfig.mlp_backward
+MLP_BACKWARDS = ("tensorflow", "cpu", "custom_cpu")  # DlrmConfig.mlp_backward
 
 
 @dataclass(kw_only=True)
@@ -98,8 +98,9 @@ class DlrmConfig(DlrmSettings):
     host_tables: List[int] = field(default_factory=list)  # offloaded to host memory (the plan decides)
     hotness: List[int] = field(default_factory=list)  # ids per sample of every feature (empty: all one-hot)
     poolings: List[str] = field(default_factory=list)  # 'sum' or 'mean' per feature (empty: all 'sum')
-    # The MLPs' ReLU + bias backward pass: TensorFlow's ops, or "custom_cpu" (one pass of the compiled
-    # kernel, model.ReluDense); where it can run, factory.model_config picks it. Same weights' shapes.
+    # The MLPs' backward pass: TensorFlow's gradients of Keras's Dense ("tensorflow"), or the CPU's
+    # (model.ReluDense): "cpu", TensorFlow's ReLU and bias gradient ops, "custom_cpu", one pass of the
+    # compiled kernel. factory.model_config picks it for the process. Same weights' shapes.
     mlp_backward: str = "tensorflow"
 
     @property
