@@ -256,13 +256,11 @@ def stack_blocks(blocks: Sequence[tf.Tensor], dim: int) -> tf.Tensor:
     return tf.reshape(tf.concat(list(blocks), axis=1), [-1, num_vectors, dim])
 
 
-def make_block_interaction(name: str, dim: int, regather_for_gradient: bool = False) -> BlockInteraction:
+def make_block_interaction(name: str, dim: int) -> BlockInteraction:
     """`make_interaction(name)` over vector blocks of width a multiple of `dim` (what the model has:
     the bottom-MLP output and each table's vectors). custom_cpu reads the blocks where they are
     (`DotBasedInteractBlocks`): no [B, F, D] copy is built in the forward pass, and each block gets
     its own gradient without splitting one; the other implementations take the concatenation.
-    `regather_for_gradient` (custom_cpu): blocks gathered from tables are gathered again for the
-    gradient instead of being held between the passes (see `dot_based_interact_blocks`).
     """
     stacked_interaction = make_interaction(name)
     if name != "custom_cpu":
@@ -270,7 +268,7 @@ def make_block_interaction(name: str, dim: int, regather_for_gradient: bool = Fa
 
     def interaction(blocks: Sequence[tf.Tensor]) -> tf.Tensor:
         with tf.device("/CPU:0"):
-            return _op.dot_based_interact_blocks(list(blocks), dim, regather_for_gradient)
+            return _op.dot_based_interact_blocks(list(blocks), dim)
 
     interaction.__name__ = "custom_cpu_block_interaction"
     return interaction

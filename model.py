@@ -163,11 +163,8 @@ class Dlrm(tf.keras.Model):
                                                        seed=config.seed, seed_offset=len(config.bottom_mlp_dims)
                                                        + len(config.top_mlp_dims))
                               if config.cross else None)
-        # The tables change only in the optimizer's update, after the gradient: the CPU interaction
-        # may gather their vectors again for the backward pass instead of holding them in between.
         self.interact = (None if config.cross else
-                         interaction.make_block_interaction(config.interaction, config.bottom_mlp_dims[-1],
-                                                           regather_for_gradient=True))
+                         interaction.make_block_interaction(config.interaction, config.bottom_mlp_dims[-1]))
         self.top_mlp = Mlp(config.top_mlp_dims, linear_last=True, name="top_mlp", seed=config.seed,
                            seed_offset=len(config.bottom_mlp_dims), backward=config.mlp_backward)
 

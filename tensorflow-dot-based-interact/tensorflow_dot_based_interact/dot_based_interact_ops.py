@@ -142,18 +142,12 @@ def _dot_based_interact_grad(op: tf.Operation, upstream_grad: tf.Tensor) -> list
     return [grad, bottom_mlp_grad]
 
 
-def dot_based_interact_blocks(blocks: list[tf.Tensor], dim: int, regather_for_gradient: bool = False) -> tf.Tensor:
+def dot_based_interact_blocks(blocks: list[tf.Tensor], dim: int) -> tf.Tensor:
     """The dot interaction of vectors held in several tensors, on the CPU, without concatenating them.
 
     `blocks[i]` is [B, k_i * dim]: each sample's k_i vectors side by side (block 0 starts with the
     bottom-MLP output). Equal to `dot_based_interact` on their concatenation reshaped to
     [B, sum k_i, dim], and so is the gradient, which comes back one tensor per block.
-
-    `regather_for_gradient`: in a graph, a block that is a gather from a resource variable is
-    gathered again for the gradient (once the upstream gradient exists), so the forward pass's gathered vectors die
-    as soon as the forward op has read them instead of living until the backward pass (the largest
-    tensors of a DLRM step). Only for callers that leave the variables unchanged until the gradient
-    has run, as a training step does: its update needs the gradient first.
     """
     blocks = [tf.convert_to_tensor(block) for block in blocks]
     _check_dtype(blocks[0])
@@ -161,32 +155,11 @@ def dot_based_interact_blocks(blocks: list[tf.Tensor], dim: int, regather_for_gr
         raise tf.errors.InvalidArgumentError(
             None, None, "DotBasedInteractBlocks needs every block in one dtype, got "
                         f"{', '.join(block.dtype.name for block in blocks)}")
-    return load_op_library().dot_based_interact_blocks(blocks=blocks, dim=dim,
-                                                        regather_for_gradient=regather_for_gradient)
-
-
-def _regathered(block: tf.Tensor) -> tf.Tensor:
-    """`block` gathered again from its variable when it is a ResourceGather's output in a graph;
-    `block` itself otherwise. The new gather reads the variable by its handle (no copy).
-    A gather cast to another dtype (fp32 tables, bf16 compute) is kept: holding the half-size copy
-    measured cheaper than gathering and casting again on the backward pass's critical path."""
-    if tf.executing_eagerly() or not hasattr(block, "op") or block.op.type != "ResourceGather":
-        return block
-    producer = block.op
-    with tf.device(producer.device):
-        return tf.raw_ops.ResourceGather(resource=producer.inputs[0], indices=producer.inputs[1],
-                                         dtype=producer.get_attr("dtype"), batch_dims=producer.get_attr("batch_dims"),
-                                         validate_indices=producer.get_attr("validate_indices"))
+    return load_op_library().dot_based_interact_blocks(blocks=blocks, dim=dim)
 
 
 @tf.RegisterGradient("DotBasedInteractBlocks")
 def _dot_based_interact_blocks_grad(op: tf.Operation, upstream_grad: tf.Tensor) -> list[tf.Tensor]:
-    """One gradient per block from the `DotBasedInteractBlocksGrad` op (over the blocks gathered
-    again where the forward op asked for it)."""
-    blocks = list(op.inputs)
-    if op.get_attr("regather_for_gradient"):
-        # Not before the upstream gradient exists: gathered at once, they would live as long as before.
-        with tf.control_dependencies([upstream_grad]):
-            blocks = [_regathered(block) for block in blocks]
-    return load_op_library().dot_based_interact_blocks_grad(blocks=blocks, upstream_grad=upstream_grad,
+    """One gradient per block from the `DotBasedInteractBlocksGrad` op."""
+    return load_op_library().dot_based_interact_blocks_grad(blocks=list(op.inputs), upstream_grad=upstream_grad,
                                                              dim=op.get_attr("dim"))

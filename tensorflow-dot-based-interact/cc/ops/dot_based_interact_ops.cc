@@ -119,7 +119,6 @@ REGISTER_OP("DotBasedInteractBlocks")
     .Attr("T: {float, half, bfloat16}")
     .Attr("N: int >= 1")
     .Attr("dim: int >= 1")
-    .Attr("regather_for_gradient: bool = false")
     .Input("blocks: N * T")
     .Output("output: T")
     .SetShapeFn(BlocksShape)
@@ -127,9 +126,7 @@ REGISTER_OP("DotBasedInteractBlocks")
 DotBasedInteract over vectors held in several tensors (CPU): blocks[i] is [B, k_i * dim], sample
 b's k_i vectors side by side; the F = sum k_i vectors in block order are the interaction input,
 block 0 starting with the bottom-MLP output. Equal to DotBasedInteract on the [B, F, dim]
-concatenation, without building it. regather_for_gradient is read by the Python gradient only:
-blocks gathered from resource variables are gathered again for the gradient instead of being kept
-alive between the passes (for callers that do not change the variables in between).
+concatenation, without building it.
 )doc");
 
 REGISTER_OP("DotBasedInteractBlocksGrad")
