@@ -97,16 +97,16 @@ class Mlp(tf.keras.layers.Layer):
         for i, width in enumerate(widths):
             linear = i == len(widths) - 1 and linear_last
             layer_seed = (seed * 1_000_003 + seed_offset + i) * 2
-            initializers = dict(
+            layer_args = dict(
                 kernel_initializer=tf.keras.initializers.GlorotNormal(seed=layer_seed),
                 bias_initializer=tf.keras.initializers.RandomNormal(stddev=math.sqrt(1.0 / width),
                                                                     seed=layer_seed + 1),
                 name=f"dense_{i}")
             if linear or backward == "tensorflow":
-                layer = tf.keras.layers.Dense(width, activation=None if linear else "relu", **initializers)
+                layer = tf.keras.layers.Dense(width, activation=None if linear else "relu", **layer_args)
             else:
                 layer = ReluDense(width, activation="relu", compiled_relu_grad=backward == "custom_cpu",
-                                  **initializers)
+                                  **layer_args)
             self.dense_layers.append(layer)
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
