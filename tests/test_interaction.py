@@ -341,15 +341,16 @@ def test_blocks_op_equals_the_op_on_the_concatenation(vectors_per_block: list[in
 
 
 @requires_op
-def test_blocks_gradient_reuses_dead_blocks_without_changing_results() -> None:
-    """In a tf.function the gradient kernel may write into the gathered blocks' buffers (nothing
-    reads them after it): the results equal the stacked op's, and the inputs stay intact."""
+@pytest.mark.parametrize("vectors_per_block", [[1, 2, 3], [6]], ids=["3blocks", "1block"])
+def test_blocks_gradient_reuses_dead_blocks_without_changing_results(vectors_per_block: list[int]) -> None:
+    """In a tf.function the gradient kernel may write into the blocks' buffers (nothing reads them
+    after it), a single block included: the results equal the stacked op's, and the inputs stay intact."""
     package = custom_ops.import_op_package()
     inputs = random_inputs((64, 6, 16), seed=9)
 
     @tf.function
     def blocks_gradient(values: tf.Tensor) -> list[tf.Tensor]:
-        blocks = [block * 1.0 for block in split_into_blocks(values, [1, 2, 3])]  # fresh buffers
+        blocks = [block * 1.0 for block in split_into_blocks(values, vectors_per_block)]  # fresh buffers
         with tf.GradientTape() as tape:
             tape.watch(blocks)
             loss = tf.reduce_sum(package.dot_based_interact_blocks(blocks, 16))
@@ -358,7 +359,7 @@ def test_blocks_gradient_reuses_dead_blocks_without_changing_results() -> None:
     before = inputs.numpy().copy()
     _, reference = forward_and_gradient(package.dot_based_interact, inputs,
                                         tf.ones([64, interaction.interaction_output_width(6, 16)]))
-    for grad, expected in zip(blocks_gradient(inputs), split_into_blocks(reference, [1, 2, 3])):
+    for grad, expected in zip(blocks_gradient(inputs), split_into_blocks(reference, vectors_per_block)):
         np.testing.assert_array_equal(grad.numpy(), expected.numpy())
     np.testing.assert_array_equal(inputs.numpy(), before)
 

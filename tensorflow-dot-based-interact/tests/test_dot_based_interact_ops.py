@@ -18,7 +18,7 @@ BFLOAT16 = tf.bfloat16.as_numpy_dtype
 
 @pytest.mark.parametrize("dtype, tolerance", [(np.float32, 1e-5), (np.float16, 2e-3), (BFLOAT16, 4e-3)],
                          ids=["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("shape", [(5, 27, 128), (3, 7, 13), (2, 40, 260), (4, 1, 8)])
+@pytest.mark.parametrize("shape", [(5, 27, 128), (3, 9, 64), (2, 6, 16), (3, 7, 13), (2, 40, 260), (4, 1, 8)])
 @pytest.mark.parametrize("separate_bottom", [False, True], ids=["row0", "separate_bottom"])
 def test_forward_and_gradients_match_numpy(shape: tuple[int, int, int], dtype: type, tolerance: float,
                                            separate_bottom: bool) -> None:
