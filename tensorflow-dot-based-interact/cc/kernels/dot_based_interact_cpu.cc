@@ -8,11 +8,14 @@
 // pass computes 1.5x faster in L1 on Zen 4).
 // Half and bfloat16 inputs are widened to fp32 per sample and results rounded once at the end.
 // At the Criteo shape the op is bound by memory, not arithmetic, so two things keep the memory
-// busy: the next sample's lines are requested a few at a time while the current sample computes
-// (NextSampleLines; asking for all 216 at once, as an earlier version did, made the forward pass
-// 10% slower on Zen 4), and fp32 gradients are written with non-temporal stores, which do not
-// first read the lines they overwrite (StreamFloats). Measured on Zen 4, 2 threads, batch 2048:
-// forward 1005 -> about 720 ns a sample, backward 1960 -> about 1220.
+// busy: the next sample's lines are requested into L2 a few at a time while the current sample
+// computes (NextSampleLines; asking for all 216 at once into L1, as an earlier version did, made
+// the forward pass 10% slower on Zen 4), and fp32 gradients are written with non-temporal stores,
+// which do not first read the lines they overwrite (StreamFloats). Measured on Zen 4, 2 threads,
+// batch 2048, in a standalone harness: forward 1005 -> about 720 ns a sample, backward 1960 ->
+// about 1220. A sample held in several blocks is still copied into one contiguous scratch sample
+// first: reading the rows where they lie (27 blocks, one per table) measured no faster, and the
+// training step's backward pass slower, as rows of one sample in different blocks can share cache sets.
 // (GCC >= 11 or Clang: vector extensions and target_clones on x86-64.)
 #include <algorithm>
 #include <cstring>
@@ -81,9 +84,11 @@ DBI_INLINE void HorizontalSums4(const Vec* v, float* sums) {
 }
 
 // The next sample's memory (one range per input block, and in the backward pass the next
-// upstream-gradient row), requested line by line in step with the current sample's work: the
-// hardware prefetcher alone starts each sample's lines too late, and asking for all of them at
-// once floods the cache's miss queue.
+// upstream-gradient row), requested into L2 line by line in step with the current sample's work:
+// the hardware prefetcher alone starts each sample's lines too late (with one block per table it
+// cannot follow 27 streams), asking for all of them at once floods the miss queue, and bringing
+// them into L1 evicts the sample being computed (on Zen 4, 27 blocks: about 1.2 against 1.5 us a
+// sample).
 class NextSampleLines {
  public:
   void Clear() {
@@ -101,7 +106,7 @@ class NextSampleLines {
   DBI_INLINE void RequestUpTo(int64_t done, int64_t total) {
     const int64_t target = total_lines_ * done / total;
     for (; issued_ < target; ++issued_) {
-      __builtin_prefetch(ranges_[range_].first + offset_);
+      __builtin_prefetch(ranges_[range_].first + offset_, 0, 2);  // into L2 (T1)
       offset_ += kLineBytes;
       if (offset_ >= ranges_[range_].second) {
         ++range_;
