@@ -542,10 +542,20 @@ def run_mfu_rows(steps: int) -> None:
 
 
 def add_mfu(rows: list, peaks: dict) -> list:
-    """`rows` with the machine's matmul peak of their precision and their model-FLOP utilisation of it."""
+    """`rows` with the machine's matmul peak of their precision and their model-FLOP utilisation of it.
+
+    Exits before anything is saved when a row would exceed 1: every worker's peak measurement of
+    that precision was then disturbed (seen once on a shared VM: a bf16 peak of 215 GFLOP/s where
+    the same hour measured 362-406), and the row would record a utilisation that cannot be."""
     for r in rows:
         r["machine_matmul_flops_per_s"] = peaks[r["precision"]]
         r["mfu"] = r["achieved_flops_per_s"] / peaks[r["precision"]]
+    impossible = [r for r in rows if r["mfu"] > 1.0]
+    if impossible:
+        r = impossible[0]
+        sys.exit(f"bench.train: the {r['precision']} matmul peak measured {peaks[r['precision']] / 1e9:.1f} GFLOP/s, "
+                 f"below the {r['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s the batch-{r['batch_size']} step reached "
+                 f"(MFU {r['mfu']:.2f}): the peak measurements were disturbed; nothing was saved, rerun on a quiet machine")
     return rows
 
 
