@@ -249,7 +249,7 @@ DBI_INLINE void CombineAllColumns(const float* coefficients, const float* sample
   }
   for (; d + kLanes <= dim; d += kLanes) CombineRows<kRows, 1>(coefficients, sample, num_vectors, dim, d, out);
   for (int r = 0; r < kRows; ++r) {
-    for (int64_t tail = d; tail < dim; ++tail) {
+    for (int64_t tail = dim - dim % kLanes; tail < dim; ++tail) {
       float sum = 0.0f;
       for (int64_t p = 0; p < num_vectors; ++p) sum += coefficients[r * num_vectors + p] * sample[p * dim + tail];
       out[r * dim + tail] = sum;
