@@ -11,7 +11,7 @@
 // busy: the next sample's lines are requested into L2 a few at a time while the current sample
 // computes (NextSampleLines; asking for all 216 at once into L1, as an earlier version did, made
 // the forward pass 10% slower on Zen 4), and fp32 gradients are written with non-temporal stores,
-// which do not first read the lines they overwrite (StreamFloats). Measured on Zen 4, 2 threads,
+// which do not first read the lines they overwrite (GradRows). Measured on Zen 4, 2 threads,
 // batch 2048, in a standalone harness: forward 1005 -> about 720 ns a sample, backward 1960 ->
 // about 1220. A sample held in several blocks is still copied into one contiguous scratch sample
 // first: reading the rows where they lie (27 blocks, one per table) measured no faster, and the
@@ -219,11 +219,34 @@ void SamplePairs(const float* sample, int64_t num_vectors, int64_t dim, float* p
   });
 }
 
+// Where a sample's gradient goes: row p to rows[p] (D floats each), plus `row0_addend` (the
+// bottom MLP's pass-through gradient, or null) added to row 0. With `stream` the rows are written
+// with non-temporal stores (fp32 output rows, 16-byte aligned): a plain store first reads the line
+// it overwrites, half again the backward pass's traffic. Callers end with FinishStreaming.
+struct GradRows {
+  float* const* rows;
+  const float* row0_addend;
+  bool stream;
+};
+
+DBI_INLINE void StoreVec(float* destination, Vec value, bool stream) {
+#if defined(__x86_64__)
+  if (stream) {
+    __m128 halves[2];
+    std::memcpy(halves, &value, sizeof(value));
+    _mm_stream_ps(destination, halves[0]);
+    _mm_stream_ps(destination + 4, halves[1]);
+    return;
+  }
+#endif
+  Store(destination, value);
+}
+
 // out rows r < kRows = sum over p of coefficients[r * F + p] * x_p, for columns
-// [d, d + kChunks * kLanes) of one [F, D] sample.
+// [d, d + kChunks * kLanes) of one [F, D] sample; out.rows[r] is output row r.
 template <int kRows, int kChunks>
 DBI_INLINE void CombineRows(const float* coefficients, const float* sample, int64_t num_vectors, int64_t dim,
-                            int64_t d, float* out) {
+                            int64_t d, const GradRows& out) {
   Vec sums[kRows][kChunks] = {};
   for (int64_t p = 0; p < num_vectors; ++p) {
     Vec chunks[kChunks];
@@ -233,15 +256,18 @@ DBI_INLINE void CombineRows(const float* coefficients, const float* sample, int6
       for (int c = 0; c < kChunks; ++c) sums[r][c] += coefficient * chunks[c];
     }
   }
+  if (out.row0_addend != nullptr) {
+    for (int c = 0; c < kChunks; ++c) sums[0][c] += Load(out.row0_addend + d + c * kLanes);
+  }
   for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kChunks; ++c) Store(out + r * dim + d + c * kLanes, sums[r][c]);
+    for (int c = 0; c < kChunks; ++c) StoreVec(out.rows[r] + d + c * kLanes, sums[r][c], out.stream);
   }
 }
 
 // CombineRows over all D columns of kRows output rows, the last (< kLanes) columns in scalar.
 template <int kRows>
 DBI_INLINE void CombineAllColumns(const float* coefficients, const float* sample, int64_t num_vectors,
-                                  int64_t dim, float* out) {
+                                  int64_t dim, const GradRows& out) {
   constexpr int kChunks = 4;
   int64_t d = 0;
   for (; d + kChunks * kLanes <= dim; d += kChunks * kLanes) {
@@ -252,15 +278,16 @@ DBI_INLINE void CombineAllColumns(const float* coefficients, const float* sample
     for (int64_t tail = dim - dim % kLanes; tail < dim; ++tail) {
       float sum = 0.0f;
       for (int64_t p = 0; p < num_vectors; ++p) sum += coefficients[r * num_vectors + p] * sample[p * dim + tail];
-      out[r * dim + tail] = sum;
+      if (r == 0 && out.row0_addend != nullptr) sum += out.row0_addend[tail];
+      out.rows[r][tail] = sum;
     }
   }
 }
 
 // grad = S x for one [F, D] fp32 sample, S the symmetric F x F matrix (zero diagonal) of the
-// pair gradients g_ij (i > j, in PairColumn order), built in `coefficients`.
+// pair gradients g_ij (i > j, in PairColumn order), built in `coefficients`; written to `grad`.
 DBI_INLINE void SampleGradOfWidth(const float* sample, const float* pair_grads, int64_t num_vectors, int64_t dim,
-                                  float* coefficients, float* grad, NextSampleLines& next) {
+                                  float* coefficients, const GradRows& grad, NextSampleLines& next) {
   for (int64_t i = 0; i < num_vectors; ++i) {
     coefficients[i * num_vectors + i] = 0.0f;
     for (int64_t j = 0; j < i; ++j) {
@@ -271,38 +298,26 @@ DBI_INLINE void SampleGradOfWidth(const float* sample, const float* pair_grads, 
   }
   constexpr int kRows = 3;
   int64_t k = 0;
+  // Rows k.. of the gradient: the addend belongs to row 0 only.
+  const auto rows_from = [&](int64_t first) DBI_LAMBDA_INLINE {
+    return GradRows{grad.rows + first, first == 0 ? grad.row0_addend : nullptr, grad.stream};
+  };
   for (; k + kRows <= num_vectors; k += kRows) {
-    CombineAllColumns<kRows>(coefficients + k * num_vectors, sample, num_vectors, dim, grad + k * dim);
+    CombineAllColumns<kRows>(coefficients + k * num_vectors, sample, num_vectors, dim, rows_from(k));
     next.RequestUpTo(k + kRows, num_vectors);
   }
   const float* last_coefficients = coefficients + k * num_vectors;
-  if (num_vectors - k == 2) CombineAllColumns<2>(last_coefficients, sample, num_vectors, dim, grad + k * dim);
-  if (num_vectors - k == 1) CombineAllColumns<1>(last_coefficients, sample, num_vectors, dim, grad + k * dim);
+  if (num_vectors - k == 2) CombineAllColumns<2>(last_coefficients, sample, num_vectors, dim, rows_from(k));
+  if (num_vectors - k == 1) CombineAllColumns<1>(last_coefficients, sample, num_vectors, dim, rows_from(k));
   next.RequestUpTo(num_vectors, num_vectors);
 }
 
 DBI_MULTIVERSIONED
 void SampleGrad(const float* sample, const float* pair_grads, int64_t num_vectors, int64_t dim, float* coefficients,
-                float* grad, NextSampleLines& next) {
+                const GradRows& grad, NextSampleLines& next) {
   WithConstantWidth(dim, [&](auto width) DBI_LAMBDA_INLINE {
     SampleGradOfWidth(sample, pair_grads, num_vectors, width, coefficients, grad, next);
   });
-}
-
-// Writes `count` floats with non-temporal stores where `destination` is 16-byte aligned: a
-// gradient is written once and read by a later op, so reading the lines it overwrites into the
-// cache first (what a plain store does) would add half again to the backward pass's traffic.
-// Callers end their writes with FinishStreaming.
-void StreamFloats(const float* values, int64_t count, float* destination) {
-#if defined(__x86_64__)
-  if (reinterpret_cast<uintptr_t>(destination) % 16 == 0) {
-    int64_t k = 0;
-    for (; k + 4 <= count; k += 4) _mm_stream_ps(destination + k, _mm_loadu_ps(values + k));
-    std::copy(values + k, values + count, destination + k);
-    return;
-  }
-#endif
-  std::copy(values, values + count, destination);
 }
 
 // Orders this thread's non-temporal stores before what follows (the op's completion).
@@ -389,16 +404,6 @@ void StoreAs(const float* values, int64_t count, T* destination) {
   }
 }
 
-// StoreAs for a gradient: fp32 is streamed past the cache (StreamFloats).
-template <typename T>
-void StreamAs(const float* values, int64_t count, T* destination) {
-  if constexpr (std::is_same_v<T, float>) {
-    StreamFloats(values, count, destination);
-  } else {
-    Narrow(values, count, destination);
-  }
-}
-
 // Runs `per_sample(begin, end)` over the batch on TF's intra-op thread pool.
 template <typename Work>
 void ShardBatch(tensorflow::OpKernelContext* context, const InteractShape& shape, Work per_sample) {
@@ -419,12 +424,12 @@ struct VectorBlock {
 template <typename T>
 using InputBlocks = std::vector<VectorBlock<const T>>;
 
-// The [F, D] fp32 sample b of `blocks`: the block itself when it is one fp32 block, else its
-// vectors copied (widened) into `scratch`, where one sample fits in L1.
+// The [F, D] fp32 sample b of `blocks`: the block itself when it is one fp32 block (unless
+// `copy`), else its vectors copied (widened) into `scratch`, where one sample fits in L1.
 template <typename T>
-const float* GatherSample(const InputBlocks<T>& blocks, int64_t b, int64_t dim, float* scratch) {
+const float* GatherSample(const InputBlocks<T>& blocks, int64_t b, int64_t dim, float* scratch, bool copy = false) {
   if constexpr (std::is_same_v<T, float>) {
-    if (blocks.size() == 1) return blocks[0].data + b * blocks[0].vectors * dim;
+    if (blocks.size() == 1 && !copy) return blocks[0].data + b * blocks[0].vectors * dim;
   }
   float* out = scratch;
   for (const auto& block : blocks) {
@@ -441,8 +446,8 @@ const float* GatherSample(const InputBlocks<T>& blocks, int64_t b, int64_t dim, 
 }
 
 template <typename T>
-bool NeedsSampleScratch(const InputBlocks<T>& blocks) {
-  return !std::is_same_v<T, float> || blocks.size() > 1;
+bool NeedsSampleScratch(const InputBlocks<T>& blocks, bool copy = false) {
+  return !std::is_same_v<T, float> || blocks.size() > 1 || copy;
 }
 
 // Sets `lines` to sample b's memory in every block, or to nothing when b is past the shard's end.
@@ -482,38 +487,55 @@ void InteractBlocks(tensorflow::OpKernelContext* context, const InteractShape& s
 
 // Backward over the same blocks: `grads` has one block per input block. bottom_mlp_grad (may be
 // null) receives the first D upstream columns; with `fold_bottom_mlp_grad` they are also added to
-// the gradient of vector 0. A sample's gradient is computed in scratch (L1) and then streamed to
-// `grads`, so a gradient block may share its input block's buffer: sample b is read before its
-// gradient overwrites it, and no other sample reads it.
+// the gradient of vector 0. fp32 gradients are written straight to `grads`, streamed past the
+// cache where every row is 16-byte aligned; 16-bit ones go through an fp32 scratch and are
+// rounded. A gradient block may share its input block's buffer: the sample is then copied into
+// scratch first, so that no row is overwritten before the last one is read.
 template <typename T>
 void InteractBlocksGrad(tensorflow::OpKernelContext* context, const InteractShape& shape, bool fold_bottom_mlp_grad,
                         const InputBlocks<T>& blocks, const T* upstream_grad, const std::vector<VectorBlock<T>>& grads,
                         T* bottom_mlp_grad) {
   const int64_t sample_size = shape.num_vectors * shape.dim;
   const int64_t num_pairs = NumPairs(shape.num_vectors);
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  bool shares_input = false, aligned = shape.dim % 4 == 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    shares_input |= grads[i].data == blocks[i].data;
+    aligned &= reinterpret_cast<uintptr_t>(grads[i].data) % 16 == 0;
+  }
   ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
-    std::vector<float> gathered(NeedsSampleScratch(blocks) ? sample_size : 0);
-    std::vector<float> widened_upstream(std::is_same_v<T, float> ? 0 : shape.dim + num_pairs);
-    std::vector<float> sample_grad(sample_size);
+    std::vector<float> gathered(NeedsSampleScratch(blocks, shares_input) ? sample_size : 0);
+    std::vector<float> widened_upstream(kFloat ? 0 : shape.dim + num_pairs);
+    std::vector<float> sample_grad(kFloat ? 0 : sample_size);
+    std::vector<float*> grad_rows(shape.num_vectors);
     std::vector<float> coefficients(shape.num_vectors * shape.num_vectors);
     NextSampleLines next;
     for (int64_t b = begin; b < end; ++b) {
       const T* upstream_row = upstream_grad + b * shape.output_width;
       if (bottom_mlp_grad != nullptr) std::copy(upstream_row, upstream_row + shape.dim, bottom_mlp_grad + b * shape.dim);
-      const float* sample = GatherSample(blocks, b, shape.dim, gathered.data());
+      const float* sample = GatherSample(blocks, b, shape.dim, gathered.data(), shares_input);
       const float* upstream = AsFloat(upstream_row, shape.dim + num_pairs, widened_upstream.data());
       ListSample(blocks, b + 1, end, shape.dim, next);
       if (b + 1 < end) next.Add(upstream_row + shape.output_width, (shape.dim + num_pairs) * sizeof(T));
-      SampleGrad(sample, upstream + shape.dim, shape.num_vectors, shape.dim, coefficients.data(), sample_grad.data(),
-                 next);
-      if (fold_bottom_mlp_grad) {
-        for (int64_t d = 0; d < shape.dim; ++d) sample_grad[d] += upstream[d];
-      }
-      const float* from = sample_grad.data();
+      int64_t p = 0;
       for (const auto& block : grads) {
-        const int64_t count = block.vectors * shape.dim;
-        StreamAs(from, count, block.data + b * count);
-        from += count;
+        for (int64_t v = 0; v < block.vectors; ++v, ++p) {
+          if constexpr (kFloat) {
+            grad_rows[p] = block.data + (b * block.vectors + v) * shape.dim;
+          } else {
+            grad_rows[p] = sample_grad.data() + p * shape.dim;
+          }
+        }
+      }
+      const GradRows out{grad_rows.data(), fold_bottom_mlp_grad ? upstream : nullptr, kFloat && aligned};
+      SampleGrad(sample, upstream + shape.dim, shape.num_vectors, shape.dim, coefficients.data(), out, next);
+      if constexpr (!kFloat) {
+        const float* from = sample_grad.data();
+        for (const auto& block : grads) {
+          const int64_t count = block.vectors * shape.dim;
+          Narrow(from, count, block.data + b * count);
+          from += count;
+        }
       }
     }
     FinishStreaming();
