@@ -507,7 +507,10 @@ void InteractBlocksGrad(tensorflow::OpKernelContext* context, const InteractShap
     std::vector<float> gathered(NeedsSampleScratch(blocks, shares_input) ? sample_size : 0);
     std::vector<float> widened_upstream(kFloat ? 0 : shape.dim + num_pairs);
     std::vector<float> sample_grad(kFloat ? 0 : sample_size);
-    std::vector<float*> grad_rows(shape.num_vectors);
+    std::vector<float*> grad_rows(shape.num_vectors);  // 16-bit: the scratch's rows, for every sample
+    if constexpr (!kFloat) {
+      for (int64_t p = 0; p < shape.num_vectors; ++p) grad_rows[p] = sample_grad.data() + p * shape.dim;
+    }
     std::vector<float> coefficients(shape.num_vectors * shape.num_vectors);
     NextSampleLines next;
     for (int64_t b = begin; b < end; ++b) {
@@ -517,14 +520,10 @@ void InteractBlocksGrad(tensorflow::OpKernelContext* context, const InteractShap
       const float* upstream = AsFloat(upstream_row, shape.dim + num_pairs, widened_upstream.data());
       ListSample(blocks, b + 1, end, shape.dim, next);
       if (b + 1 < end) next.Add(upstream_row + shape.output_width, (shape.dim + num_pairs) * sizeof(T));
-      int64_t p = 0;
-      for (const auto& block : grads) {
-        for (int64_t v = 0; v < block.vectors; ++v, ++p) {
-          if constexpr (kFloat) {
-            grad_rows[p] = block.data + (b * block.vectors + v) * shape.dim;
-          } else {
-            grad_rows[p] = sample_grad.data() + p * shape.dim;
-          }
+      if constexpr (kFloat) {  // fp32: sample b's rows in the gradient blocks
+        int64_t p = 0;
+        for (const auto& block : grads) {
+          for (int64_t v = 0; v < block.vectors; ++v) grad_rows[p++] = block.data + (b * block.vectors + v) * shape.dim;
         }
       }
       const GradRows out{grad_rows.data(), fold_bottom_mlp_grad ? upstream : nullptr, kFloat && aligned};
