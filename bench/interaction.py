@@ -1,11 +1,15 @@
 """Benchmark of the dot interaction on the CPU: compiled op vs the TF-ops implementation.
 
-Times forward+backward (and forward alone) of each implementation in a tf.function at the
-Criteo shape, in float32, float16 and bfloat16 (the --amp dtype on a CPU), after warm-up, and writes bench/results/interaction.json with `speedup_vs_tf`
-= median TF-ops wall-clock time / median custom-op time for fp32 forward+backward. The same
-ratio of process CPU time is recorded too: on a shared machine it varies less with other load.
-Beside the fp32 forward pass it times a plain copy of the input (read and write, on TensorFlow's
-threads) and records what share of that bandwidth the op reaches for the bytes it must move.
+Times forward+backward (and forward alone) of each implementation in a tf.function at the Criteo
+shape, in float32, float16 and bfloat16 (the --amp dtype on a CPU), after warm-up, and writes
+bench/results/interaction.json with `speedup_vs_tf` = median TF-ops wall-clock time / median
+custom-op time for fp32 forward+backward. Each timed call runs the step --chain times back to back,
+each run on its own input, and times are per run: a call's fixed cost (`call_overhead_ms`, about
+0.3 ms on a 2-core VM) is not the op's, and inside a training step the op runs between other ops.
+The same ratio of process CPU time is recorded too: on a shared machine it varies less with other
+load. Beside the fp32 forward pass it times a plain copy of the input (read and write, on
+TensorFlow's threads) and records what share of that bandwidth the op reaches for the bytes it
+must move. The CPU's model and kind are recorded with the result.
 """
 from __future__ import annotations
 
@@ -23,36 +27,69 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 import tensorflow as tf  # noqa: E402
 
 import interaction  # noqa: E402
+from recsys.runtime.cpu_settings import cpu_kind, cpu_model_name, host_cpu_flags  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "interaction.json"
 
 
 def make_step(fn: interaction.Interaction, backward: bool) -> tf.types.experimental.GenericFunction:
-    """A tf.function running `fn`, plus its gradient w.r.t. the input when `backward`. The step
-    returns the loss beside the gradient: a function returning only the gradient of a sum would
-    have its forward pass pruned (the sum's gradient needs no forward value), timing the backward
-    pass alone."""
+    """A tf.function running `fn`, plus its gradient w.r.t. the input when `backward`, once on each
+    of its inputs in turn: each run waits for the one before (a control dependency), and a corner of
+    every run's results is returned, so that the graph optimizer neither merges nor prunes runs. One
+    call then pays TensorFlow's per-call overhead (about 0.3 ms on a 2-core VM, `call_overhead_ms`)
+    once for several runs, as the op does inside a training step. Each run yields the loss beside
+    the gradient: a function returning only the gradient of a sum would have its forward pass
+    pruned (the sum's gradient needs no forward value), timing the backward pass alone."""
     @tf.function
-    def step(inputs: tf.Tensor) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
-        if not backward:
-            return fn(inputs)
-        with tf.GradientTape() as tape:
-            tape.watch(inputs)
-            loss = tf.reduce_sum(fn(inputs))
-        return loss, tape.gradient(loss, inputs)
+    def step(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+        corners: list[tf.Tensor] = []
+        for run_input in inputs:
+            with tf.control_dependencies(corners[-1:]):
+                run_input = tf.identity(run_input)
+            if backward:
+                with tf.GradientTape() as tape:
+                    tape.watch(run_input)
+                    loss = tf.reduce_sum(fn(run_input))
+                corners.append(loss + tf.cast(tape.gradient(loss, run_input)[0, 0, 0], loss.dtype))
+            else:
+                corners.append(fn(run_input)[0, 0])
+        return corners
     return step
 
 
 def make_copy() -> tf.types.experimental.GenericFunction:
-    """A tf.function that reads its input and writes a new tensor of the same size (a multiply by a
-    variable, which the graph optimizer cannot fold away) on TensorFlow's threads: the machine's
-    copy bandwidth as a TensorFlow op reaches it, through the same call overhead as the steps."""
+    """A tf.function that reads each input and writes a new tensor of the same size (a multiply by
+    a variable, which the graph optimizer cannot fold away) on TensorFlow's threads, one input after
+    the other as in `make_step`: the machine's copy bandwidth as a TensorFlow op reaches it, through
+    the same call overhead as the steps."""
     scale = tf.Variable(1.0)
 
     @tf.function
-    def copy(inputs: tf.Tensor) -> tf.Tensor:
-        return inputs * tf.cast(scale, inputs.dtype)
+    def copy(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+        corners: list[tf.Tensor] = []
+        for run_input in inputs:
+            with tf.control_dependencies(corners[-1:]):
+                run_input = tf.identity(run_input)
+            corners.append((run_input * tf.cast(scale, run_input.dtype))[0, 0, 0])
+        return corners
     return copy
+
+
+def call_overhead_ms(calls: int = 200) -> float:
+    """Median wall-clock ms of calling a tf.function that does almost nothing: what every timed
+    call pays once, whatever it runs."""
+    @tf.function
+    def trivial(inputs: tf.Tensor) -> tf.Tensor:
+        return inputs + 1.0
+    value = tf.constant(0.0)
+    for _ in range(10):
+        trivial(value)
+    walls = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        trivial(value)
+        walls.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(walls)
 
 
 def bytes_moved(shape: list[int], itemsize: int, mode: str) -> int:
@@ -88,9 +125,13 @@ def time_alternating(steps: dict[str, tf.types.experimental.GenericFunction], in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", type=int, nargs=3, default=[2048, 27, 128], metavar=("B", "F", "D"))
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--budget", type=float, default=10.0, help="seconds of timed rounds per case, once 3 rounds are done")
+    parser.add_argument("--chain", type=int, default=4,
+                        help="runs of each step per timed call, each on its own input (times are per run)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"],
+                        choices=["float32", "float16", "bfloat16"], help="float32 is needed for the ratios")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     if not interaction.custom_op_available():
@@ -98,18 +139,21 @@ def main() -> None:
 
     implementations = {"tensorflow": interaction.make_interaction("tensorflow"),
                        "custom_cpu": interaction.make_interaction("custom_cpu")}
+    overhead_ms = call_overhead_ms()
     rows = []
     copy_bandwidth = {}
-    for dtype in (tf.float32, tf.float16, tf.bfloat16):
-        inputs = tf.cast(tf.random.uniform(args.shape, -1.0, 1.0, seed=0), dtype)
+    if "float32" not in args.dtypes:
+        parser.error("--dtypes must include float32: the recorded ratios and the copy bandwidth are fp32's")
+    for dtype in (tf.as_dtype(name) for name in args.dtypes):
+        inputs = [tf.cast(tf.random.uniform(args.shape, -1.0, 1.0, seed=run), dtype) for run in range(args.chain)]
         for mode in ("forward+backward", "forward"):
             steps = {name: make_step(fn, mode != "forward") for name, fn in implementations.items()}
             if dtype == tf.float32 and mode == "forward":
                 steps["copy"] = make_copy()
             for name, times in time_alternating(steps, inputs, args.warmup, args.repeats, args.budget).items():
-                wall, cpu = zip(*times)
+                wall, cpu = ([seconds / args.chain for seconds in column] for column in zip(*times))
                 if name == "copy":  # timed beside the fp32 forward pass, in the same rounds
-                    copy_bandwidth = {"bytes": 2 * inputs.shape.num_elements() * 4,
+                    copy_bandwidth = {"bytes": 2 * inputs[0].shape.num_elements() * 4,
                                       "median_ms": 1e3 * statistics.median(wall)}
                     copy_bandwidth["gb_per_s"] = copy_bandwidth["bytes"] / copy_bandwidth["median_ms"] / 1e6
                     continue
@@ -131,6 +175,9 @@ def main() -> None:
         "benchmark": "dot interaction, CPU",
         "shape": args.shape,
         "warmup": args.warmup,
+        "chain": args.chain,
+        "call_overhead_ms": overhead_ms,
+        "cpu": {"model": cpu_model_name(), "kind": cpu_kind(host_cpu_flags())},
         "cpu_threads": os.cpu_count(),
         "tensorflow": tf.__version__,
         "load_average_1min": os.getloadavg()[0],
@@ -150,7 +197,9 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"dot interaction on CPU, shape {tuple(args.shape)}, {os.cpu_count()} CPUs")
+    print(f"dot interaction on CPU ({result['cpu']['model']}, {result['cpu']['kind']}), shape {tuple(args.shape)}, "
+          f"{os.cpu_count()} CPUs; times per run, {args.chain} "
+          f"runs per call (a call alone costs {overhead_ms:.2f} ms)")
     print(f"{'implementation':<12} {'dtype':<8} {'mode':<17} {'runs':>5} {'median ms':>10} {'min ms':>8} "
           f"{'cpu ms':>8} {'speedup':>8} {'cpu speedup':>12}")
     for row in rows:

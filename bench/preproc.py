@@ -43,6 +43,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
+from recsys.runtime.cpu_settings import cpu_model_name
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "preproc.json")
 SCRIPT = os.path.join(REPO, "preproc", "prepare_dataset.sh")
@@ -292,15 +294,6 @@ def measure(lines_per_day: int, threshold: str, engines: List[str], repeats: int
     return results
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ("unknown" elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return "unknown"
-
-
 def versions() -> Dict[str, Optional[str]]:
     def first_line(command: List[str]) -> Optional[str]:
         try:
@@ -349,7 +342,7 @@ def main() -> None:
               "spark_master": f"local[{CORES}]", "cores": CORES, "num_days": NUM_DAYS, "machine_cpus": os.cpu_count(),
               "threshold": args.threshold, **versions(), "engines": runs, "summary": summary,
               "max_time_ratio": MAX_RATIO, "min_engine_over_plain": MIN_OVER_PLAIN,
-              "cpu_model": cpu_model(), "repeats": args.repeats, "engines_wrote_the_same_dataset": all(same.values()) if len(engines) > 1 else None,
+              "cpu_model": cpu_model_name(), "repeats": args.repeats, "engines_wrote_the_same_dataset": all(same.values()) if len(engines) > 1 else None,
               "command": " ".join(["python", "bench/preproc.py", *sys.argv[1:]])}
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:

@@ -29,6 +29,7 @@ import numpy as np
 from deployment.client import connect, free_ports, request_inputs, start_server, stop_server
 from deployment.contract import ContractError, example_batch
 from deployment.runtime import open_export
+from recsys.runtime.cpu_settings import cpu_model_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "bench" / "results" / "serving.json"
@@ -38,15 +39,6 @@ DEMO_EXPORT = REPO_ROOT / "demo_output" / "onnx_export"  # make demo's last step
 def percentiles(seconds: List[float]) -> Dict[str, float]:
     p50, p95, p99 = np.percentile(np.array(seconds) * 1e3, [50, 95, 99])
     return {"p50_ms": round(float(p50), 3), "p95_ms": round(float(p95), 3), "p99_ms": round(float(p99), 3)}
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (results compare only within one machine)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return "unknown"
 
 
 def time_in_process(export: Any, feed: Dict[str, np.ndarray], requests: int, seconds: float) -> Dict[str, Any]:
@@ -146,7 +138,7 @@ def main() -> None:
         stop_server(server)
     record = {"export": str(args.export), "model": export.contract.model, "protocol": args.protocol,
               "bounds": {"requests_per_cell": args.requests, "seconds_per_cell": args.seconds},
-              "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "cpu": cpu_model(),
+              "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "cpu": cpu_model_name(),
                        "load_average": os.getloadavg()}, "cells": cells}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     staging = args.output.with_suffix(".json.tmp")

@@ -144,15 +144,10 @@ LOW_MEMORY_ENV = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1", "MALLOC_MMAP_THRESHOLD_
 def cpu_description() -> dict:
     """The CPU the rows ran on: its model name and what bf16 units it has (the targets are relative to
     the same run, but the speed-ups depend on the machine: AMX makes bf16 far faster than AVX512-BF16)."""
-    from recsys.runtime.cpu_settings import CPUINFO_PATH, cpu_kind, host_cpu_flags
+    from recsys.runtime.cpu_settings import cpu_kind, cpu_model_name, host_cpu_flags
     from recsys.runtime.precision import host_cpu_bf16_support
 
-    try:
-        with open(CPUINFO_PATH) as f:
-            names = [line.partition(":")[2].strip() for line in f if line.startswith("model name")]
-    except OSError:
-        names = []
-    return {"model": names[0] if names else "unknown", "kind": cpu_kind(host_cpu_flags()),
+    return {"model": cpu_model_name(), "kind": cpu_kind(host_cpu_flags()),
             "bf16": host_cpu_bf16_support().evidence}
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List
+
+from recsys.runtime.cpu_settings import cpu_model_name
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "wd_preproc.json")
@@ -103,17 +104,6 @@ def timed(command: List[str], env: Dict[str, str]) -> float:
     return seconds
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--displays", type=int, default=100_000, help="generated displays (about 4.2 click rows each)")
@@ -143,7 +133,7 @@ def main() -> None:
     ratio = rate["engine"] / rate["plain"]
     result = {"displays": args.displays, "input_lines": lines, "threads": args.threads, "repeats": args.repeats,
               "seconds": runs, "best_seconds": best, "lines_per_s": rate, "engine_over_plain": ratio,
-              "goal": GOAL, "goal_met": ratio >= GOAL, "cpu_model": cpu_model(), "machine_cpus": os.cpu_count(),
+              "goal": GOAL, "goal_met": ratio >= GOAL, "cpu_model": cpu_model_name(), "machine_cpus": os.cpu_count(),
               "load_average_after": list(os.getloadavg()),
               "command": " ".join(["python", "bench/wd_preproc.py", *sys.argv[1:]])}
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -40,6 +39,7 @@ RESULTS = os.path.join(REPO, "bench", "results", "wd_train.json")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from recsys.runtime.cpu_settings import cpu_model_name  # noqa: E402
 from recsys.runtime.precision import host_cpu_bf16_support  # noqa: E402
 from wide_and_deep import features as F  # noqa: E402
 from wide_and_deep import wd_model  # noqa: E402
@@ -122,15 +122,6 @@ def timed_round_robin(runs: dict, data: list, warmup: int, steps: int) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        return names[0] if names else platform.processor()
-    except OSError:
-        return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch_size", type=int, default=131072)
@@ -158,7 +149,7 @@ def main() -> None:
     if bf16.supported:
         speedups["bf16_vs_keras_bf16"] = rate["ours_amp_bf16"] / rate["reference_keras_widedeep_bf16"]
         speedups["amp_vs_reference_cpu_mode"] = rate["ours_amp_bf16"] / rate["reference_keras_widedeep"]
-    result = {"batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "cpu": cpu_name(),
+    result = {"batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup, "cpu": cpu_model_name(),
               "threads": os.cpu_count(), "cpu_bf16": bf16.evidence, "load_average": os.getloadavg(), "rows": rows,
               "speedups": speedups, "target_speedup": 1.5,
               "command": f"python -m bench.wd_train --batch_size {args.batch_size} --steps {args.steps} "

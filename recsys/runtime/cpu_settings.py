@@ -61,6 +61,16 @@ def host_cpu_flags() -> Set[str]:
         return set()
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" where it cannot be read), recorded with
+    every benchmark result: results compare only within one machine."""
+    try:
+        with open(CPUINFO_PATH) as f:
+            return next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
 def cpu_kind(flags: Sequence[str]) -> str:
     """The CPU_KINDS entry a CPU with these /proc/cpuinfo flags belongs to, else OTHER_KIND."""
     present = set(flags)
