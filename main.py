@@ -23,6 +23,7 @@ from recsys.data import data_formats  # plain Python: the formats' names without
 from recsys.data.feature_spec import MLPERF_HOTNESS, MLPERF_ROW_CAP  # plain Python, as sharding
 from recsys.training.model_config import (  # plain Python: the settings' defaults
     DlrmSettings, TrainingSettings, flag_name, table_widths)
+from recsys.runtime.cpu_affinity import MODES as AFFINITY_MODES  # plain Python
 from recsys.sparse.sharding import STRATEGIES  # plain Python: importing it loads no TensorFlow
 
 if TYPE_CHECKING:  # TensorFlow loads only once the flags are parsed (--xla sets TF_XLA_FLAGS first)
@@ -115,6 +116,10 @@ flags.DEFINE_integer("inter_op_parallelism", None, "TF inter-op thread count (de
                      "this CPU kind and the ranks on the host; the `threads:` start-up line says which)")
 flags.DEFINE_integer("intra_op_parallelism", None, "TF intra-op thread count (default: on a CPU run, as measured for "
                      "this CPU kind and the ranks on the host; the `threads:` start-up line says which)")
+flags.DEFINE_enum("affinity", "auto", ["auto", *AFFINITY_MODES],
+                  "Which CPUs each rank runs on, by its local rank (recsys/runtime/cpu_affinity.py; every rank "
+                  "prints its CPUs). auto: several ranks on a host each get their own share of its cores, unless "
+                  "a launcher bound them; one rank keeps its CPUs")
 flags.DEFINE_integer("tf_gpu_memory_limit_gb", None,
                      "Memory budget (GiB) per rank for device-resident embedding state (tables, optimizer "
                      "slots, update transients); what does not fit is kept in host memory. Default: the "
@@ -1187,7 +1192,8 @@ def run(argv) -> int:
                                       + " " + os.environ.get("TF_XLA_FLAGS", "")).strip()
     return run_shell.run(run_shell.ShellConfig(log_path=FLAGS.log_path, user_errors=user_error_types,
                                                inter_op_threads=FLAGS.inter_op_parallelism,
-                                               intra_op_threads=FLAGS.intra_op_parallelism, cpu=FLAGS.cpu), run_job)
+                                               intra_op_threads=FLAGS.intra_op_parallelism, cpu=FLAGS.cpu,
+                                               affinity=FLAGS.affinity), run_job)
 
 
 def run_job(session) -> int:
@@ -1219,7 +1225,7 @@ FLAG_GROUPS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
         "keep_checkpoints", "saved_model_output_path", "saved_model_input_path", "save_input_signature")),
     ("Precision, devices and threads", (
         "amp", "fp16", "loss_scale", "xla", "cpu", "tf_gpu_memory_limit_gb", "cpu_offloading_threshold_gb",
-        "inter_op_parallelism", "intra_op_parallelism")),
+        "inter_op_parallelism", "intra_op_parallelism", "affinity")),
     ("Embeddings and parallelism", (
         "embedding_trainable", "embedding_zeros_initializer", "gpu_embedding_type", "cpu_embedding_type",
         "dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",

@@ -267,9 +267,11 @@ def worker(job: str, options: dict) -> dict:
     import tensorflow as tf
 
     from recsys.runtime import distributed as dist
+    from recsys.runtime.cpu_affinity import AUTO, apply_affinity
     from recsys.sparse.comm_model import StepLayout, step_collectives
 
     dist.init()
+    apply_affinity(AUTO, dist.local_rank(), dist.local_size())  # as the run shell binds DLRM's ranks by default
     tf.keras.utils.set_random_seed(0)
     rank, size = dist.rank(), dist.size()
     result: Dict[str, object] = {"rank": rank}

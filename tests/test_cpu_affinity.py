@@ -1,5 +1,6 @@
-"""cpu_affinity: the rule of each --affinity mode on topologies given as plain data, the sysfs reader, and
-binding a real process (every thread). The 2-rank run printing disjoint CPUs is in test_wd_train."""
+"""cpu_affinity: the rule of each --affinity mode on topologies given as plain data (DLRM's `auto` too),
+the sysfs reader, and binding a real process (every thread). The 2-rank runs printing disjoint CPUs
+are in test_wd_train (--affinity given) and test_main (DLRM's default, auto)."""
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import textwrap
 
 import pytest
 
-from recsys.runtime.cpu_affinity import MODES, apply_affinity, choose_cpus, describe, read_topology
+from recsys.runtime.cpu_affinity import MODES, apply_affinity, choose_cpus, describe, read_topology, resolve_auto
 from multiproc import REPO_ROOT
 
 ONE_SOCKET = {cpu: (0, cpu) for cpu in range(4)}  # 4 cores, one thread each
@@ -65,6 +66,22 @@ def test_unique_modes_are_disjoint_wherever_the_cores_suffice():
                     continue
                 chosen = [set(c) for c in shares(mode, ranks, topology)]
                 assert all(chosen) and sum(map(len, chosen)) == len(set().union(*chosen)), (mode, ranks, chosen)
+
+
+@pytest.mark.parametrize("ranks, topology, machine_cpus, expected", [
+    (1, ONE_SOCKET, 4, ("disabled", "one rank on this host")),
+    (2, ONE_SOCKET, 4, ("socket_unique_continuous", "2 ranks share this host")),
+    (4, ONE_SOCKET, 4, ("socket_unique_continuous", "4 ranks share this host")),
+    (2, {0: (0, 0), 1: (0, 1)}, 4, ("disabled", "a launcher bound it")),  # 2 of the machine's 4 CPUs
+    (3, {0: (0, 0), 1: (0, 1)}, 2, ("disabled", "3 ranks, too few cores for one each")),
+    (2, {0: (0, 0), 1: (0, 0)}, 2, ("disabled", "2 ranks, too few cores for one each")),  # one core's 2 threads
+    (4, TWO_SOCKETS, 8, ("socket_unique_continuous", "4 ranks share this host")),
+    (6, TWO_SOCKETS, 8, ("disabled", "6 ranks, too few cores for one each")),
+])
+def test_auto_gives_each_rank_a_core_of_its_own_or_leaves_the_cpus(ranks, topology, machine_cpus, expected):
+    """auto binds only where it gives every rank cores of its own: never one rank, a launcher's binding,
+    or more ranks than cores (two ranks on one core would run at half the speed of the others)."""
+    assert resolve_auto(ranks, topology, machine_cpus) == expected
 
 
 def test_bad_arguments():

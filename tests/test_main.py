@@ -1,6 +1,7 @@
 """main.py end to end: every mode, checkpoints, learning, 2-process data parallel (flag errors: test_flags.py)."""
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from recsys.training import checkpoint
 from factory import single_process_model
 from multiproc import REPO_ROOT, assert_ok, launch_env, run_horovod, run_python
+from recsys.runtime.cpu_affinity import choose_cpus, describe, read_topology, resolve_auto
 from recsys.runtime.precision import choose_precision, host_cpu_bf16_support
 from recsys.runtime.logger import read_dllogger_file
 
@@ -243,6 +245,12 @@ def test_two_process_training_matches_one_process_and_checkpoints_move_between_w
     assert_ok(two_ranks)
     # a one-process layout flag on several ranks is said, not silently dropped
     assert "--cpu_embedding_type fused: on 2 ranks each rank keeps its slices" in two_ranks.stdout + two_ranks.stderr
+    # --affinity auto: where this host has a core for each, the 2 ranks run on their own CPUs
+    topology = read_topology(sorted(os.sched_getaffinity(0)))
+    mode, why = resolve_auto(2, topology, os.cpu_count())
+    lines = dict(re.findall(r"--affinity auto \(.*?\): local rank (\d) of 2 (?:runs on|keeps) CPUs (\S+)", two_ranks.stdout))
+    expected = {str(k): describe(choose_cpus(mode, k, 2, topology) or sorted(topology)) for k in range(2)}
+    assert lines == expected and f"auto ({mode}: {why})" in two_ranks.stdout, two_ranks.stdout[-3000:]
     one, two = checkpoint_arrays(tmp_path / "one"), checkpoint_arrays(tmp_path / "two")
     assert one.keys() == two.keys()
     for name in one:

@@ -515,25 +515,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = parse_options(argv)
     shell = run_shell.ShellConfig(log_path=os.path.join(args.results_dir, args.log_filename), user_errors=user_errors,
-                                  cpu=args.cpu)
+                                  cpu=args.cpu, affinity=args.affinity)
     return run_shell.run(shell, lambda session: run_job(args, session))
 
 
 def run_job(args: Options, session) -> int:
-    """The flags checked, this rank's CPUs, the outputs claimed (run_shell.Session), then the model
-    built and trained or evaluated."""
+    """The flags checked, the outputs claimed (run_shell.Session; the shell has bound this rank to its
+    CPUs by --affinity), then the model built and trained or evaluated."""
     from recsys.runtime import distributed as dist
-    from recsys.runtime.cpu_affinity import apply_affinity
     from recsys.runtime import run_record
     from recsys.runtime.logger import print_rank0
     from wide_and_deep.wd_data import surface_record_errors
 
     rank, world_size, logger = session.rank, session.world_size, session.logger
     validate(args, world_size)
-    # every rank says its CPUs, each line in one write (unbuffered, print() writes the newline apart, and
-    # the launcher can put another rank's line between the two)
-    sys.stdout.write(apply_affinity(args.affinity, session.local_rank, session.local_size) + "\n")
-    sys.stdout.flush()
     session.claim_outputs(lambda: check_outputs(args), args.model_dir if saves_checkpoints(args) else None,
                           "--model_dir")
     dtype, loss_scaling, precision_line = configure_tensorflow(args, session.local_rank)

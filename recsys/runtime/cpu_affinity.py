@@ -10,7 +10,12 @@ may use (`os.sched_getaffinity`, so a launcher's or a container's binding narrow
 - `single_unique`: one core each, the k-th of the socket for the socket's k-th rank;
 - `socket_unique_interleaved`: the socket's cores dealt out one by one (the k-th rank of n takes cores
   k, k + n, ...); `socket_unique_continuous`: the socket's cores cut into n contiguous blocks;
-- `disabled`: the process keeps its cores.
+- `disabled`: the process keeps its cores;
+- `auto` (DLRM's default): `socket_unique_continuous` when several ranks share the machine, no
+  launcher has bound the process to fewer CPUs than the machine's and every rank gets a core of its
+  own, else `disabled`. Measured on a
+  2-core Zen 4, 2 ranks of the cpu-bench step (bench/results/train.json "two_ranks", docs/
+  benchmarks.md): unbound ranks drift between the cores and take each other's caches.
 
 A core is a physical core with all its hardware threads (`/sys/devices/system/cpu/cpuN/topology`:
 `physical_package_id` is the socket, `core_id` the core in it). The unique modes give disjoint shares
@@ -24,6 +29,7 @@ import os
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 MODES = ("socket", "single", "single_unique", "socket_unique_interleaved", "socket_unique_continuous", "disabled")
+AUTO = "auto"
 SYSFS_CPU = "/sys/devices/system/cpu"
 
 Topology = Mapping[int, Tuple[int, int]]  # logical CPU -> (socket, core id within the socket)
@@ -109,11 +115,31 @@ def describe(cpus: Iterable[int]) -> str:
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
+def resolve_auto(ranks: int, topology: Topology, machine_cpus: int) -> Tuple[str, str]:
+    """The mode `auto` stands for on `topology` (the CPUs this process may use), and why: each of
+    several ranks its own contiguous share of the cores, unless a launcher (mpirun --bind-to,
+    Slurm's --cpu-bind, taskset) already narrowed the CPUs, or there are too few cores to give every
+    rank one of its own (two ranks on one core would run at half the speed of the rest)."""
+    if ranks <= 1:
+        return "disabled", "one rank on this host"
+    if len(topology) < machine_cpus:
+        return "disabled", "a launcher bound it"
+    shares = [set(choose_cpus("socket_unique_continuous", position, ranks, topology)) for position in range(ranks)]
+    if sum(map(len, shares)) != len(set().union(*shares)):
+        return "disabled", f"{ranks} ranks, too few cores for one each"
+    return "socket_unique_continuous", f"{ranks} ranks share this host"
+
+
 def apply_affinity(mode: str, position: int, ranks: int) -> str:
-    """Bind this process by `mode` as the rank at `position` of `ranks` on this machine, among the CPUs it
-    may use now; returns the start-up line naming the CPUs it runs on."""
+    """Bind this process by `mode` (one of MODES, or AUTO) as the rank at `position` of `ranks` on this
+    machine, among the CPUs it may use now; returns the start-up line naming the CPUs it runs on."""
     allowed = sorted(os.sched_getaffinity(0))
-    chosen = choose_cpus(mode, position, ranks, read_topology(allowed))
+    topology = read_topology(allowed)
+    label = mode
+    if mode == AUTO:
+        mode, why = resolve_auto(ranks, topology, os.cpu_count() or len(allowed))
+        label = f"auto ({mode}: {why})"
+    chosen = choose_cpus(mode, position, ranks, topology)
     if chosen is None:
-        return f"--affinity disabled: local rank {position} of {ranks} keeps CPUs {describe(allowed)}"
-    return f"--affinity {mode}: local rank {position} of {ranks} runs on CPUs {describe(bind(chosen))}"
+        return f"--affinity {label}: local rank {position} of {ranks} keeps CPUs {describe(allowed)}"
+    return f"--affinity {label}: local rank {position} of {ranks} runs on CPUs {describe(bind(chosen))}"

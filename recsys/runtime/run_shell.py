@@ -4,8 +4,10 @@ dcnv2.py, wide_and_deep/main.py), written once so the entry points cannot drift 
 Around the entry point's job it
   - sets TF_ENABLE_ONEDNN_OPTS before TensorFlow's first import, as measured for this CPU's kind
     (cpu_settings.py; a value the user set wins), and rank 0 prints the choice,
-  - sets TensorFlow's inter- and intra-op thread counts once Horovod says how many ranks share the
-    host and before any op runs (a peer watch's first collective starts TensorFlow's runtime): the
+  - binds the rank to its CPUs by the entry point's --affinity (cpu_affinity.py; DLRM's `auto`
+    gives each of several ranks on a host its own share of the cores) once Horovod says how many
+    ranks share the host, and every rank prints its CPUs,
+  - sets TensorFlow's inter- and intra-op thread counts after the binding and before any op runs (a peer watch's first collective starts TensorFlow's runtime): the
     entry point's counts where given; on a CPU run the rest as measured for this CPU's kind
     (cpu_settings.thread_choice), which rank 0 prints,
   - installs the stop-signal handlers for the run and ignores further signals after it; a StopNow
@@ -26,6 +28,7 @@ Around the entry point's job it
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Tuple, Type
 
@@ -47,13 +50,15 @@ class ShellConfig:
     `user_errors`: returns the exception types caused by bad input (reported as one line, exit 2);
     a function, because importing them imports TensorFlow, which must wait for the environment.
     `inter_op_threads`, `intra_op_threads`: the user's thread counts (None or 0: not given; the
-    entry point checks their values); `cpu`: the run computes on the CPU even where a GPU is seen.
+    entry point checks their values); `cpu`: the run computes on the CPU even where a GPU is seen;
+    `affinity`: the --affinity mode (cpu_affinity.MODES or AUTO) this rank is bound by.
     """
     log_path: Optional[str]
     user_errors: Callable[[], Tuple[Type[BaseException], ...]] = lambda: ()
     inter_op_threads: Optional[int] = None
     intra_op_threads: Optional[int] = None
     cpu: bool = False
+    affinity: str = "disabled"
 
 
 @dataclass
@@ -145,6 +150,11 @@ def _run(config: ShellConfig, job: Callable[[Session], int]) -> int:
     from recsys.runtime.logger import DllLogger, print_rank0
 
     dist.init()
+    from recsys.runtime.cpu_affinity import apply_affinity
+    # every rank says its CPUs, in one write (print() writes the newline apart, and the launcher can
+    # put another rank's line between the two); before the thread counts, which count the CPUs bound
+    sys.stdout.write(apply_affinity(config.affinity, dist.local_rank(), dist.local_size()) + "\n")
+    sys.stdout.flush()
     thread_line = set_thread_counts(config, dist.local_size())
     print_rank0(cpu_line, rank=dist.rank())
     if thread_line:
