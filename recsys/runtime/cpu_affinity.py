@@ -13,9 +13,8 @@ may use (`os.sched_getaffinity`, so a launcher's or a container's binding narrow
 - `disabled`: the process keeps its cores;
 - `auto` (DLRM's default): `socket_unique_continuous` when several ranks share the machine, no
   launcher has bound the process to fewer CPUs than the machine's and every rank gets a core of its
-  own, else `disabled`. Measured on a
-  2-core Zen 4, 2 ranks of the cpu-bench step (bench/results/train.json "two_ranks", docs/
-  benchmarks.md): unbound ranks drift between the cores and take each other's caches.
+  own, else `disabled`. On a 2-core Zen 4, 2 ranks of the cpu-bench step ran 5% (fp32) and 13%
+  (bf16) faster bound (docs/benchmarks.md).
 
 A core is a physical core with all its hardware threads (`/sys/devices/system/cpu/cpuN/topology`:
 `physical_package_id` is the socket, `core_id` the core in it). The unique modes give disjoint shares
