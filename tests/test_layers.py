@@ -123,7 +123,7 @@ SERVING_MODULES = ("deployment/contract.py", "deployment/requests.py", "deployme
                    "deployment/repository.py", "deployment/serve.py", "deployment/triton_model.py",
                    "deployment/client.py", "deployment/score.py", "bench/serving.py")
 # project modules outside deployment/ a serving module may import: TensorFlow-free (TENSORFLOW_FREE)
-SERVING_PROJECT_MODULES = {"recsys.runtime.metrics"}
+SERVING_PROJECT_MODULES = {"recsys.runtime.metrics", "recsys.runtime.cpu_settings"}
 SERVING_PACKAGES = {"numpy", "onnx", "onnxruntime", "tritonclient", "pytriton", "google",
                     "triton_python_backend_utils"}
 
@@ -217,7 +217,7 @@ def test_wide_and_deep_main_runs_from_its_folder_with_the_venv_alone():
 
 # deployment/: the modules a serving environment without TensorFlow may import (the ONNX graph and the
 # 8-bit tables; deployment/export.py, which restores checkpoints, imports TensorFlow and the root).
-TENSORFLOW_FREE = ("deployment.onnx_graph", "deployment.quantize", "recsys.runtime.metrics")
+TENSORFLOW_FREE = ("deployment.onnx_graph", "deployment.quantize", "recsys.runtime.metrics", "recsys.runtime.cpu_settings")
 
 
 def test_the_serving_side_modules_load_without_tensorflow():
