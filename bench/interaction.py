@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,47 +34,44 @@ from recsys.runtime.cpu_settings import cpu_kind, cpu_model_name, host_cpu_flags
 RESULTS = REPO_ROOT / "bench" / "results" / "interaction.json"
 
 
-def make_step(fn: interaction.Interaction, backward: bool) -> tf.types.experimental.GenericFunction:
-    """A tf.function running `fn`, plus its gradient w.r.t. the input when `backward`, once on each
-    of its inputs in turn: each run waits for the one before (a control dependency), and a corner of
-    every run's results is returned, so that the graph optimizer neither merges nor prunes runs. One
-    call then pays TensorFlow's per-call overhead (about 0.3 ms on a 2-core VM, `call_overhead_ms`)
-    once for several runs, as the op does inside a training step. Each run yields the loss beside
-    the gradient: a function returning only the gradient of a sum would have its forward pass
-    pruned (the sum's gradient needs no forward value), timing the backward pass alone."""
+def chained(run: Callable[[tf.Tensor], tf.Tensor]) -> tf.types.experimental.GenericFunction:
+    """A tf.function calling `run` once on each of its inputs in turn, where `run` returns a scalar
+    corner of what it computed: each run waits for the one before (a control dependency), and every
+    corner is returned, so that the graph optimizer neither merges nor prunes runs. One call then
+    pays TensorFlow's per-call overhead (about 0.3 ms on a 2-core VM, `call_overhead_ms`) once for
+    several runs, as an op does inside a training step."""
     @tf.function
-    def step(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+    def runs(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
         corners: list[tf.Tensor] = []
         for run_input in inputs:
             with tf.control_dependencies(corners[-1:]):
                 run_input = tf.identity(run_input)
-            if backward:
-                with tf.GradientTape() as tape:
-                    tape.watch(run_input)
-                    loss = tf.reduce_sum(fn(run_input))
-                corners.append(loss + tf.cast(tape.gradient(loss, run_input)[0, 0, 0], loss.dtype))
-            else:
-                corners.append(fn(run_input)[0, 0])
+            corners.append(run(run_input))
         return corners
-    return step
+    return runs
+
+
+def make_step(fn: interaction.Interaction, backward: bool) -> tf.types.experimental.GenericFunction:
+    """`fn`, plus its gradient w.r.t. the input when `backward`, chained over the inputs. Each run
+    yields the loss beside the gradient: a function returning only the gradient of a sum would have
+    its forward pass pruned (the sum's gradient needs no forward value), timing the backward pass
+    alone."""
+    def run(run_input: tf.Tensor) -> tf.Tensor:
+        if not backward:
+            return fn(run_input)[0, 0]
+        with tf.GradientTape() as tape:
+            tape.watch(run_input)
+            loss = tf.reduce_sum(fn(run_input))
+        return loss + tf.cast(tape.gradient(loss, run_input)[0, 0, 0], loss.dtype)
+    return chained(run)
 
 
 def make_copy() -> tf.types.experimental.GenericFunction:
-    """A tf.function that reads each input and writes a new tensor of the same size (a multiply by
-    a variable, which the graph optimizer cannot fold away) on TensorFlow's threads, one input after
-    the other as in `make_step`: the machine's copy bandwidth as a TensorFlow op reaches it, through
-    the same call overhead as the steps."""
+    """A read of each input and a write of a new tensor of the same size (a multiply by a variable,
+    which the graph optimizer cannot fold away) on TensorFlow's threads, chained as the steps are:
+    the machine's copy bandwidth as a TensorFlow op reaches it, through the same call overhead."""
     scale = tf.Variable(1.0)
-
-    @tf.function
-    def copy(inputs: list[tf.Tensor]) -> list[tf.Tensor]:
-        corners: list[tf.Tensor] = []
-        for run_input in inputs:
-            with tf.control_dependencies(corners[-1:]):
-                run_input = tf.identity(run_input)
-            corners.append((run_input * tf.cast(scale, run_input.dtype))[0, 0, 0])
-        return corners
-    return copy
+    return chained(lambda run_input: (run_input * tf.cast(scale, run_input.dtype))[0, 0, 0])
 
 
 def call_overhead_ms(calls: int = 200) -> float:
@@ -148,6 +146,8 @@ def main() -> None:
     overhead_ms = call_overhead_ms()
     rows = []
     copy_bandwidth = {}
+    if args.chain < 1:
+        parser.error(f"--chain must be at least 1, got {args.chain}")
     if "float32" not in args.dtypes:
         parser.error("--dtypes must include float32: the recorded ratios and the copy bandwidth are fp32's")
     for dtype in (tf.as_dtype(name) for name in args.dtypes):

@@ -452,6 +452,8 @@ void ListSample(const InputBlocks<T>& blocks, int64_t b, int64_t end, int64_t di
   }
 }
 
+static_assert(kOutputAlignment % kLanes == 0, "output rows must be whole vectors");
+
 // `count` floats (a multiple of kLanes) from `source` to `destination`, with non-temporal stores when
 // `stream` (destination 16-byte aligned). Callers end with FinishStreaming.
 void CopyRow(const float* source, int64_t count, float* destination, bool stream) {
@@ -468,7 +470,7 @@ void InteractBlocks(tensorflow::OpKernelContext* context, const InteractShape& s
   const int64_t sample_size = shape.num_vectors * shape.dim;
   const int64_t num_pairs = NumPairs(shape.num_vectors);
   constexpr bool kFloat = std::is_same_v<T, float>;
-  const bool stream = kFloat && shape.output_width % kLanes == 0 && reinterpret_cast<uintptr_t>(output) % 16 == 0;
+  const bool stream = kFloat && reinterpret_cast<uintptr_t>(output) % 16 == 0;
   ShardBatch(context, shape, [&](int64_t begin, int64_t end) {
     std::vector<float> gathered(NeedsSampleScratch(blocks) ? sample_size : 0);
     std::vector<float> row_scratch(shape.output_width, 0.0f);  // [bottom | pairs | zeros]
@@ -482,11 +484,7 @@ void InteractBlocks(tensorflow::OpKernelContext* context, const InteractShape& s
       SamplePairs(sample, shape.num_vectors, shape.dim, pairs, next);
       if constexpr (kFloat) {
         std::copy(bottom, bottom + shape.dim, row_scratch.data());
-        if (stream) {
-          CopyRow(row_scratch.data(), shape.output_width, row, true);
-        } else {
-          std::copy(row_scratch.begin(), row_scratch.end(), row);
-        }
+        CopyRow(row_scratch.data(), shape.output_width, row, stream);
       } else {
         std::copy(bottom, bottom + shape.dim, row);
         Narrow(pairs, num_pairs, row + shape.dim);
